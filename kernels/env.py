@@ -1,0 +1,162 @@
+"""Where is this chapter running, and which numerics path does it take?
+
+Every chapter's first cell calls :func:`setup`. It works in three places:
+
+* a local clone (CPU or GPU),
+* Google Colab (the setup cell clones the repository first; this module installs only
+  packages Colab lacks and never touches torch),
+* CI (no GPU, ``CI=true``).
+
+The decision that matters for the whole book is the *numerics path*:
+
+``gpu-native``
+    A CUDA GPU with compute capability >= 8.0 (A100, L4, H100, ...). Triton compiles real
+    bf16 instructions: ``tl.dot`` on bf16 tiles, hardware round-to-nearest-even casts.
+``gpu-explicit``
+    A CUDA GPU older than sm_80 (Colab's free T4 is sm_75). Triton cannot emit bf16 there,
+    so bf16 values are carried in fp32 registers and rounded with integer bit arithmetic.
+``cpu-emulation``
+    No GPU. Kernels run under the Triton interpreter (``TRITON_INTERPRET=1``), which cannot
+    do bf16 either (bf16 ``tl.dot`` multiplies raw bit patterns, fp32->bf16 casts truncate),
+    so it takes the same explicit-rounding path as the T4, at small sizes.
+
+The interpreter switch must be set before :mod:`triton` is imported; importing
+:mod:`kernels` does that (see :func:`configure_triton`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "results"
+
+# Packages a chapter needs beyond torch/triton; installed on Colab only if missing.
+_COLAB_EXTRAS = {"ml_dtypes": "ml_dtypes", "ipywidgets": "ipywidgets", "tqdm": "tqdm",
+                 "matplotlib": "matplotlib", "pandas": "pandas"}
+
+
+def _cuda_capability():
+    """(major, minor) of GPU 0, or None without a usable CUDA device."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(0)
+
+
+def configure_triton() -> bool:
+    """Turn on the Triton interpreter when there is no CUDA GPU. Returns True if it is on.
+
+    ``TRITON_INTERPRET`` is read by ``triton.jit`` when a kernel is decorated, so this must run
+    before any module defining kernels is imported. A value the user already set is respected.
+    """
+    if "TRITON_INTERPRET" not in os.environ and _cuda_capability() is None:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return interpreting()
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def native_bf16() -> bool:
+    """True when Triton can compile real bf16 instructions (CUDA sm_80 or newer, no interpreter)."""
+    cap = _cuda_capability()
+    return (not interpreting()) and cap is not None and cap >= (8, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    """What :func:`setup` found. ``small`` tells chapters to use CPU-sized problems."""
+    path: str            # 'gpu-native' | 'gpu-explicit' | 'cpu-emulation'
+    device: str          # 'cuda' | 'cpu'
+    gpu_name: str | None
+    capability: tuple | None
+    in_colab: bool
+    in_ci: bool
+    seed: int
+    reason: str
+
+    @property
+    def small(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def explicit_rounding(self) -> bool:
+        return self.path != "gpu-native"
+
+    def pick(self, cpu, gpu):
+        """Choose a size: ``cpu`` on the CPU path, ``gpu`` on a GPU."""
+        return cpu if self.small else gpu
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _install_missing_on_colab() -> list[str]:
+    """pip-install the few packages Colab lacks. Never torch or triton."""
+    missing = [pkg for mod, pkg in _COLAB_EXTRAS.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+    return missing
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every GPU)."""
+    import numpy as np
+    import torch
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds all CUDA devices
+
+
+def describe() -> Env:
+    """Detect the numerics path without printing or seeding."""
+    configure_triton()
+    cap = _cuda_capability()
+    if cap is None:
+        why = "no CUDA GPU: Triton interpreter on the CPU, bf16 rounded explicitly (RNE), small sizes"
+        return Env("cpu-emulation", "cpu", None, None, in_colab(), in_ci(), 0, why)
+    import torch
+    name = torch.cuda.get_device_name(0)
+    if interpreting():
+        why = f"{name} present but TRITON_INTERPRET=1 was set: interpreter with explicit rounding"
+        return Env("cpu-emulation", "cpu", name, cap, in_colab(), in_ci(), 0, why)
+    if cap >= (8, 0):
+        why = f"{name} is sm_{cap[0]}{cap[1]} (>= sm_80): real bf16 instructions, full sizes"
+        return Env("gpu-native", "cuda", name, cap, in_colab(), in_ci(), 0, why)
+    why = (f"{name} is sm_{cap[0]}{cap[1]} (< sm_80, no bf16 in Triton): bf16 carried in fp32 "
+           "and rounded explicitly (RNE), full sizes")
+    return Env("gpu-explicit", "cuda", name, cap, in_colab(), in_ci(), 0, why)
+
+
+def setup(seed: int = 0, quiet: bool = False) -> Env:
+    """The chapters' setup: detect the path, install Colab extras, seed, print one line."""
+    if in_colab():
+        _install_missing_on_colab()
+    env = dataclasses.replace(describe(), seed=seed)
+    seed_everything(seed)
+    _style_plots()
+    if not quiet:
+        where = "Colab" if env.in_colab else ("CI" if env.in_ci else "local")
+        print(f"[{where}] path = {env.path}: {env.reason}; seed = {seed}")
+    return env
+
+
+def _style_plots() -> None:
+    """A readable default look for every figure in the book."""
+    import matplotlib as mpl
+    mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 120, "axes.grid": True,
+                         "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+                         "figure.figsize": (7.0, 3.6)})

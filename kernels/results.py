@@ -1,0 +1,63 @@
+"""GPU measurements live under ``results/`` as JSON, each with its provenance.
+
+A chapter that cannot measure something on the machine it runs on (a GPU speed, a long
+training run) loads the stored file instead and says so. Every file records the GPU, the
+torch and triton versions, the date and the exact command that produced it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import sys
+
+from .env import RESULTS_DIR
+
+
+def provenance(command: str) -> dict:
+    """Where and how a measurement was taken."""
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a requirement
+        triton_version = None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "gpu": gpu,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "host": platform.node(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
+def save(name: str, data, command: str, directory=None) -> str:
+    """Write ``data`` with its provenance to ``results/<name>.json``; returns the path."""
+    directory = RESULTS_DIR if directory is None else directory
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    with open(path, "w") as f:
+        json.dump({"provenance": provenance(command), "data": data}, f, indent=1)
+    return str(path)
+
+
+def load(name: str, directory=None) -> dict:
+    """Read ``results/<name>.json``: a dict with 'provenance' and 'data'."""
+    directory = RESULTS_DIR if directory is None else directory
+    path = directory / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no stored measurement {path}; run the GPU script named in the chapter")
+    with open(path) as f:
+        return json.load(f)
+
+
+def describe(record: dict) -> str:
+    """One line a chapter prints under a plot of stored data."""
+    p = record["provenance"]
+    return (f"measured on {p['gpu']} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
+            f"with `{p['command']}`")
