@@ -51,6 +51,8 @@ The offset rule (``stable``), with rm the row maximum, rs the number of scores w
     "offset" (emulator only, Appendix C) m = running max + ``offset`` (a fixed shift, any sign).
 
 Inputs are rounded to ``low`` first, so fp32 tensors holding arbitrary values are accepted.
+Tensors may live on any device: on a GPU this is also the book's PyTorch implementation of the
+paper's numerics (torch's bf16 casts round to nearest-even on every device).
 """
 from __future__ import annotations
 
@@ -118,18 +120,19 @@ def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torc
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     batch = q.shape[:-2]
-    rows = torch.arange(n_q).unsqueeze(-1)
+    dev = q.device
+    rows = torch.arange(n_q, device=dev).unsqueeze(-1)
 
-    m = torch.full((*batch, n_q), -math.inf, dtype=work)       # offset used so far
+    m = torch.full((*batch, n_q), -math.inf, dtype=work, device=dev)   # offset used so far
     rm = torch.full_like(m, -math.inf)                         # raw running max ("cross")
     rs = torch.zeros_like(m)                                   # running tie count ("cross")
     ell = torch.zeros_like(m)
-    acc = torch.zeros((*batch, n_q, d), dtype=work)
+    acc = torch.zeros((*batch, n_q, d), dtype=work, device=dev)
     ties = torch.zeros_like(m, dtype=torch.bool)
 
     for start in range(0, n_k, block_n):
         k_j, v_j = k[..., start:start + block_n, :], v[..., start:start + block_n, :]
-        cols = torch.arange(start, start + k_j.shape[-2])
+        cols = torch.arange(start, start + k_j.shape[-2], device=dev)
         s = rnd_paper(rnd_paper(q @ k_j.transpose(-1, -2)) * scale)
         if causal:
             s = s.masked_fill(cols > rows, -math.inf)
