@@ -1,0 +1,95 @@
+"""The numerics contract (kernels/emulate.py) against fp64 attention and brute-force tie counts."""
+import math
+
+import pytest
+import torch
+
+from kernels.emulate import flash_forward, round_to
+
+
+def attention_fp64(q, k, v, causal=False, scale=None):
+    q, k, v = (t.double() for t in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        n_q, n_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(scores, -1) @ v
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("numerics", ["fa2", "paper"])
+@pytest.mark.parametrize("stable", ["off", "tile", "cross"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_close_to_fp64(numerics, stable, causal):
+    q, k, v = (torch.randn(2, 3, 77, 32) for _ in range(3))
+    res = flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable, block_n=16)
+    ref = attention_fp64(*(round_to(t, torch.bfloat16) for t in (q, k, v)), causal=causal)
+    bound = 4e-3 if numerics == "fa2" else 2e-2
+    assert res.out.dtype == torch.bfloat16
+    assert rel_err(res.out, ref) < bound
+
+
+def test_fp64_is_exact_and_fp32_is_close():
+    q, k, v = (torch.randn(1, 2, 50, 16, dtype=torch.float64) for _ in range(3))
+    ref = attention_fp64(q, k, v, causal=True)
+    assert rel_err(flash_forward(q, k, v, causal=True, low=torch.float64, block_n=7).out, ref) < 1e-13
+    out32 = flash_forward(q, k, v, causal=True, low=torch.float32, block_n=7).out
+    assert rel_err(out32, attention_fp64(*(t.float() for t in (q, k, v)), causal=True)) < 1e-6
+
+
+def test_lse_matches_logsumexp():
+    q, k, v = (torch.randn(1, 1, 40, 16) for _ in range(3))
+    res = flash_forward(q, k, v, low=torch.float32, block_n=8, stable="cross")
+    lse = torch.logsumexp((q.double() @ k.double().mT) / 4.0, -1)
+    assert torch.allclose(res.lse.double(), lse, atol=1e-5)
+
+
+def test_cross_tile_ties_detected_and_tile_rule_misses_them():
+    n = 32
+    scores = 2.0 - 6.0 - torch.rand(4, n)
+    scores[:, [3, 20]] = 2.0                       # a tie split between tile 0 and tile 1 (block 16)
+    scores = round_to(scores, torch.bfloat16)
+    q = torch.eye(n)[:4].view(1, 1, 4, n)          # q_i · k_j = scores[i, j] with k = scores^T (D = n)
+    k = torch.zeros(1, 1, n, n)
+    k[0, 0, :, :4] = scores.T
+    v = torch.randn(1, 1, n, n)
+    for stable, expect in [("tile", False), ("cross", True)]:
+        res = flash_forward(q, k, v, scale=1.0, stable=stable, block_n=16, beta=2.0)
+        assert bool(res.ties.all()) is expect
+        p_max = torch.exp(scores.double() - res.row_offset[0, 0].double().unsqueeze(-1)).amax(-1)
+        assert bool((p_max < 1).all()) is expect   # the literal rule leaves P̄ = 1 at the tie
+    same = flash_forward(q, k, v, scale=1.0, stable="tile", block_n=32)
+    assert bool(same.ties.all())                   # one tile holding both: the literal rule sees it
+
+
+def test_tie_flag_equals_brute_force_count():
+    n, eps = 48, 1e-3
+    scores = torch.randint(-3, 4, (n, n)).float() * 0.5   # many exact ties, positive and negative maxima
+    q = torch.eye(n).view(1, 1, n, n)                     # q_i · k_j = scores[i, j] with k = scores^T
+    k = scores.T.reshape(1, 1, n, n).contiguous()
+    v = torch.randn(1, 1, n, n)
+    res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=8, eps=eps)
+    brute = ((scores.amax(-1, keepdim=True) - scores) <= eps).sum(-1) > 1
+    assert torch.equal(res.ties[0, 0], brute)
+    # where ties exist the offset is beta*rm (rm > 0), 0 (rm < 0), or rm (rm == 0: the rule's blind spot)
+    rm = scores.amax(-1)
+    want = torch.where(brute & (rm > 0), 2 * rm, torch.where(brute & (rm < 0), 0 * rm, rm))
+    assert torch.equal(res.row_offset[0, 0], want)
+
+
+@pytest.mark.parametrize("bad", [dict(numerics="bf16"), dict(stable="yes"), dict(stable="cross", beta=1.0),
+                                 dict(eps=-1e-3), dict(block_n=0)])
+def test_bad_arguments_are_named(bad):
+    q = torch.randn(1, 1, 8, 16)
+    with pytest.raises(ValueError) as err:
+        flash_forward(q, q, q, **bad)
+    assert list(bad)[-1] in str(err.value)
+
+
+def test_shape_mismatch_is_reported():
+    with pytest.raises(ValueError, match="shapes"):
+        flash_forward(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 32), torch.randn(1, 1, 8, 32))
