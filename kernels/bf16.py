@@ -210,7 +210,8 @@ def from_bits(pattern: str, fmt) -> float:
     if len(clean) != f.total_bits or set(clean) - {"0", "1"}:
         raise ValueError(f"{pattern!r} is not a {f.total_bits}-bit pattern of 0s and 1s for {f.label}")
     code = np.array(int(clean, 2), dtype=f.uint)
-    return float(code.view(f.dtype).astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        return float(code.view(f.dtype).astype(np.float64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +326,7 @@ def _squeeze(s: str, keep: int = 40) -> str:
     return "".join(out)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class AddTrace:
     """Every step of ``a + b`` rounded once to nearest-even in ``out_fmt``, computed with integers.
 
@@ -470,6 +471,10 @@ class AddTrace:
         return "\n".join(lines)
 
     __str__ = to_text
+
+    def __repr__(self) -> str:
+        return (f"<AddTrace {self.a.value!r} ({self.a.fmt}) + {self.b.value!r} ({self.b.fmt}) -> "
+                f"{self.result!r} ({self.out_fmt}), error {self.error!r}>")
 
     _STYLE = {"lsb": "text-decoration:underline;font-weight:bold",
               "guard": "background:#f4a261;color:#000;font-weight:bold",
@@ -702,22 +707,34 @@ def mean_error(errors) -> MeanError:
 # ----------------------------------------------------------------------------------------------
 # Plots used by chapter 1
 # ----------------------------------------------------------------------------------------------
-def plot_ulp(ax=None, formats=None):
-    """Log-log plot of ulp(x) against x > 0 for each format, from its smallest subnormal to its max."""
+def plot_ulp(axes=None, formats=None):
+    """Log-log plots of ulp(x) against x > 0 for each format: the whole range, and a zoom around 1.
+
+    Each line runs from the format's smallest subnormal to its largest value (marked with a dot).
+    Returns the two axes.
+    """
     import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
-    for name in formats or FORMATS:
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = ["-", "-", "--", "-", ":"]
+    zoom = (2.0 ** -16, 2.0 ** 17)
+    for style, name in zip(styles, formats or FORMATS):
         f = get_format(name)
-        x = np.geomspace(f.smallest_subnormal, f.max, 4000)
-        ax.step(x, ulp(x, f), where="post", label=f"{f.label} ({f.fraction_bits} fraction bits)")
-    ax.set_xscale("log", base=10)
-    ax.set_yscale("log", base=10)
-    ax.set_xlabel("value x")
-    ax.set_ylabel("ulp(x): gap to the next number")
-    ax.set_title("Spacing of representable numbers (subnormals: flat part on the left)")
-    ax.legend(fontsize=8)
-    return ax
+        x = np.geomspace(f.smallest_subnormal, f.max, 6000)
+        for ax in axes:
+            line, = ax.step(x, ulp(x, f), where="post", linestyle=style, linewidth=1.6,
+                            label=f"{f.label} ({f.fraction_bits} fraction bits)")
+            ax.plot([f.max], [ulp(f.max, f)], "o", color=line.get_color(), markersize=4)
+    for ax, title in zip(axes, ("whole range (flat left ends: subnormals)", "zoom: each step is one binade")):
+        ax.set_xscale("log", base=10)
+        ax.set_yscale("log", base=10)
+        ax.set_xlabel("value x")
+        ax.set_ylabel("ulp(x): gap to the next number")
+        ax.set_title(title)
+    axes[1].set_xlim(*zoom)
+    axes[1].set_ylim(2.0 ** -42, 2.0 ** 16)
+    axes[0].legend(fontsize=8, loc="upper left")
+    return axes
 
 
 def plot_error_hist(errors_by_kind: dict, ax=None, bins=None):
@@ -728,10 +745,10 @@ def plot_error_hist(errors_by_kind: dict, ax=None, bins=None):
     bins = np.linspace(-0.5, 0.5, 41) if bins is None else bins
     for label, errs in errors_by_kind.items():
         m = mean_error(errs)
-        ax.hist(errs, bins=bins, histtype="step", linewidth=1.6, density=True,
-                label=f"{label}: mean {m.mean:+.3f} ± {m.sem:.3f}")
-        ax.axvline(m.mean, linestyle="--", linewidth=1, color=ax.lines[-1].get_color() if ax.lines else None)
-    ax.set_xlabel("rounding error (rounded − exact), in ulps at the exact sum")
+        _, _, patches = ax.hist(errs, bins=bins, histtype="step", linewidth=1.6, density=True,
+                                label=f"{label}: mean {m.mean:+.3f} ± {m.sem:.3f}")
+        ax.axvline(m.mean, linestyle="--", linewidth=1, color=patches[0].get_edgecolor())
+    ax.set_xlabel("rounding error (rounded − exact), in ulps at the exact sum; dashed: means")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
     return ax
@@ -794,18 +811,17 @@ _HINTS = {"bf16-in-1-2": "all numbers in [1, 2) share one exponent; how many fra
                             "below it is set"}
 
 
-def check_answer(question: str, answer) -> bool:
+def check_answer(question: str, answer) -> None:
     """Check an exercise answer against a value computed from the library.
 
-    Returns True if right; raises AssertionError (with a hint) if wrong. ``answer=None`` means
-    "not answered yet": a message is printed and False returned.
+    Prints "correct" if right; raises AssertionError (with a hint) if wrong. ``answer=None`` means
+    "not answered yet": a message is printed and nothing is checked.
     """
     reference = _reference(question)
     if answer is None:
         print(f"[{question}] no answer yet: replace None with yours and run this cell again.")
-        return False
+        return
     given = _normalise_answer(question, answer)
     if given != reference:
         raise AssertionError(f"[{question}] {answer!r} is not right. Hint: {_HINTS[question]}")
     print(f"[{question}] correct: {answer!r}")
-    return True
