@@ -1,0 +1,242 @@
+"""The built website, as a reader sees it: every chapter page opened in headless Chromium.
+
+Run after building the site (``.ci/run`` does both)::
+
+    jupyter-book build . -W -n --keep-going
+    python -m pytest -m site tests/test_site.py
+
+The plain ``python -m pytest`` deselects these tests (``-m "not site"`` in pyproject.toml), because
+they need ``_build/html`` and a browser; without a built site they FAIL, they never skip.
+
+Per chapter page we check that it loads, that the browser logged no error, that every figure
+decoded (``naturalWidth > 0``) and there is at least one, that MathJax typeset every formula
+without a TeX error, and that the Colab launch button opens this chapter's notebook in the
+repository named in ``_config.yml``. A screenshot of chapter 1 is kept under ``_build/screenshots``.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
+and ``selenium`` (requirements.txt).
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from kernels import booktools
+from kernels.env import REPO_ROOT
+
+pytestmark = pytest.mark.site
+
+SITE = REPO_ROOT / "_build" / "html"
+SCREENSHOTS = REPO_ROOT / "_build" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+LOCAL_HOST = "127.0.0.1"
+
+
+def toc_chapters() -> list[str]:
+    """Chapter files listed in _toc.yml, e.g. 'book/01_bf16_bits' (the root page excluded)."""
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    return [entry["file"] for part in toc.get("parts", []) for entry in part["chapters"]]
+
+
+CHAPTERS = toc_chapters()
+
+
+# ---------------------------------------------------------------- fixtures: server and browser
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output readable
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url():
+    """Serve _build/html on 127.0.0.1 (a free port) for the whole session."""
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"{SITE} has no index.html: build the site first "
+                    "(jupyter-book build . -W -n --keep-going)")
+    handler = functools.partial(_QuietHandler, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer((LOCAL_HOST, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{LOCAL_HOST}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium driven by chromedriver, with its browser log captured."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for tool in (CHROMIUM, CHROMEDRIVER):
+        if not Path(tool).exists():
+            pytest.fail(f"{tool} is missing: apt-get install -y chromium chromium-driver")
+    profile = tempfile.mkdtemp(prefix="site-test-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1280,1600", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- what one page looks like
+def forgivable(entry: dict) -> bool:
+    """True for the two SEVERE log entries that are not the site's fault.
+
+    * A resource on another host that could not be fetched: the CI machine has no internet, so
+      anything a page asks of a non-local host fails with a ``net::ERR_`` network error. (The
+      site needs none for what is tested here: MathJax is served locally.)
+    * Chromium's own request for ``/favicon.ico``: the browser asks for it by itself when a page
+      declares no icon; the book declares none, so the server answers 404.
+
+    Every other SEVERE entry (a JavaScript exception, a 404 for one of the site's own files, a
+    console.error) fails the test.
+    """
+    if entry.get("source") != "network":
+        return False
+    message = entry.get("message", "")
+    url = urlparse(message.split(" ", 1)[0])
+    if url.hostname not in (None, LOCAL_HOST):
+        return "net::ERR_" in message
+    return url.hostname == LOCAL_HOST and url.path == "/favicon.ico" and "404" in message
+
+
+def open_page(browser, url: str) -> list[dict]:
+    """Load a page, wait until MathJax is done, return the SEVERE browser log entries."""
+    browser.get_log("browser")  # forget what earlier pages logged
+    browser.get(url)
+    browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;"
+        "const start = Date.now();"
+        "(function wait() {"
+        "  if (ready()) { MathJax.startup.promise.then(() => done(true), () => done(false)); }"
+        "  else if (Date.now() - start > 20000) { done(false); }"
+        "  else { setTimeout(wait, 100); }"
+        "})();")
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def assert_math_rendered(browser, page: str) -> None:
+    """MathJax (served from the site itself by sphinx-mathjax-offline, so this works offline)
+    typeset every formula, none holds a TeX error or an undefined macro, and no '$' or '\\(' was left in the prose
+    (LaTeX that MyST never recognised as math, e.g. display math glued to a paragraph)."""
+    math = browser.execute_script(
+        "return {spans: document.querySelectorAll('article .math').length,"
+        "        raw: Array.from(document.querySelectorAll('article .math'))"
+        "              .filter(el => !el.querySelector('mjx-container')).length,"
+        "        typeset: document.querySelectorAll('article mjx-container').length,"
+        "        errors: Array.from(document.querySelectorAll('article mjx-merror'))"
+        "              .map(el => el.getAttribute('data-mjx-error') || el.textContent),"
+        "        undefined: Array.from(document.querySelectorAll("  # \\foo MathJax does not know
+        "              'article mjx-assistive-mml [mathcolor=\"red\"]')).map(el => el.textContent),"
+        "        local: Array.from(document.scripts).some(s => /_static\\/mathjax\\//.test(s.src)),"
+        "        stray: (() => {"  # LaTeX never parsed as math: a '$' or '\\(' left in the prose
+        "          const hits = [], skip = 'pre, code, script, style, textarea, mjx-container,"
+        "                                      .math, .output, .cell_output';"
+        "          const walk = document.createTreeWalker(document.querySelector('article'), NodeFilter.SHOW_TEXT);"
+        "          for (let n = walk.nextNode(); n; n = walk.nextNode()) {"
+        "            if (n.parentElement.closest(skip)) continue;"
+        "            if (/[$]|\\\\[(\\[]/.test(n.textContent)) hits.push(n.textContent.trim().slice(0, 80));"
+        "          }"
+        "          return hits; })()};")
+    assert math["local"], f"{page}: MathJax is not loaded from the site's _static/mathjax"
+    assert math["spans"] > 0, f"{page}: no math on the page"
+    assert math["raw"] == 0, f"{page}: {math['raw']} of {math['spans']} formulas not typeset"
+    assert math["typeset"] >= math["spans"]
+    assert math["errors"] == [], f"{page}: TeX errors {math['errors']}"
+    assert math["undefined"] == [], f"{page}: undefined TeX macros {math['undefined']}"
+    assert math["stray"] == [], f"{page}: LaTeX left unparsed in the text: {math['stray']}"
+
+
+def page_url(site_url: str, chapter: str) -> str:
+    return f"{site_url}/{chapter}.html"
+
+
+# ---------------------------------------------------------------- the tests
+def test_toc_lists_the_chapters_and_they_were_built():
+    assert CHAPTERS, "_toc.yml lists no chapters"
+    for chapter in CHAPTERS:
+        assert (REPO_ROOT / f"{chapter}.ipynb").is_file(), f"{chapter}.ipynb listed in _toc.yml is missing"
+        assert (SITE / f"{chapter}.html").is_file(), f"{chapter}.html was not built"
+
+
+def test_front_page_loads(browser, site_url):
+    severe = open_page(browser, site_url + "/")
+    assert browser.current_url.endswith("book/intro.html"), browser.current_url
+    assert browser.find_element("css selector", "article h1").text.strip()
+    assert [e for e in severe if not forgivable(e)] == []
+    assert_math_rendered(browser, "book/intro")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_page(browser, site_url, chapter):
+    severe = open_page(browser, page_url(site_url, chapter))
+    name = Path(chapter).name
+
+    # Loads: a title and content, not an error page.
+    title = browser.find_element("css selector", "article h1").text.strip()
+    assert title, f"{chapter}: no title"
+    assert len(browser.find_element("css selector", "article").text) > 500, f"{chapter}: page nearly empty"
+
+    # No console errors except fetches of external hosts (no internet in CI).
+    errors = [e for e in severe if not forgivable(e)]
+    assert errors == [], f"{chapter}: browser errors {errors}"
+
+    # Figures: at least one (every experiment ends in a figure), every image decoded.
+    images = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article img')).map("
+        "  im => [im.currentSrc, im.complete, im.naturalWidth]);")
+    assert images, f"{chapter}: no figure on the page"
+    broken = [src for src, complete, width in images if not (complete and width > 0)]
+    assert broken == [], f"{chapter}: images that did not load: {broken}"
+
+    # Math: typeset by the site's own MathJax, no TeX error, no LaTeX left in the prose.
+    assert_math_rendered(browser, chapter)
+
+    # Colab: the launch button opens exactly this chapter's notebook of the configured repo.
+    colab = [a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]")
+             if a.get_attribute("href").startswith("https://colab.research.google.com/")]
+    want = booktools.colab_url(REPO_ROOT / f"{chapter}.ipynb")
+    assert colab == [want], f"{chapter}: Colab links {colab}, expected [{want}]"
+
+    if name.startswith("01_"):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / f"{name}.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_forgiven_log_entries_are_narrow():
+    """The rule above must not hide real errors."""
+    def entry(source, message):
+        return {"source": source, "level": "SEVERE", "message": message}
+    local = f"http://{LOCAL_HOST}:8000"
+    assert forgivable(entry("network", "https://cdn.example.org/x.js - Failed to load resource: "
+                                       "net::ERR_NAME_NOT_RESOLVED"))
+    assert forgivable(entry("network", f"{local}/favicon.ico - Failed to load resource: the "
+                                       "server responded with a status of 404 (File not found)"))
+    assert not forgivable(entry("network", f"{local}/_static/x.js - Failed to load resource: the "
+                                           "server responded with a status of 404 (File not found)"))
+    assert not forgivable(entry("network", "https://cdn.example.org/x.js - Failed to load "
+                                           "resource: the server responded with a status of 500"))
+    assert not forgivable(entry("javascript", "https://cdn.example.org/x.js 12:3 Uncaught "
+                                              "TypeError: x is undefined"))
+    assert not forgivable(entry("console-api", f"{local}/_static/a.js 0:1 \"Got invalid theme mode\""))
