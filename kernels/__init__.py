@@ -8,3 +8,4 @@ from .env import configure_triton as _configure_triton
 _configure_triton()
 
 from .env import setup  # noqa: E402
+from .attention import flash_attention  # noqa: E402

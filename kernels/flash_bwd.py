@@ -1,0 +1,278 @@
+"""The FlashAttention-2 backward pass (Algorithm 2) in Triton.
+
+Nothing N×N is stored by the forward pass: only O and L = m + log ℓ per row. The backward
+pass recomputes the probabilities tile by tile, ``P = exp(S − L)`` (exact softmax, no offset
+needed), and uses, with dO the gradient of the output::
+
+    δ  = rowsum(dO ∘ O)          one number per query row (the preprocessing kernel)
+    dV = Pᵀ dO                   dP = dO Vᵀ
+    dS = P ∘ (dP − δ)            dQ = scale · dS K        dK = scale · dSᵀ Q
+
+δ is where the seed paper finds the failure: FA2 computes it from the *stored low-precision*
+O, so the rounding error of O enters every gradient through (dP − δ). ``delta_source`` picks
+where δ comes from:
+
+``"o"``       rowsum(dO ∘ O) with the stored bf16/fp16 O (FlashAttention-2);
+``"dp"``      rowsum(dP ∘ P), recomputed from the tiles, never touching O (the paper's stable
+              variant);
+``"o_fp32"``  rowsum(dO ∘ O₃₂) with O₃₂ = acc/ℓ of a second forward pass left unrounded.
+
+Like FA2, every accumulation is fp32 and the P and dS tiles are cast to the low format right
+before their tensor-core matmuls; on the explicit path (interpreter, pre-sm_80 GPUs) the same
+points are rounded with :func:`kernels.rounding.round_low`. Two kernels, no atomics: one program
+per key/value tile accumulates dK and dV over the query tiles; one program per query tile
+accumulates dQ over the key tiles. So the gradients are deterministic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .env import interpreting
+from .flash_fwd import load_tile, mma, store_tile, to_operand
+from .rounding import LOW_CODES, round_low
+
+DELTA_SOURCES = ("o", "dp", "o_fp32")
+
+
+@triton.jit
+def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
+                         stride_db, stride_dh, stride_dn, stride_dd, H, N_Q,
+                         HEAD_DIM: tl.constexpr, O_LOW: tl.constexpr, LOW: tl.constexpr,
+                         EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """δ_i = Σ_d dO_id · O_id, in the working precision."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    ok = rows < N_Q
+    o = load_tile(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
+                  + dims[None, :] * stride_od, ok[:, None], O_LOW, EXPLICIT, True)
+    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    work = DELTA.dtype.element_ty
+    delta = tl.sum(o.to(work) * do.to(work), 1)
+    tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
+
+
+@triton.jit
+def _delta_from_dp_kernel(Q, K, V, DO, LSE, DELTA, PARAMS,
+                          stride_qb, stride_qh, stride_qn, stride_qd,
+                          stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_vb, stride_vh, stride_vn, stride_vd,
+                          stride_db, stride_dh, stride_dn, stride_dd,
+                          H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                          LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """δ_i = Σ_j dP_ij P_ij with P = exp(S − L) and dP = dO Vᵀ recomputed in fp32."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    scale = tl.load(PARAMS)
+    start_m = tl.program_id(0)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    ok = rows < N_Q
+    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
+                  + dims[None, :] * stride_qd, ok[:, None], LOW, EXPLICIT, True)
+    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
+    delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
+    hi = N_K
+    if CAUSAL:
+        if start_m * BLOCK_M + BLOCK_M < N_K:
+            hi = start_m * BLOCK_M + BLOCK_M
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        in_seq = cols < N_K
+        k_t = load_tile(K + b * stride_kb + h * stride_kh + cols[None, :] * stride_kn
+                        + dims[:, None] * stride_kd, in_seq[None, :], LOW, EXPLICIT, True)
+        v_t = load_tile(V + b * stride_vb + h * stride_vh + cols[None, :] * stride_vn
+                        + dims[:, None] * stride_vd, in_seq[None, :], LOW, EXPLICIT, True)
+        visible = in_seq[None, :] & ok[:, None]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None])
+        p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
+        dp = mma(do, v_t, LOW, EXPLICIT)
+        delta += tl.sum(p * dp, 1)
+    tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
+                     stride_qb, stride_qh, stride_qn, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_db, stride_dh, stride_dn, stride_dd,
+                     stride_gb, stride_gh, stride_gn, stride_gd,
+                     H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                     LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One key/value tile: dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query tiles.
+
+    Works on transposed tiles (keys along rows): Sᵀ = K Qᵀ, so no in-register transpose."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    scale = tl.load(PARAMS)
+    start_n = tl.program_id(0)
+    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)   # key indices of this program
+    dims = tl.arange(0, HEAD_DIM)
+    in_seq = cols < N_K
+    k = load_tile(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn
+                  + dims[None, :] * stride_kd, in_seq[:, None], LOW, EXPLICIT, True)
+    v = load_tile(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn
+                  + dims[None, :] * stride_vd, in_seq[:, None], LOW, EXPLICIT, True)
+    work = LSE.dtype.element_ty
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], work)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], work)
+    lo = 0
+    if CAUSAL:
+        lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier queries see none of these keys
+    for start_m in range(lo, N_Q, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        ok = rows < N_Q
+        q_t = load_tile(Q + b * stride_qb + h * stride_qh + rows[None, :] * stride_qn
+                        + dims[:, None] * stride_qd, ok[None, :], LOW, EXPLICIT, True)
+        do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                       + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+        lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
+        delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
+        visible = in_seq[:, None] & ok[None, :]
+        if CAUSAL:
+            visible = visible & (cols[:, None] <= rows[None, :])
+        p_t = tl.where(visible, tl.exp(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :]), 0.0)
+        dv += mma(to_operand(p_t, LOW, EXPLICIT), do, LOW, EXPLICIT)        # Pᵀ dO
+        dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                           # (dO Vᵀ)ᵀ
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += mma(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), LOW, EXPLICIT)  # dSᵀ Q
+    dk = round_low(dk * scale, LOW, EXPLICIT)
+    dv = round_low(dv, LOW, EXPLICIT)
+    bits = LOW == 0 and EXPLICIT
+    g = cols[:, None] * stride_gn + dims[None, :] * stride_gd + b * stride_gb + h * stride_gh
+    store_tile(DK + g, dk, in_seq[:, None], LOW, EXPLICIT, bits)
+    store_tile(DV + g, dv, in_seq[:, None], LOW, EXPLICIT, bits)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
+                   stride_qb, stride_qh, stride_qn, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_db, stride_dh, stride_dn, stride_dd,
+                   stride_gb, stride_gh, stride_gn, stride_gd,
+                   H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                   LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One query tile: dQ = scale · Σ dS K over the key tiles."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    scale = tl.load(PARAMS)
+    start_m = tl.program_id(0)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    ok = rows < N_Q
+    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
+                  + dims[None, :] * stride_qd, ok[:, None], LOW, EXPLICIT, True)
+    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
+    delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
+    hi = N_K
+    if CAUSAL:
+        if start_m * BLOCK_M + BLOCK_M < N_K:
+            hi = start_m * BLOCK_M + BLOCK_M
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        in_seq = cols < N_K
+        k_t = load_tile(K + b * stride_kb + h * stride_kh + cols[None, :] * stride_kn
+                        + dims[:, None] * stride_kd, in_seq[None, :], LOW, EXPLICIT, True)
+        v_t = load_tile(V + b * stride_vb + h * stride_vh + cols[None, :] * stride_vn
+                        + dims[:, None] * stride_vd, in_seq[None, :], LOW, EXPLICIT, True)
+        visible = in_seq[None, :] & ok[:, None]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None])
+        p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
+        dp = mma(do, v_t, LOW, EXPLICIT)
+        ds = p * (dp - delta[:, None])
+        dq += mma(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), LOW, EXPLICIT)   # dS K
+    dq = round_low(dq * scale, LOW, EXPLICIT)
+    store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
+               + dims[None, :] * stride_gd, dq, ok[:, None], LOW, EXPLICIT, LOW == 0 and EXPLICIT)
+
+
+def _bwd_blocks(block_m, block_n, dtype, head_dim):
+    """Fixed tile sizes for the backward kernels (they are not autotuned)."""
+    import torch
+    if interpreting():
+        dm, dn = 32, 32
+    elif dtype == torch.float64:
+        dm, dn = 32, 32
+    elif dtype == torch.float32:
+        dm, dn = 32, 32
+    else:
+        dm, dn = (64, 64) if head_dim <= 64 else (64, 32)
+    return block_m or dm, block_n or dn
+
+
+def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
+                  block_m, block_n, as_arg):
+    """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
+    import torch
+    batch, heads, n_q, d = q.shape
+    delta = torch.full_like(lse, float("nan"))
+    qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
+    if delta_source == "dp":
+        grid = (triton.cdiv(n_q, block_m), batch * heads)
+        _delta_from_dp_kernel[grid](qa, ka, va, da, lse, delta, params, *qa.stride(),
+                                    *ka.stride(), *va.stride(), *da.stride(), heads, n_q,
+                                    k.shape[2], HEAD_DIM=d, CAUSAL=bool(causal),
+                                    LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
+                                    BLOCK_M=block_m, BLOCK_N=block_n)
+        return delta
+    oa = as_arg(out)
+    grid = (triton.cdiv(n_q, block_m), batch * heads)
+    _delta_from_o_kernel[grid](oa, da, delta, *oa.stride(), *da.stride(), heads, n_q,
+                               HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
+                               EXPLICIT=explicit, BLOCK_M=block_m)
+    return delta
+
+
+def flash_backward(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
+                   block_m=None, block_n=None, out_fp32=None):
+    """dQ, dK, dV (inputs' dtype) for O = attention(q, k, v); ``out_fp32`` for "o_fp32"."""
+    import torch
+    from .flash_fwd import as_kernel_arg
+    if delta_source not in DELTA_SOURCES:
+        raise ValueError(f"delta_source must be one of {DELTA_SOURCES}, got {delta_source!r}")
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    block_m, block_n = _bwd_blocks(block_m, block_n, q.dtype, d)
+
+    def as_arg(t):
+        return as_kernel_arg(t, explicit)
+
+    o_for_delta = out_fp32 if delta_source == "o_fp32" else out
+    delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=causal,
+                          delta_source=delta_source, explicit=explicit, block_m=block_m,
+                          block_n=block_n, as_arg=as_arg)
+    # fresh contiguous gradient buffers, poisoned so a missed write shows up as NaN
+    dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
+                  for t in (q, k, v))
+    qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
+    dqa, dka, dva = (as_arg(t) for t in (dq, dk, dv))
+    common = dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
+                  BLOCK_M=block_m, BLOCK_N=block_n)
+    strides = (*qa.stride(), *ka.stride(), *va.stride(), *da.stride())
+    assert dka.stride() == dva.stride()
+    _bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), batch * heads)](
+        qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
+        heads, n_q, n_k, **common)
+    _bwd_dq_kernel[(triton.cdiv(n_q, block_m), batch * heads)](
+        qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(),
+        heads, n_q, n_k, **common)
+    return dq, dk, dv, delta
