@@ -116,11 +116,12 @@ def format_table():
     import pandas as pd
     rows = []
     for f in FORMATS.values():
-        rows.append({"format": f.label, "sign": f.sign_bits, "exponent": f.exponent_bits,
-                     "fraction": f.fraction_bits, "bias": f.bias, "max": f.max,
-                     "smallest normal": f.smallest_normal, "smallest subnormal": f.smallest_subnormal,
-                     "eps (ulp of 1)": f.eps, "decimal digits": round(f.precision * math.log10(2), 1),
-                     "inf?": "yes" if f.has_inf else "no (overflow gives NaN)"})
+        rows.append({"format": f.label, "sign bits": f.sign_bits, "exponent bits": f.exponent_bits,
+                     "fraction bits": f.fraction_bits, "bias": f.bias, "max": f"{f.max:.4g}",
+                     "smallest normal": f"{f.smallest_normal:.3g}",
+                     "smallest subnormal": f"{f.smallest_subnormal:.3g}",
+                     "eps = ulp(1)": f"{f.eps:.3g}", "decimal digits": round(f.precision * math.log10(2), 1),
+                     "has inf": "yes" if f.has_inf else "no: NaN"})
     return pd.DataFrame(rows).set_index("format")
 
 
@@ -489,9 +490,11 @@ class AddTrace:
             cell = "".join(
                 f'<span style="{self._STYLE[role]}">{html.escape(t)}</span>' if self._STYLE[role]
                 else html.escape(t) for t, role in segs).replace("\n", "<br>")
-            rows.append(f"<tr><td style='text-align:left;white-space:nowrap'><b>{html.escape(step)}</b></td>"
-                        f"<td style='text-align:left'>{html.escape(text)}</td>"
-                        f"<td style='text-align:left;font-family:monospace;white-space:pre'>{cell}</td></tr>")
+            bit_line = (f"<br><span style='font-family:monospace;white-space:pre'>{cell}</span>"
+                        if cell else "")
+            rows.append(f"<tr><td style='text-align:left;vertical-align:top;white-space:nowrap;"
+                        f"padding-right:12px'><b>{html.escape(step)}</b></td>"
+                        f"<td style='text-align:left'>{html.escape(text)}{bit_line}</td></tr>")
         legend = ("<span style='{}'>guard bit G</span> (the paper's \"rounding bit\"), "
                   "<span style='{}'>round bit R and sticky bits</span>, "
                   "<span style='{}'>kept last bit</span>").format(
@@ -715,7 +718,7 @@ def plot_ulp(axes=None, formats=None):
     """
     import matplotlib.pyplot as plt
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        _, axes = plt.subplots(2, 1, figsize=(8, 8), layout="constrained")
     styles = ["-", "-", "--", "-", ":"]
     zoom = (2.0 ** -16, 2.0 ** 17)
     for style, name in zip(styles, formats or FORMATS):
