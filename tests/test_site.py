@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
+import os
 import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -126,10 +129,11 @@ def open_page(browser, url: str) -> list[dict]:
     browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;"
+        "const wanted = Array.from(document.scripts).some(s => /mathjax/i.test(s.src));"
         "const start = Date.now();"
         "(function wait() {"
         "  if (ready()) { MathJax.startup.promise.then(() => done(true), () => done(false)); }"
-        "  else if (Date.now() - start > 20000) { done(false); }"
+        "  else if (!wanted || Date.now() - start > 20000) { done(false); }"
         "  else { setTimeout(wait, 100); }"
         "})();")
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -189,6 +193,7 @@ def test_front_page_loads(browser, site_url):
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_page(browser, site_url, chapter):
+    assert (SITE / f"{chapter}.html").is_file(), f"{chapter}.html was not built"
     severe = open_page(browser, page_url(site_url, chapter))
     name = Path(chapter).name
 
@@ -217,6 +222,11 @@ def test_chapter_page(browser, site_url, chapter):
              if a.get_attribute("href").startswith("https://colab.research.google.com/")]
     want = booktools.colab_url(REPO_ROOT / f"{chapter}.ipynb")
     assert colab == [want], f"{chapter}: Colab links {colab}, expected [{want}]"
+    # ... and the repository and issue buttons point at the same repository.
+    repo_url, _ = booktools.repository()
+    links = {a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]")}
+    assert repo_url in links, f"{chapter}: no repository button"
+    assert any(link.startswith(f"{repo_url}/issues/new") for link in links), f"{chapter}: no issue button"
 
     if name.startswith("01_"):
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -240,3 +250,41 @@ def test_forgiven_log_entries_are_narrow():
     assert not forgivable(entry("javascript", "https://cdn.example.org/x.js 12:3 Uncaught "
                                               "TypeError: x is undefined"))
     assert not forgivable(entry("console-api", f"{local}/_static/a.js 0:1 \"Got invalid theme mode\""))
+
+
+# ---------------------------------------------------------------- the build itself
+def build_mini_book(root: Path, intro: str, code: str) -> subprocess.CompletedProcess:
+    """Build a one-chapter book with the repository's real _config.yml and the README's flags."""
+    (root / "book").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO_ROOT / "_config.yml", root / "_config.yml")
+    shutil.copytree(REPO_ROOT / "book" / "_ext", root / "book" / "_ext", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/01_probe\n")
+    (root / "book" / "intro.md").write_text(intro)
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# Probe\n\nMath: $x^2$."},
+             {"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
+              "execution_count": None}]
+    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}}}
+    (root / "book" / "01_probe.ipynb").write_text(json.dumps(nb))
+    return subprocess.run(["jupyter-book", "build", str(root), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_build_fails_on_a_warning_and_on_a_raising_cell(tmp_path):
+    value = os.urandom(4).hex()
+    good = build_mini_book(tmp_path, "# Front\n\nText.\n", f"print('{value}')")
+    assert good.returncode == 0, good.stdout[-3000:]
+    page = (tmp_path / "_build" / "html" / "book" / "01_probe.html").read_text()
+    assert value in page  # the notebook was executed
+    assert "_static/mathjax/tex-chtml.js" in page
+    assert (tmp_path / "_build" / "html" / "_static" / "mathjax" / "tex-chtml.js").is_file()
+
+    warned = build_mini_book(tmp_path, "# Front\n\nSee {ref}`no-such-label`.\n", f"print('{value}')")
+    assert warned.returncode != 0
+    assert "undefined label" in warned.stdout + warned.stderr
+
+    raised = build_mini_book(tmp_path, "# Front\n\nText.\n", f"raise ValueError('{value}')")
+    assert raised.returncode != 0
+    assert "CellExecutionError" in raised.stdout + raised.stderr
