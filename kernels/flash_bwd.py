@@ -25,11 +25,12 @@ accumulates dQ over the key tiles. So the gradients are deterministic.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from .env import interpreting
-from .flash_fwd import load_tile, mma, store_tile, to_operand
+from .flash_fwd import as_kernel_arg, load_tile, mma, store_tile, to_operand
 from .rounding import LOW_CODES, round_low
 
 DELTA_SOURCES = ("o", "dp", "o_fp32")
@@ -80,10 +81,10 @@ def _delta_from_dp_kernel(Q, K, V, DO, LSE, DELTA, PARAMS,
                    + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
     lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
     delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
-    hi = N_K
     if CAUSAL:
-        if start_m * BLOCK_M + BLOCK_M < N_K:
-            hi = start_m * BLOCK_M + BLOCK_M
+        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
+    else:
+        hi = N_K
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         in_seq = cols < N_K
@@ -182,10 +183,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
     lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
     delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
-    hi = N_K
     if CAUSAL:
-        if start_m * BLOCK_M + BLOCK_M < N_K:
-            hi = start_m * BLOCK_M + BLOCK_M
+        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
+    else:
+        hi = N_K
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         in_seq = cols < N_K
@@ -205,24 +206,32 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
                + dims[None, :] * stride_gd, dq, ok[:, None], LOW, EXPLICIT, LOW == 0 and EXPLICIT)
 
 
-def _bwd_blocks(block_m, block_n, dtype, head_dim):
-    """Fixed tile sizes for the backward kernels (they are not autotuned)."""
-    import torch
-    if interpreting():
-        dm, dn = 32, 32
-    elif dtype == torch.float64:
-        dm, dn = 32, 32
-    elif dtype == torch.float32:
-        dm, dn = 32, 32
-    else:
-        dm, dn = (64, 64) if head_dim <= 64 else (64, 32)
+def _bwd_configs(pairs):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+            for bm, bn, warps, stages in pairs]
+
+
+_TUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "LOW", "EXPLICIT"]
+_bwd_dkdv_tuned = triton.autotune(
+    configs=_bwd_configs([(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 8, 2)]),
+    key=_TUNE_KEY)(_bwd_dkdv_kernel)
+_bwd_dq_tuned = triton.autotune(
+    configs=_bwd_configs([(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 2)]),
+    key=_TUNE_KEY)(_bwd_dq_kernel)
+
+
+def _bwd_blocks(block_m, block_n, dtype, explicit):
+    """Fixed tile sizes, or None to autotune (native bf16/fp16 on a GPU, no blocks given)."""
+    if block_m is None and block_n is None and not interpreting() and not explicit \
+            and dtype in (torch.bfloat16, torch.float16):
+        return None
+    dm, dn = (32, 32) if (interpreting() or dtype == torch.float64) else (32, 64)
     return block_m or dm, block_n or dn
 
 
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
                   block_m, block_n, as_arg):
     """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
-    import torch
     batch, heads, n_q, d = q.shape
     delta = torch.full_like(lse, float("nan"))
     qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
@@ -245,34 +254,39 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
 def flash_backward(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
                    block_m=None, block_n=None, out_fp32=None):
     """dQ, dK, dV (inputs' dtype) for O = attention(q, k, v); ``out_fp32`` for "o_fp32"."""
-    import torch
-    from .flash_fwd import as_kernel_arg
     if delta_source not in DELTA_SOURCES:
         raise ValueError(f"delta_source must be one of {DELTA_SOURCES}, got {delta_source!r}")
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    block_m, block_n = _bwd_blocks(block_m, block_n, q.dtype, d)
+    blocks = _bwd_blocks(block_m, block_n, q.dtype, explicit)
+    pre_m, pre_n = blocks if blocks is not None else (64, 64)
 
     def as_arg(t):
         return as_kernel_arg(t, explicit)
 
     o_for_delta = out_fp32 if delta_source == "o_fp32" else out
     delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=causal,
-                          delta_source=delta_source, explicit=explicit, block_m=block_m,
-                          block_n=block_n, as_arg=as_arg)
+                          delta_source=delta_source, explicit=explicit, block_m=pre_m,
+                          block_n=pre_n, as_arg=as_arg)
     # fresh contiguous gradient buffers, poisoned so a missed write shows up as NaN
     dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
                   for t in (q, k, v))
     qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
     dqa, dka, dva = (as_arg(t) for t in (dq, dk, dv))
-    common = dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
-                  BLOCK_M=block_m, BLOCK_N=block_n)
+    common = dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype], EXPLICIT=explicit)
     strides = (*qa.stride(), *ka.stride(), *va.stride(), *da.stride())
-    assert dka.stride() == dva.stride()
-    _bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), batch * heads)](
-        qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
-        heads, n_q, n_k, **common)
-    _bwd_dq_kernel[(triton.cdiv(n_q, block_m), batch * heads)](
-        qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(),
-        heads, n_q, n_k, **common)
+    dkdv_args = (qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
+                 heads, n_q, n_k)
+    dq_args = (qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(), heads, n_q, n_k)
+    if blocks is None:
+        _bwd_dkdv_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads)](
+            *dkdv_args, **common)
+        _bwd_dq_tuned[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)](
+            *dq_args, **common)
+    else:
+        bm, bn = blocks
+        _bwd_dkdv_kernel[(triton.cdiv(n_k, bn), batch * heads)](*dkdv_args, **common,
+                                                                BLOCK_M=bm, BLOCK_N=bn)
+        _bwd_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](*dq_args, **common,
+                                                             BLOCK_M=bm, BLOCK_N=bn)
     return dq, dk, dv, delta

@@ -220,21 +220,20 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], work)
 
     # Stage 1: tiles every row of this block sees completely (no mask needed).
-    hi_full = N_K
     if CAUSAL:
-        if start_m * BLOCK_M < N_K:
-            hi_full = start_m * BLOCK_M
-    hi_full = (hi_full // BLOCK_N) * BLOCK_N
+        hi_full = (tl.minimum(start_m * BLOCK_M, N_K) // BLOCK_N) * BLOCK_N
+    else:
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
     m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
                                      scale, beta, eps, BLOCK_N, HEAD_DIM, False, CAUSAL,
                                      STABLE, PAPER, LOW, EXPLICIT, ROUND_OUT)
     # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
     # for every row of the block (keys after the block's last query) are skipped.
-    hi = N_K
     if CAUSAL:
-        if start_m * BLOCK_M + BLOCK_M < N_K:
-            hi = start_m * BLOCK_M + BLOCK_M
+        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
+    else:
+        hi = N_K
     m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
                                      scale, beta, eps, BLOCK_N, HEAD_DIM, True, CAUSAL,
@@ -253,12 +252,10 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
 
 
 def _autotune_configs():
-    configs = []
-    for bm, bn, warps, stages in [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3),
-                                  (64, 64, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4)]:
-        configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps,
-                                     num_stages=stages))
-    return configs
+    """A few tile shapes that suit an H100/A100 for head dims 64 and 128 (bf16/fp16 only)."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+            for bm, bn, warps, stages in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+                                          (64, 64, 4, 3)]]
 
 
 _flash_fwd_tuned = triton.autotune(configs=_autotune_configs(),
@@ -356,11 +353,18 @@ def kernel_params(scale, beta, eps, dtype, device) -> torch.Tensor:
     return torch.tensor([scale, beta, eps], dtype=work_dtype(dtype), device=device)
 
 
-def pick_blocks(block_m, block_n):
-    """Caller's blocks, else fixed small ones in the interpreter, else None (autotune)."""
-    if block_m is None and block_n is None and not interpreting():
+def pick_blocks(block_m, block_n, dtype, explicit):
+    """Caller's blocks; else fixed small ones in the interpreter and for the fp32-dot paths
+    (fp32, fp64, explicit rounding); else None: autotune (native bf16/fp16 on a GPU)."""
+    if block_m is None and block_n is None and not interpreting() and not explicit \
+            and dtype in (torch.bfloat16, torch.float16):
         return None
-    dm, dn = INTERPRETER_BLOCKS if interpreting() else (64, 64)
+    if interpreting():
+        dm, dn = INTERPRETER_BLOCKS
+    elif dtype == torch.float64:
+        dm, dn = 32, 32
+    else:
+        dm, dn = 64, 32
     return (block_m or dm, block_n or dn)
 
 
@@ -394,7 +398,7 @@ def flash_forward(q, k, v, *, causal=False, scale=None, stable="off", beta=2.0, 
     consts = dict(HEAD_DIM=d, CAUSAL=bool(causal), STABLE=STABLE_CODES[stable],
                   PAPER=numerics == "paper", LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
                   ROUND_OUT=bool(low_out), STORE_OFFSET=bool(return_offset))
-    blocks = pick_blocks(block_m, block_n)
+    blocks = pick_blocks(block_m, block_n, q.dtype, explicit)
     if blocks is None:
         grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
         _flash_fwd_tuned[grid](*args, **consts)

@@ -19,6 +19,7 @@ from kernels.reference import attention_fp64, relative_error
 
 ON_GPU = native_bf16()
 DEVICE = "cuda" if ON_GPU else "cpu"
+BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else {}   # no per-test autotuning on a GPU
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 5e-5,
              torch.float64: 1e-11}
 
@@ -30,7 +31,7 @@ def leaf(*shape, dtype):
 def grads_vs_fp64(n, d, dtype, causal, delta_source, batch=1, heads=2, **kw):
     q, k, v = (leaf(batch, heads, n, d, dtype=dtype) for _ in range(3))
     grad_out = torch.randn(batch, heads, n, d, device=DEVICE).to(dtype)
-    out = flash_attention(q, k, v, causal=causal, delta_source=delta_source, **kw)
+    out = flash_attention(q, k, v, causal=causal, delta_source=delta_source, **{**BLOCKS, **kw})
     out.backward(grad_out)
     ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
     ref = attention_fp64(*ref_inputs, causal)
@@ -86,14 +87,15 @@ def test_delta_from_dp_or_fp32_o_is_more_accurate():
     grad_out = torch.randn(1, 2, n, d, device=DEVICE).bfloat16()
     explicit = use_explicit(None)
     params = kernel_params(d ** -0.5, 2.0, 1e-3, q.dtype, q.device)
-    out, lse, _ = flash_forward(q, k, v, causal=True)
-    out32, _, _ = flash_forward(q, k, v, causal=True, round_out=False)
+    out, lse, _ = flash_forward(q, k, v, causal=True, **BLOCKS)
+    out32, _, _ = flash_forward(q, k, v, causal=True, round_out=False, **BLOCKS)
     assert out32.dtype == torch.float32
     exact = (grad_out.double() * attention_fp64(q, k, v, True)).sum(-1)
     errors = {}
     for source in ("o", "dp", "o_fp32"):
         *_, delta = flash_backward(q, k, v, out, grad_out, lse, params, causal=True,
-                                   delta_source=source, explicit=explicit, out_fp32=out32)
+                                   delta_source=source, explicit=explicit, out_fp32=out32,
+                                   **BLOCKS)
         assert not torch.isnan(delta).any()
         errors[source] = relative_error(delta, exact)
     assert errors["dp"] < errors["o"] / 4, errors

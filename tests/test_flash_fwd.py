@@ -32,6 +32,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
              torch.float64: 1e-12}
 LOW_DTYPES = (torch.bfloat16, torch.float16)
+# On a GPU fixed tiles keep the number of compiled variants down (no autotuning per test case);
+# the autotuned default is exercised by kernels.gpu_check and tests/test_attention.py.
+BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else {}
 
 
 def randn(*shape, dtype=torch.bfloat16):
@@ -61,7 +64,7 @@ ACCURACY_CASES += [(dtype, d, causal, 61) for dtype in DTYPES for d in (64, 128)
 def test_forward_matches_fp64(dtype, head_dim, causal, n):
     n = n * 5 if ON_GPU else n
     q, k, v = qkv(1, 2, n, head_dim, dtype)
-    out, lse, _ = flash_forward(q, k, v, causal=causal)
+    out, lse, _ = flash_forward(q, k, v, causal=causal, **BLOCKS)
     assert out.dtype == dtype and out.shape == q.shape
     assert not torch.isnan(out).any(), "an output element was never written"
     assert not torch.isnan(lse).any(), "an L entry was never written"
@@ -215,8 +218,9 @@ def test_offset_fix_pushes_max_p_bar_below_one(where):
 @pytest.mark.parametrize("causal", [False, True])
 def test_stabilised_forward_stays_close_to_plain(stable, causal):
     q, k, v = qkv(1, 2, 53, 64, torch.bfloat16)
-    plain, lse_plain, _ = flash_forward(q, k, v, causal=causal)
-    fixed, lse_fixed, _ = flash_forward(q, k, v, causal=causal, stable=stable, beta=4.0)
+    plain, lse_plain, _ = flash_forward(q, k, v, causal=causal, **BLOCKS)
+    fixed, lse_fixed, _ = flash_forward(q, k, v, causal=causal, stable=stable, beta=4.0,
+                                        **BLOCKS)
     ref = attention_fp64(q, k, v, causal)
     assert relative_error(fixed, ref) < TOLERANCE[torch.bfloat16]
     assert relative_error(fixed, plain) < 1e-2
