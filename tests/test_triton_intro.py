@@ -90,6 +90,8 @@ def test_exercise_check_accepts_right_and_rejects_wrong_answers():
         ti.check_row_max(_row_max(0.0), device=DEVICE)
     with pytest.raises(AssertionError):
         ti.check_row_max(lambda x: x.amax(dim=0), device=DEVICE)
+    assert ti.check_row_max(None).startswith("not answered")          # an untouched exercise
+    assert ti.check_row_max(lambda x: None).startswith("not answered")
 
 
 def test_source_of_cuts_a_piece():
