@@ -11,7 +11,9 @@ they need ``_build/html`` and a browser; without a built site they FAIL, they ne
 Per chapter page we check that it loads, that the browser logged no error, that every figure
 decoded (``naturalWidth > 0``) and there is at least one, that MathJax typeset every formula
 without a TeX error, and that the Colab launch button opens this chapter's notebook in the
-repository named in ``_config.yml``. A screenshot of chapter 1 is kept under ``_build/screenshots``.
+repository named in ``_config.yml`` (the repository and issue buttons too). A screenshot of
+chapter 1 is kept under ``_build/screenshots``. One more test builds a one-chapter book with the
+real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
 and ``selenium`` (requirements.txt).
