@@ -43,7 +43,10 @@ PLACEMENTS = ("split", "same", "any")
 # implementations run by kernels.emulate; "-untiled" uses one tile of the whole sequence (the
 # paper's own PyTorch code is untiled, so its Algorithm 3 sees every key at once)
 EMULATED = ("paper", "fa2", "paper-untiled", "fa2-untiled")
-GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton")
+# triton: the book's kernel (kernels.attention), hardware bf16 on a GPU; triton-explicit: the
+# same kernel on its explicit-rounding path (fp32 IEEE dots); fa2-mma: P̄V as one tensor-core
+# bf16 matmul with an fp32 result (torch.bmm(..., out_dtype=float32)), the rest as fa2, untiled
+GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton-explicit", "fa2-mma")
 IMPLEMENTATIONS = ("ideal",) + EMULATED + GPU_ONLY
 NEGLIGIBLE_ULP = 0.02   # a statistically detectable mean below this is called negligible
 # exp(-x) rounds to 1.0 in bf16 when x <= -ln(1 - 2^-9): the largest bf16 below 1 is 1 - 2^-8 and
@@ -216,7 +219,8 @@ def build(case: Case, seed: int = 0, device="cpu") -> Built:
     v = to_bf16(v)
     q = torch.eye(d, dtype=torch.float64).expand(b, d, d)
     f32 = dict(dtype=torch.float32, device=device)
-    return Built(q=q.to(**f32), k=scores.transpose(-1, -2).to(**f32), v=v.to(**f32),
+    return Built(q=q.to(**f32).contiguous(), k=scores.transpose(-1, -2).contiguous().to(**f32),
+                 v=v.to(**f32),
                  scores=scores.to(**f32), tie_pos=tie_pos.to(device), row_max=rm.to(**f32))
 
 
@@ -242,18 +246,27 @@ def _sdpa(built: Built, backend_name: str) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
                "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
-    q, k, v = (t.to(torch.bfloat16).unsqueeze(1) for t in (built.q, built.k, built.v))
+    q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
     with sdpa_kernel([backend]):
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
     return o.squeeze(1).float()
 
 
-def _triton(built: Built, stable, beta, eps, block_n) -> torch.Tensor:
-    from .attention import flash_attention     # K's kernel; the GPU script guards the import
-    q, k, v = (t.to(torch.bfloat16).unsqueeze(1) for t in (built.q, built.k, built.v))
+def _triton(built: Built, stable, beta, eps, block_n, explicit=None) -> torch.Tensor:
+    from .attention import flash_attention     # the book's kernel; the GPU script guards it
+    q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
     o = flash_attention(q, k, v, causal=False, scale=1.0, stable=stable, beta=beta, eps=eps,
-                        numerics="fa2")
+                        numerics="fa2", block_m=min(64, q.shape[-2]), block_n=block_n or 64,
+                        explicit=explicit)
     return o.squeeze(1).float()
+
+
+def _fa2_mma(built: Built) -> torch.Tensor:
+    """FA2 numerics, untiled, with P̄V done by the GPU's bf16 matrix unit into fp32."""
+    s = built.scores
+    p = torch.exp(s - s.amax(-1, keepdim=True))                      # fp32
+    acc = torch.bmm(p.to(torch.bfloat16), built.v.to(torch.bfloat16), out_dtype=torch.float32)
+    return to_bf16(acc / p.sum(-1, keepdim=True))
 
 
 def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0,
@@ -271,10 +284,13 @@ def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0
                                     numerics=impl.split("-")[0], block_n=block, stable=stable,
                                     beta=beta, eps=eps, offset=offset)
         return Output(res.out.float(), res.row_offset, res.row_sum, res.ties)
+    if impl in ("triton", "triton-explicit"):   # native on a GPU, the interpreter on a CPU
+        explicit = True if impl == "triton-explicit" else None
+        return Output(_triton(built, stable, beta, eps, block_n, explicit), None, None, None)
     if not built.q.is_cuda:
         raise ValueError(f"{impl} needs a CUDA GPU; build the case with device='cuda'")
-    if impl == "triton":
-        return Output(_triton(built, stable, beta, eps, block_n), None, None, None)
+    if impl == "fa2-mma":
+        return Output(_fa2_mma(built), None, None, None)
     return Output(_sdpa(built, impl), None, None, None)
 
 
@@ -657,7 +673,9 @@ def _running_for_row(built, res, impl, stable):
     r = running_error(s_row.numpy(), built.v[0, :, col].cpu().numpy(), m, impl.split("-")[0])
     final = r["hp"][-1]
     unit = float(ulp_bf16(torch.tensor(final))) if final != 0 else 1.0
-    r.update(column=col, unit=unit, offset=m)
+    o_lp, o_hp = float(res.out[0, 0, col]), float(reference(built)[0, 0, col])
+    ell = float(np.exp(s_row.double().numpy() - m).sum())       # exact ℓ for this offset
+    r.update(column=col, unit=unit, offset=m, final_output_error=(o_lp - o_hp) * ell)
     return r
 
 
@@ -692,7 +710,7 @@ def plot_lab(result: LabResult, fig=None):
         ax.legend(fontsize=8)
     ax.set_xlabel("O_lp − O_hp  [ulp of O_lp's binade]")
     ax.set_ylabel("outputs")
-    ax.set_title(st["verdict"][:48], fontsize=9)
+    ax.set_title(st["verdict"].split(" (")[0], fontsize=9)
     ax = axes[1]
     r = result.running
     if r is not None:
@@ -700,7 +718,10 @@ def plot_lab(result: LabResult, fig=None):
         ax.plot(np.arange(e.size), e, lw=0.8)
         ones = r["p_is_one"]
         ax.plot(ones, e[ones], "rv", ms=6, label="P̄ = 1")
-        ax.legend(fontsize=8)
+        if r.get("final_output_error") is not None:
+            ax.plot([e.size - 1], [r["final_output_error"] / r["unit"]], "k*", ms=9,
+                    label="(O_lp − O_hp)·ℓ: after the last rounding")
+        ax.legend(fontsize=7)
         ax.set_title(f"running error of Ō, row 0, column {r['column']}", fontsize=9)
     else:
         ax.text(0.5, 0.5, "running sum shown for\nemulated paths only", ha="center",
@@ -777,3 +798,234 @@ def widget(device="cpu"):
 
 if __name__ == "__main__":
     print(save_cpu_sweep())
+
+
+# ----------------------------------------------------------------------------------------------
+# reading and plotting the sweep
+# ----------------------------------------------------------------------------------------------
+FA2_FAMILY = ("ideal", "fa2/off", "fa2/tile", "fa2/cross")
+PAPER_FAMILY = ("paper/off", "paper/tile", "paper/cross", "paper-untiled/off", "paper-untiled/cross")
+
+
+def _v_label(vt, vr):
+    return f"V tied {vt:+g}, rest {vr:+g}"
+
+
+def plot_sweep(records, impls=FA2_FAMILY, limit=0.5, title=None):
+    """One heat map (ties × gap) of the mean error per implementation (rows) and V setting
+    (columns); numbers in ulps, a dot marks cells that are biased (see :func:`is_biased`)."""
+    import matplotlib.pyplot as plt
+    df = sweep_table([r for r in records if "mean" in r and " vs " not in r["impl"]])
+    vs = sorted({(r.v_tied_mean, r.v_rest_mean) for r in df.itertuples()},
+                key=lambda t: SWEEP_V.index(t) if t in SWEEP_V else 99)
+    ties, gaps = sorted(df.ties.unique()), sorted(df.gap.unique())
+    fig, axes = plt.subplots(len(impls), len(vs), figsize=(2.9 * len(vs), 1.9 * len(impls)),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, impl in enumerate(impls):
+        for j, (vt, vr) in enumerate(vs):
+            ax = axes[i][j]
+            sub = df[(df.impl == impl) & (df.v_tied_mean == vt) & (df.v_rest_mean == vr)]
+            grid = np.full((len(ties), len(gaps)), np.nan)
+            for r in sub.itertuples():
+                grid[ties.index(r.ties), gaps.index(r.gap)] = r.mean
+                txt = f"{r.mean:+.2f}" if abs(r.mean) < 10 else f"{r.mean:+.0f}"
+                mark = "•" if is_biased({"mean": r.mean, "se": r.se}) else ""
+                ax.text(gaps.index(r.gap), ties.index(r.ties), txt + mark, ha="center",
+                        va="center", fontsize=6.5)
+            ax.imshow(grid, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            ax.set_xticks(range(len(gaps)), [f"{g:g}" for g in gaps], fontsize=7)
+            ax.set_yticks(range(len(ties)), [str(k) for k in ties], fontsize=7)
+            ax.grid(False)
+            if i == 0:
+                ax.set_title(_v_label(vt, vr), fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{impl}\nties k", fontsize=8)
+            if i == len(impls) - 1:
+                ax.set_xlabel("gap below the max", fontsize=8)
+    fig.suptitle(title or "mean O_lp − O_hp [ulp]; • = biased (95% CI excludes 0, |mean| ≥ 0.02)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _cells(records, impl):
+    return {r["cell"]: r for r in records if r["impl"] == impl and "mean" in r}
+
+
+def sweep_findings(records) -> dict:
+    """The verdicts the chapter states, computed from sweep records."""
+    def biased(r):
+        return is_biased(r)
+
+    out = {}
+    fa2, cross, tile, ideal = (_cells(records, x) for x in ("fa2/off", "fa2/cross", "fa2/tile",
+                                                            "ideal"))
+    paper, paper_x = _cells(records, "paper-untiled/off"), _cells(records, "paper-untiled/cross")
+    paper_t, paper_tx = _cells(records, "paper/off"), _cells(records, "paper/cross")
+    out["cells"] = len(fa2)
+    diffs = sorted(abs(fa2[c]["mean"] - ideal[c]["mean"]) for c in fa2)
+    out["fa2 - ideal: median |difference|"] = diffs[len(diffs) // 2]
+    out["fa2 - ideal: max |difference|"] = diffs[-1]
+    out["fa2 - ideal: cell of max"] = max(fa2, key=lambda c: abs(fa2[c]["mean"] - ideal[c]["mean"]))
+    out["fa2 median fraction correctly rounded"] = float(np.median(
+        [r["correctly_rounded"] for r in fa2.values()]))
+    out["fa2 biased cells"] = sorted(c for c, r in fa2.items() if biased(r))
+    out["fa2 biased, k = 1"] = [c for c in out["fa2 biased cells"] if fa2[c]["ties"] == 1]
+    out["fa2 biased, k >= 2"] = [c for c in out["fa2 biased cells"] if fa2[c]["ties"] > 1]
+    out["fa2 biased k >= 2, |bias| >= 0.1"] = [c for c in out["fa2 biased, k >= 2"]
+                                             if abs(fa2[c]["mean"]) >= 0.1]
+    out["fa2 biased, gap <= 12"] = [c for c in out["fa2 biased cells"] if fa2[c]["gap"] <= 12]
+    out["fa2 k=1 largest |bias|"] = max((c for c in fa2 if fa2[c]["ties"] == 1),
+                                        key=lambda c: abs(fa2[c]["mean"]))
+    out["fa2 biased k >= 2, cross removes"] = [c for c in out["fa2 biased, k >= 2"]
+                                               if not biased(cross[c])]
+    out["fa2 biased k >= 2, cross leaves"] = [c for c in out["fa2 biased, k >= 2"]
+                                              if biased(cross[c])]
+    out["fa2 biased k = 1, cross leaves"] = [c for c in out["fa2 biased, k = 1"]
+                                             if biased(cross[c])]
+    out["fa2 unbiased, cross adds bias"] = sorted(c for c, r in fa2.items()
+                                                  if not biased(r) and biased(cross[c]))
+    out["fa2 biased, tile removes"] = sorted(c for c in out["fa2 biased cells"]
+                                             if not biased(tile[c]))
+    out["paper (untiled) biased cells"] = sorted(c for c, r in paper.items() if biased(r))
+    out["paper biased where fa2 is not"] = sorted(c for c, r in paper.items()
+                                                  if biased(r) and not biased(fa2[c]))
+    out["paper (untiled) biased, cross leaves"] = sorted(c for c in out["paper (untiled) biased cells"]
+                                                         if biased(paper_x[c]))
+    out["paper (tiled) biased cells"] = sorted(c for c, r in paper_t.items() if biased(r))
+    out["paper (tiled) biased, cross leaves"] = sorted(c for c in out["paper (tiled) biased cells"]
+                                                       if biased(paper_tx[c]))
+    return out
+
+
+def describe_cells(records, cells, impl="fa2/off") -> str:
+    """'k=2 gap=16 V(-1,+0): +0.198 ±0.002; ...' for the given cell indices."""
+    by = _cells(records, impl)
+    parts = [f"k={by[c]['ties']} gap={by[c]['gap']:g} V({by[c]['v_tied_mean']:+g},"
+             f"{by[c]['v_rest_mean']:+g}): {by[c]['mean']:+.3f}±{by[c]['se']:.3f}"
+             for c in cells if c in by]
+    return "; ".join(parts) if parts else "none"
+
+
+def compare_devices(cpu_records, gpu_records, pairs=(("fa2/off", "sdpa-flash"),
+                                                      ("fa2/off", "sdpa-cudnn"),
+                                                      ("fa2/off", "sdpa-efficient"),
+                                                      ("fa2/off", "fa2/off"),
+                                                      ("paper/off", "paper/off"),
+                                                      ("fa2/cross", "triton/cross"))):
+    """z = (GPU mean − CPU mean) / √(se_gpu² + se_cpu²) per cell, for (cpu impl, gpu impl) pairs.
+    Returns {pair label: {'max_abs_z', 'z' (list), 'same_inputs'}}; pairs the GPU lacks are skipped."""
+    out = {}
+    for cpu_impl, gpu_impl in pairs:
+        c, g = _cells(cpu_records, cpu_impl), _cells(gpu_records, gpu_impl)
+        common = sorted(set(c) & set(g))
+        if not common:
+            continue
+        z = []
+        for i in common:
+            se = math.hypot(c[i]["se"], g[i]["se"])
+            d = g[i]["mean"] - c[i]["mean"]
+            z.append(0.0 if d == 0 else (d / se if se > 0 else math.inf))
+        same = all(c[i].get("input_checksum") == g[i].get("input_checksum") for i in common)
+        out[f"GPU {gpu_impl} vs CPU {cpu_impl}"] = {
+            "max_abs_z": max(abs(x) for x in z), "z": z, "cells": common, "same_inputs": same,
+            "max_abs_diff": max(abs(g[i]["mean"] - c[i]["mean"]) for i in common)}
+    return out
+
+
+def plot_devices(cpu_records, gpu_records, gpu_impls=("sdpa-flash", "sdpa-cudnn",
+                                                      "sdpa-efficient", "fa2/off"),
+                 cpu_impl="fa2/off"):
+    """Bias per cell measured on the GPU (y) against the CPU emulator (x)."""
+    import matplotlib.pyplot as plt
+    c = _cells(cpu_records, cpu_impl)
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    lim = 0.0
+    for n, impl in enumerate(gpu_impls):
+        g = _cells(gpu_records, impl)
+        common = sorted(set(c) & set(g))
+        if not common:
+            continue
+        x = np.array([c[i]["mean"] for i in common])
+        y = np.array([g[i]["mean"] for i in common])
+        ax.errorbar(x, y, yerr=1.96 * np.array([g[i]["se"] for i in common]), fmt="o",
+                    ms=4 - n * 0.6, alpha=0.7, label=f"GPU {impl}")
+        lim = max(lim, np.abs(np.concatenate([x, y])).max())
+    ax.plot([-lim, lim], [-lim, lim], "k:", lw=0.8)
+    ax.set_xlabel(f"CPU emulator {cpu_impl}: mean error [ulp]")
+    ax.set_ylabel("GPU: mean error [ulp]")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Appendix C and boundary cases (small, run live in the chapter)
+# ----------------------------------------------------------------------------------------------
+def small_lab_case(**kw) -> Case:
+    """A CPU-friendly case for live cells: N = 512, 8 sequences of 32 rows."""
+    return replace(Case(n_keys=512, head_dim=32, batch=8), **kw)
+
+
+def fixed_offset_bias(offsets, case: Case | None = None, numerics=("fa2", "paper"), seed=0):
+    """Bias with m = running max + offset (Appendix C's fixed offset) for each offset."""
+    case = small_lab_case(ties=2) if case is None else case
+    built = build(case, seed)
+    return {num: [measure(case, num, "offset", offset=o, built=built) for o in offsets]
+            for num in numerics}
+
+
+def underflow_scan(row_maxes, beta=2.0, stable="always", ties=1, impl="fa2", seed=0):
+    """For tied (or single, with 'always') maxima of value rm: fraction of rows whose ℓ
+    underflows to 0, of NaN outputs and of outputs that are exactly 0 though O_hp is not."""
+    rows = []
+    for rm in row_maxes:
+        case = small_lab_case(ties=ties, row_max=float(rm), row_max_jitter=0.0, batch=2)
+        built = build(case, seed)
+        res = run(impl, built, stable=stable, beta=beta, block_n=case.block_n)
+        o_hp = reference(built)
+        rows.append({"rm": float(rm), "ell_zero": float((res.row_sum == 0).double().mean()),
+                     "ell_subnormal": float(((res.row_sum > 0) & (res.row_sum < 2.0 ** -126))
+                                            .double().mean()),
+                     "nan": float(torch.isnan(res.out).double().mean()),
+                     "zero_out": float(((res.out == 0) & (o_hp != 0)).double().mean())})
+    return rows
+
+
+def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:
+    """{setting name: {impl label: bias summary}} for Cases given by name (small, live)."""
+    out = {}
+    for name, case in settings.items():
+        built = build(case, seed)
+        out[name] = {}
+        for label in impls:
+            impl, stable = parse_impl(label)
+            out[name][label] = measure(case, impl, stable, built=built, **run_kw)
+    return out
+
+
+def plot_compare(table: dict, title="", ylabel="mean O_lp − O_hp [ulp]"):
+    """Grouped bars with 95% intervals for :func:`compare_settings` output."""
+    import matplotlib.pyplot as plt
+    names = list(table)
+    impls = list(next(iter(table.values())))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        means = [table[n][impl]["mean"] for n in names]
+        ci = [1.96 * table[n][impl]["se"] for n in names]
+        ax.bar(np.arange(len(names)) + j * width, means, width, yerr=ci, label=impl, capsize=2)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def print_compare(table: dict) -> None:
+    for name, row in table.items():
+        cells = ", ".join(f"{impl} {st['mean']:+.3f}±{1.96 * st['se']:.3f}"
+                          f"{' (biased)' if is_biased(st) else ''}" for impl, st in row.items())
+        print(f"{name}: {cells}")

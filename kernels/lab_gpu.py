@@ -25,19 +25,19 @@ import torch
 from . import lab, results
 
 
-def _triton_available(device) -> tuple[bool, str]:
-    if device != "cuda":
-        return False, "no CUDA device"
+def _triton_available(device, small) -> tuple[bool, str]:
+    if device != "cuda" and not small:
+        return False, "no CUDA device (the interpreter is used only with --small)"
     try:
         from .attention import flash_attention  # noqa: F401
     except Exception as exc:        # the kernel may not exist yet or may fail to compile
         return False, f"{type(exc).__name__}: {exc}"[:300]
     try:   # one tiny call: a kernel that imports but does not run is also 'not available'
-        built = lab.build(lab.Case(n_keys=128, batch=1, head_dim=64, ties=1), 0, "cuda")
+        built = lab.build(lab.Case(n_keys=128, batch=1, head_dim=64, ties=1), 0, device)
         lab.run("triton", built, stable="off")
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"[:300]
-    return True, "ran"
+    return True, "ran" + (" (Triton interpreter)" if device != "cuda" else " (native)")
 
 
 def main(argv=None):
@@ -49,15 +49,16 @@ def main(argv=None):
     impls = list(lab.SWEEP_IMPLS)
     ran = {"emulator": True}
     if device == "cuda":
-        impls += ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
+        impls += ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa2-mma"]
         ran["sdpa"] = True
-    ok, why = _triton_available(device)
+    ok, why = _triton_available(device, args.small)
     ran["triton"] = why
     if ok:
-        impls += ["triton/off", "triton/tile", "triton/cross"]
+        impls += ["triton/off", "triton/tile", "triton/cross", "triton-explicit/off"]
     pairs = [("sdpa-flash", "fa2/off"), ("sdpa-cudnn", "fa2/off"), ("sdpa-efficient", "fa2/off"),
              ("triton/off", "fa2/off"), ("triton/tile", "fa2/tile"),
-             ("triton/cross", "fa2/cross")]
+             ("triton/cross", "fa2/cross"), ("triton-explicit/off", "fa2/off"),
+             ("sdpa-flash", "fa2-mma"), ("triton/off", "fa2-mma"), ("sdpa-flash", "triton/off")]
     grid = dict(ties=lab.SWEEP_TIES, gaps=lab.SWEEP_GAPS, v_means=lab.SWEEP_V)
     base = lab.Case()
     if args.small:
