@@ -170,9 +170,10 @@ def measure_memory(n, shape=(1, 16, None, 64), dtype=torch.bfloat16, causal=True
                inputs_bytes=3 * q.nbytes)
     for name, attn in (("flash", flash_fn(causal)),
                        ("naive", lambda a, b, c: standard_attention(a, b, c, causal))):
+        step = attention_step(attn, q, k, v, grad_out, mode)
         try:
-            row[f"{name}_peak_bytes"] = peak_memory_cuda(attention_step(attn, q, k, v, grad_out,
-                                                                        mode))
+            step()   # warm-up: compilation and autotuning allocate scratch memory once
+            row[f"{name}_peak_bytes"] = peak_memory_cuda(step)
         except torch.cuda.OutOfMemoryError:
             row[f"{name}_peak_bytes"] = None
             torch.cuda.empty_cache()

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from .env import interpreting
-from .flash_fwd import as_kernel_arg, load_tile, mma, store_tile, to_operand
+from .flash_fwd import (as_kernel_arg, load_tile, mma, mma_acc, new_output, store_tile,
+                        to_operand)
 from .rounding import LOW_CODES, round_low
 
 DELTA_SOURCES = ("o", "dp", "o_fp32")
@@ -145,16 +146,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
         if CAUSAL:
             visible = visible & (cols[:, None] <= rows[None, :])
         p_t = tl.where(visible, tl.exp(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :]), 0.0)
-        dv += mma(to_operand(p_t, LOW, EXPLICIT), do, LOW, EXPLICIT)        # Pᵀ dO
+        dv = mma_acc(to_operand(p_t, LOW, EXPLICIT), do, dv, LOW, EXPLICIT)      # += Pᵀ dO
         dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                           # (dO Vᵀ)ᵀ
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += mma(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), LOW, EXPLICIT)  # dSᵀ Q
+        dk = mma_acc(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), dk, LOW, EXPLICIT)  # += dSᵀ Q
     dk = round_low(dk * scale, LOW, EXPLICIT)
     dv = round_low(dv, LOW, EXPLICIT)
-    bits = LOW == 0 and EXPLICIT
     g = cols[:, None] * stride_gn + dims[None, :] * stride_gd + b * stride_gb + h * stride_gh
-    store_tile(DK + g, dk, in_seq[:, None], LOW, EXPLICIT, bits)
-    store_tile(DV + g, dv, in_seq[:, None], LOW, EXPLICIT, bits)
+    store_tile(DK + g, dk, in_seq[:, None], LOW == 0 and EXPLICIT)
+    store_tile(DV + g, dv, in_seq[:, None], LOW == 0 and EXPLICIT)
 
 
 @triton.jit
@@ -200,10 +200,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
         p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
         dp = mma(do, v_t, LOW, EXPLICIT)
         ds = p * (dp - delta[:, None])
-        dq += mma(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), LOW, EXPLICIT)   # dS K
+        dq = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), dq, LOW, EXPLICIT)  # += dS K
     dq = round_low(dq * scale, LOW, EXPLICIT)
     store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
-               + dims[None, :] * stride_gd, dq, ok[:, None], LOW, EXPLICIT, LOW == 0 and EXPLICIT)
+               + dims[None, :] * stride_gd, dq, ok[:, None], LOW == 0 and EXPLICIT)
 
 
 def _bwd_configs(pairs):
@@ -233,7 +233,7 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
                   block_m, block_n, as_arg):
     """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
     batch, heads, n_q, d = q.shape
-    delta = torch.full_like(lse, float("nan"))
+    delta = new_output(lse.shape, lse.dtype, lse.device)
     qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
     if delta_source == "dp":
         grid = (triton.cdiv(n_q, block_m), batch * heads)
@@ -268,9 +268,8 @@ def flash_backward(q, k, v, out, do, lse, params, *, causal, delta_source, expli
     delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=causal,
                           delta_source=delta_source, explicit=explicit, block_m=pre_m,
                           block_n=pre_n, as_arg=as_arg)
-    # fresh contiguous gradient buffers, poisoned so a missed write shows up as NaN
-    dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
-                  for t in (q, k, v))
+    # fresh contiguous gradient buffers (NaN-poisoned when POISON_OUTPUTS is on)
+    dq, dk, dv = (new_output(t.shape, t.dtype, t.device) for t in (q, k, v))
     qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
     dqa, dka, dva = (as_arg(t) for t in (dq, dk, dv))
     common = dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype], EXPLICIT=explicit)

@@ -35,6 +35,7 @@ fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything i
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -71,8 +72,9 @@ def load_tile(ptrs, mask, LOW: tl.constexpr, EXPLICIT: tl.constexpr, MASKED: tl.
 
 
 @triton.jit
-def store_tile(ptrs, x, mask, LOW: tl.constexpr, EXPLICIT: tl.constexpr, BITS: tl.constexpr):
-    """Store a tile whose values are already representable in the destination format."""
+def store_tile(ptrs, x, mask, BITS: tl.constexpr):
+    """Store a tile whose values are already representable in the destination format;
+    ``BITS``: the destination holds bf16 as raw 16-bit patterns (explicit path)."""
     if BITS:
         # bf16 as raw bits: the top half of the fp32 pattern (x is already rounded)
         bits = (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
@@ -99,6 +101,15 @@ def mma(a, b, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
         return tl.dot(a, b)
     else:
         return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def mma_acc(a, b, acc, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """acc + a @ b, the addition done inside the matmul (one fp32 accumulator)."""
+    if (LOW == 0 or LOW == 1) and not EXPLICIT:
+        return tl.dot(a, b, acc)
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc.dtype)
 
 
 @triton.jit
@@ -148,15 +159,16 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         if STABLE == 1:
             # the paper's rule on this tile alone: ties in other tiles are invisible
             near = rnd_if(tile_max - eps, PAPER, LOW, EXPLICIT)
-            counted = (scores >= near[:, None]) & (scores > float("-inf"))
-            tile_ties = tl.sum(counted.to(rm.dtype), 1)
+            tile_ties = tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1)
+            # a row whose keys are all masked in this tile has no tie (not "all tied at -inf")
+            tile_ties = tl.where(tile_max == float("-inf"), 0.0, tile_ties).to(rm.dtype)
             m_new = tl.maximum(m, _offset_rule(tile_max, tile_ties, beta, PAPER, LOW, EXPLICIT))
         elif STABLE == 2:
             # the rule on the running maximum and running tie count of all tiles so far
+            # (near is finite once a row has seen a key, so masked -inf scores never count)
             near = rnd_if(rm_new - eps, PAPER, LOW, EXPLICIT)
             carried = tl.where(rm >= near, rs, 0.0)        # old ties still within eps of the max?
-            counted = (scores >= near[:, None]) & (scores > float("-inf"))
-            rs = carried + tl.sum(counted.to(rm.dtype), 1)
+            rs = carried + tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1).to(rm.dtype)
             m_new = _offset_rule(rm_new, rs, beta, PAPER, LOW, EXPLICIT)
         else:
             m_new = rm_new
@@ -166,19 +178,23 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         p_bar = tl.exp(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT))
         p_bar = rnd_if(p_bar, PAPER, LOW, EXPLICIT)
         alpha = rnd_if(tl.exp(rnd_if(m - m_safe, PAPER, LOW, EXPLICIT)), PAPER, LOW, EXPLICIT)
-        if ROUND_P:
-            pv = mma(to_operand(p_bar, LOW, EXPLICIT), v, LOW, EXPLICIT)   # rnd(P̄) V_j
-        else:
-            # O in full precision (δ source "o_fp32"): P̄ V_j with P̄ unrounded, fp32 products
-            pv = tl.dot(p_bar, v.to(p_bar.dtype), input_precision="ieee")
         if PAPER:
+            pv = mma(to_operand(p_bar, LOW, EXPLICIT), v, LOW, EXPLICIT)   # P̄ V_j
             row_sum = round_low(tl.sum(p_bar, 1), LOW, EXPLICIT)
             ell = round_low(round_low(alpha * ell, LOW, EXPLICIT) + row_sum, LOW, EXPLICIT)
             acc = round_low(round_low(alpha[:, None] * acc, LOW, EXPLICIT)
                             + round_low(pv, LOW, EXPLICIT), LOW, EXPLICIT)
         else:
             ell = alpha * ell + tl.sum(p_bar, 1)
-            acc = alpha[:, None] * acc + pv
+            # acc = α acc + rnd(P̄) V_j; the addition happens inside the fp32 MMA accumulator
+            # (only the fp32 summation order differs from computing P̄ V_j first)
+            if ROUND_P:
+                acc = mma_acc(to_operand(p_bar, LOW, EXPLICIT), v, alpha[:, None] * acc,
+                              LOW, EXPLICIT)
+            else:
+                # O in full precision (δ source "o_fp32"): P̄ unrounded, fp32 products
+                acc = tl.dot(p_bar, v.to(p_bar.dtype), alpha[:, None] * acc,
+                             input_precision="ieee", out_dtype=acc.dtype)
         m = m_new
     return m, rm, rs, ell, acc
 
@@ -243,7 +259,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     if ROUND_OUT:
         out = round_low(out, LOW, EXPLICIT)
     store_tile(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
-               + dims[None, :] * stride_od, out, row_ok[:, None], LOW, EXPLICIT,
+               + dims[None, :] * stride_od, out, row_ok[:, None],
                ROUND_OUT and LOW == 0 and EXPLICIT)
     stat = bh * N_Q + rows
     tl.store(LSE + stat, m + tl.log(ell), mask=row_ok)
@@ -327,13 +343,18 @@ def check_inputs(q, k, v, *, stable="off", beta=2.0, eps=1e-3, numerics="fa2",
     return stable
 
 
+@functools.lru_cache(maxsize=1)
+def _native_bf16() -> bool:
+    return native_bf16()   # cached: it queries the device, and this runs on every call
+
+
 def use_explicit(explicit=None) -> bool:
     """The rounding path: explicit iff interpreting or the GPU is older than sm_80."""
     if explicit is None:
-        return not native_bf16()
+        return not _native_bf16()
     if not isinstance(explicit, bool):
         raise TypeError(f"explicit must be None, True or False, got {explicit!r}")
-    if not explicit and not native_bf16():
+    if not explicit and not _native_bf16():
         raise ValueError("explicit=False needs a CUDA GPU with compute capability >= 8.0 "
                          "(the interpreter and older GPUs cannot round bf16 in hardware)")
     return explicit
@@ -348,9 +369,29 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+_PARAMS_CACHE: dict = {}
+
+# Fill outputs with NaN before each launch so a missed write shows (the tests turn it on; on a
+# GPU it costs an extra memset per output, so it is off there by default).
+POISON_OUTPUTS = interpreting()
+
+
+def new_output(shape, dtype, device):
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def kernel_params(scale, beta, eps, dtype, device) -> torch.Tensor:
-    """scale, beta, eps as a tiny tensor of the working dtype (fp64 stays exact for fp64)."""
-    return torch.tensor([scale, beta, eps], dtype=work_dtype(dtype), device=device)
+    """scale, beta, eps as a tiny tensor of the working dtype (fp64 stays exact for fp64).
+
+    Cached: building it each call would be a blocking host-to-GPU copy per attention call."""
+    key = (float(scale), float(beta), float(eps), work_dtype(dtype), str(device))
+    if key not in _PARAMS_CACHE:
+        if len(_PARAMS_CACHE) > 256:
+            _PARAMS_CACHE.clear()
+        _PARAMS_CACHE[key] = torch.tensor(key[:3], dtype=key[3], device=device)
+    return _PARAMS_CACHE[key]
 
 
 def pick_blocks(block_m, block_n, dtype, explicit):
@@ -387,9 +428,9 @@ def flash_forward(q, k, v, *, causal=False, scale=None, stable="off", beta=2.0, 
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     work = work_dtype(q.dtype)
     low_out = round_out or q.dtype in (torch.float32, torch.float64)
-    out = torch.full(q.shape, float("nan"), dtype=q.dtype if low_out else work, device=q.device)
-    lse = torch.full((batch, heads, n_q), float("nan"), dtype=work, device=q.device)
-    offset = torch.full_like(lse, float("nan")) if return_offset else lse
+    out = new_output(q.shape, q.dtype if low_out else work, q.device)
+    lse = new_output((batch, heads, n_q), work, q.device)
+    offset = new_output(lse.shape, work, q.device) if return_offset else lse
     params = kernel_params(scale, beta, eps, q.dtype, q.device)
     qa, ka, va = (as_kernel_arg(t, explicit) for t in (q, k, v))
     oa = as_kernel_arg(out, explicit)

@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import kernels  # noqa: F401
-from kernels import emulate
+from kernels import emulate, flash_fwd
 from kernels.env import native_bf16
 from kernels.flash_fwd import SUPPORTED_HEAD_DIMS, flash_forward
 from kernels.reference import attention_fp64, lse_fp64, relative_error, ulp_distance
 
+flash_fwd.POISON_OUTPUTS = True   # every output buffer starts as NaN: unwritten entries show
 ON_GPU = native_bf16()
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -110,16 +111,21 @@ def compare_with_emulator(q, k, v, *, causal, numerics, stable, block_n, block_m
     return out, (lse - emu.lse).abs().max().item(), offset, emu
 
 
-def assert_close_to_emulator(out, emu_out, min_identical, low_bits=8):
-    """Bit-identical on >= ``min_identical`` of the entries; beyond 1 ulp only where one flipped
-    P̄ rounding explains it (|difference| <= 2^-low_bits of the row's largest output)."""
+def assert_close_to_emulator(out, emu_out, min_identical, paper):
+    """Bit-identical on >= ``min_identical`` of the entries; beyond 1 ulp only by what flipped
+    roundings explain: one ulp of the row's largest output (2^-7 relative for bf16, 2^-10 for
+    fp16), two in the paper's numerics where the accumulator itself is rounded every tile."""
+    mantissa = 7 if out.dtype == torch.bfloat16 else 10
     ulps = ulp_distance(out, emu_out)
     identical = (ulps == 0).float().mean().item()
     assert identical >= min_identical, f"only {identical:.4f} of the outputs are bit-identical"
     row_scale = emu_out.float().abs().amax(-1, keepdim=True)
     gap = (out.float() - emu_out.float()).abs()
-    explained = (ulps <= 1) | (gap <= 2.0 ** -low_bits * row_scale)
-    assert explained.all(), f"{(~explained).sum().item()} entries differ by up to {ulps.max()} ulp"
+    allowed = (2.0 if paper else 1.0) * 2.0 ** -mantissa * row_scale
+    explained = (ulps <= 1) | (gap <= allowed)
+    worst = (gap / row_scale).max().item()
+    assert explained.all(), (f"{(~explained).sum().item()} entries differ by more; worst "
+                             f"|diff| = {worst:.3g} of the row's largest output")
     return ulps
 
 
@@ -144,7 +150,7 @@ def test_kernel_follows_the_emulator(numerics, stable, causal):
     out, lse_diff, offset, emu = compare_with_emulator(q, k, v, causal=causal,
                                                        numerics=numerics, stable=stable,
                                                        block_n=16)
-    assert_close_to_emulator(out, emu.out, 0.99)
+    assert_close_to_emulator(out, emu.out, 0.99, numerics == "paper")
     assert lse_diff < 1e-5
     assert (offset - emu.row_offset).abs().max().item() < 1e-5
 
@@ -154,7 +160,7 @@ def test_kernel_follows_the_emulator_fp16(numerics):
     q, k, v = qkv(1, 2, 45, 64, torch.float16)
     out, lse_diff, _, emu = compare_with_emulator(q, k, v, causal=True, numerics=numerics,
                                                   stable="cross", block_n=32)
-    assert_close_to_emulator(out, emu.out, 0.98, low_bits=11)
+    assert_close_to_emulator(out, emu.out, 0.98, numerics == "paper")
     assert lse_diff < 1e-5
 
 
