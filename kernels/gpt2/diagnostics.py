@@ -1,0 +1,169 @@
+"""What the GPT-2 chapter watches while it trains (the paper's Figs. 3-5, 11 and 13).
+
+Pure functions on tensors (each tested on inputs with a known answer) plus :class:`AttentionProbe`,
+which an attention layer fills on monitoring steps:
+
+* ‖W_Q‖₂ per layer and head (spectral norm of each head's query projection; Figs. 3, 11)
+* the largest attention logit per layer (logit growth: the *other* way small models fail)
+* rows with repeated maxima (App. E.1), counted two ways:
+    - FA2 rule: S in fp32, ≥ 2 entries whose P̄ = exp(S − rowmax) rounds to exactly 1.0 in bf16
+    - paper rule: S formed in bf16 as the paper's code does, ≥ 2 entries exactly equal to the max
+* a shadow high-precision pass: Σ_T (δ_lp − δ_hp)[T] with δ = rowsum(dO ∘ O), O_lp the output the
+  layer really produced and O_hp = softmax(S)V in fp32 from the same inputs (Fig. 5a)
+* how alike the rank-1 terms (PK)[T]ᵀ X[T] of Eq. (2) are across tokens and across steps (Fig. 4)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..emulate import round_to
+
+
+def spectral_norm(matrix: torch.Tensor) -> float:
+    """Largest singular value ‖A‖₂."""
+    return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2))
+
+
+def wq_head_norms(c_attn_weight: torch.Tensor, n_head: int) -> list[float]:
+    """‖W_Q‖₂ of each head. ``c_attn_weight`` is the (3C, C) weight that makes [Q; K; V]."""
+    width = c_attn_weight.shape[1]
+    if c_attn_weight.shape[0] != 3 * width or width % n_head:
+        raise ValueError(f"expected a (3C, C) weight with C divisible by {n_head}, got {tuple(c_attn_weight.shape)}")
+    hd = width // n_head
+    return [spectral_norm(c_attn_weight[h * hd:(h + 1) * hd]) for h in range(n_head)]
+
+
+def causal_scores(q: torch.Tensor, k: torch.Tensor, low=None) -> torch.Tensor:
+    """S = QKᵀ/√d with the causal mask (−inf above the diagonal). fp32, or formed as the paper's
+    bf16 code does (rnd(rnd(QKᵀ)·scale)) when ``low`` is given."""
+    q, k = q.float(), k.float()
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if low is None:
+        s = q @ k.transpose(-1, -2) * scale
+    else:
+        s = round_to(round_to(q @ k.transpose(-1, -2), low) * scale, low)
+    n = q.shape[-2]
+    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+    return s.masked_fill(mask, -math.inf)
+
+
+def rows_rounding_to_one(scores: torch.Tensor, low=torch.bfloat16) -> int:
+    """Rows with ≥ 2 entries whose P̄ = exp(S − rowmax) is exactly 1.0 after rounding to ``low``."""
+    p_bar = torch.exp(scores - scores.amax(-1, keepdim=True))
+    ones = (round_to(p_bar, low) == 1.0).sum(-1)
+    return int((ones >= 2).sum())
+
+
+def rows_with_tied_max(scores: torch.Tensor) -> int:
+    """Rows with ≥ 2 entries exactly equal to the row maximum."""
+    ties = (scores == scores.amax(-1, keepdim=True)).sum(-1)
+    return int((ties >= 2).sum())
+
+
+def max_logit(scores: torch.Tensor) -> float:
+    """Largest finite |S| (the masked −inf entries are ignored)."""
+    finite = scores[torch.isfinite(scores)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def delta_error(d_out: torch.Tensor, out_low: torch.Tensor, out_high: torch.Tensor) -> torch.Tensor:
+    """(δ_lp − δ_hp) per row, δ = rowsum(dO ∘ O). Shapes (..., N, D) → (..., N)."""
+    d_out = d_out.float()
+    return (d_out * (out_low.float() - out_high.float())).sum(-1)
+
+
+def pairwise_rank1_cosine(u: torch.Tensor, x: torch.Tensor) -> float:
+    """Mean cosine similarity of the rank-1 matrices u[T]ᵀx[T] over all pairs T ≠ T'.
+
+    For outer products, ⟨aᵀb, cᵀd⟩_F = (a·c)(b·d), so cos(u_iᵀx_i, u_jᵀx_j) = cos(u_i,u_j)·cos(x_i,x_j).
+    """
+    if u.shape[0] != x.shape[0] or u.shape[0] < 2:
+        raise ValueError(f"need ≥ 2 tokens with matching counts, got {u.shape[0]} and {x.shape[0]}")
+    un = torch.nn.functional.normalize(u.double(), dim=-1)
+    xn = torch.nn.functional.normalize(x.double(), dim=-1)
+    sim = (un @ un.T) * (xn @ xn.T)
+    n = sim.shape[0]
+    return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
+
+
+def matrix_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine similarity of two matrices as vectors (Frobenius inner product)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else 0.0
+
+
+def find_explosion(steps, losses, rise: float = 1.0, smooth: int = 20):
+    """First step where the smoothed loss rises ``rise`` nats above its running minimum and never
+    comes back within ``rise / 2`` of it. Returns ``None`` if the run did not explode.
+    A NaN loss counts as an explosion at the step it appears."""
+    steps, losses = np.asarray(steps), np.asarray(losses, dtype=float)
+    if len(losses) == 0:
+        return None
+    bad = ~np.isfinite(losses)
+    if bad.any():
+        first_bad = int(np.argmax(bad))
+        losses = losses[:first_bad]
+        if len(losses) == 0:
+            return int(steps[first_bad])
+    width = min(smooth, len(losses))
+    sm = np.convolve(losses, np.ones(width) / width, mode="valid")
+    offset = (width - 1) // 2          # report the centre of the smoothing window
+    run_min = np.minimum.accumulate(sm)
+    above = sm > run_min + rise
+    for i in np.flatnonzero(above):
+        # never recovers: from i on, stays above the minimum reached by i plus rise/2
+        if np.all(sm[i:] > run_min[i] + rise / 2):
+            return int(steps[i + offset])
+    if bad.any():
+        return int(steps[first_bad])
+    return None
+
+
+class AttentionProbe:
+    """Collects the per-layer diagnostics of one attention layer on a monitoring step."""
+
+    def __init__(self):
+        self.active = False
+        self.stats: dict = {}
+        self.prev_rank1 = None     # mean rank-1 matrix of the previous monitoring step
+
+    @torch.no_grad()
+    def observe(self, x, q, k, v, out, wq_norms):
+        """Forward-side statistics. x (B, N, C) input of the layer; q, k, v, out (B, H, N, D)."""
+        s32 = causal_scores(q, k)
+        s_low = causal_scores(q, k, low=torch.bfloat16)
+        rows = s32.shape[0] * s32.shape[1] * s32.shape[2]
+        probs = torch.softmax(s32, dim=-1)
+        out_high = probs @ v.float()
+        head = int(np.argmax(wq_norms))
+        pk = probs[0, head] @ k[0, head].float()             # (PK)[T] of the largest-‖W_Q‖ head
+        xs = x[0].float()
+        tokens = torch.arange(pk.shape[0] // 2, pk.shape[0], device=pk.device)  # rows with context
+        rank1 = pk[tokens].T @ xs[tokens] / len(tokens)      # mean of (PK)[T]ᵀ X[T]
+        step_cos = None if self.prev_rank1 is None else matrix_cosine(rank1, self.prev_rank1)
+        self.prev_rank1 = rank1
+        self.stats = {
+            "max_logit": max_logit(s32),
+            "mean_row_max": float(s32.amax(-1).mean()),
+            "rows": rows,
+            "rows_p1_fa2": rows_rounding_to_one(s32),
+            "rows_tied_bf16": rows_with_tied_max(s_low),
+            "rank1_head": head,
+            "rank1_token_cos": pairwise_rank1_cosine(pk[tokens], xs[tokens]),
+            "rank1_step_cos": step_cos,
+        }
+        self._out_low, self._out_high = out.detach(), out_high
+
+    def backward_hook(self, d_out):
+        """Receives dO (B, H, N, D): Σ_T (δ_lp − δ_hp)[T], mean over the batch, per head."""
+        with torch.no_grad():
+            err = delta_error(d_out, self._out_low, self._out_high)   # (B, H, N)
+            per_head = err.sum(-1).mean(0)
+            self.stats["delta_err_per_head"] = [float(t) for t in per_head]
+            self.stats["delta_err"] = float(per_head.sum())
+            self.stats["delta_abs"] = float(err.abs().sum(-1).mean(0).sum())
+        self._out_low = self._out_high = None

@@ -1,0 +1,112 @@
+"""Read the stored GPT-2 runs (``results/gpt2_*.json``) and draw the chapter's figures.
+
+Every figure function takes the ``runs`` dict of a search record (name -> training log, see
+:mod:`kernels.gpt2.search`) and a matplotlib axis, so a notebook cell stays one line long.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..results import load
+from .diagnostics import find_explosion
+from .search import VARIANTS
+
+VARIANT_NAMES = {"U": "paper bf16 (δ from bf16 O)", "F": "fp32 O for δ (control)",
+                 "S": "stabilised (β=2)", "P": "δ = rowsum(dP∘P)", "A": "torch SDPA"}
+VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray"}
+
+# Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
+# from memory bandwidth, not a measurement).
+GPU_FACTORS = {"H200": 1.0, "H100": 0.7, "A100": 0.4, "L4": 0.07, "T4": 0.06, "V100": 0.2}
+
+
+def load_search(plan: str) -> dict:
+    """The stored record of ``python -m kernels.gpt2.search --plan <plan>``."""
+    return load(f"gpt2_{plan}")
+
+
+def parse_name(name: str) -> tuple[str, str, str]:
+    """'f-const3e-3-U-s1' -> ('f-const3e-3', 'U', 's1')."""
+    config, variant, seed = name.rsplit("-", 2)
+    return config, variant, seed
+
+
+def smooth(values, width: int = 10):
+    values = np.asarray(values, dtype=float)
+    if len(values) < width:
+        return values
+    return np.convolve(values, np.ones(width) / width, mode="same")
+
+
+def monitor_series(run: dict, key: str, layer: int | None = None):
+    """(steps, values) of a per-layer diagnostic; ``layer=None`` gives the maximum over layers.
+    ``key='wq'`` reads ‖W_Q‖₂ (largest head of the layer); other keys are the probe's stats."""
+    steps, values = [], []
+    for m in run["monitor"]:
+        if key == "wq":
+            per_layer = [max(w) for w in m["wq_norms"]]
+        elif key in ("rows_tied_bf16", "rows_p1_fa2"):
+            per_layer = [100.0 * st[key] / st["rows"] for st in m["layers"]]   # percent of rows
+        else:
+            per_layer = [st.get(key) for st in m["layers"]]
+        if any(v is None for v in per_layer):
+            continue
+        steps.append(m["step"])
+        values.append(max(per_layer) if layer is None else per_layer[layer])
+    return np.array(steps), np.array(values, dtype=float)
+
+
+def summary_rows(runs: dict) -> list[dict]:
+    """One row per run: steps reached, speed, losses, explosion step (None = did not explode)."""
+    rows = []
+    for name, run in runs.items():
+        config, variant, seed = parse_name(name)
+        h, cfg = run["history"], run["config"]
+        boom = find_explosion(h["step"], h["loss"])
+        tail = np.asarray(h["loss"][-20:], dtype=float)
+        rows.append({"run": name, "config": config, "variant": variant, "seed": seed,
+                     "attention": cfg["attn"], "lr": cfg["lr"], "decay": cfg["min_lr"] < cfg["lr"],
+                     "steps": run["summary"]["steps_done"], "steps_per_s": run["summary"]["steps_per_s"],
+                     "tokens_M": run["summary"]["steps_done"] * cfg["batch_size"] * cfg["block_size"] / 1e6,
+                     "min_loss": float(np.nanmin(h["loss"])), "final_loss": float(np.mean(tail)),
+                     "explosion_step": boom})
+    return rows
+
+
+def plot_losses(ax, runs: dict, config: str, seeds=None, width: int = 10):
+    """Training loss (nats per token) of every variant of one configuration."""
+    for name, run in runs.items():
+        c, variant, seed = parse_name(name)
+        if c != config or (seeds is not None and seed not in seeds):
+            continue
+        h = run["history"]
+        ax.plot(h["step"], smooth(h["loss"], width), color=VARIANT_COLOURS[variant], lw=1.2,
+                label=f"{VARIANT_NAMES[variant]} {seed}")
+    ax.set(xlabel="training step", ylabel="loss (nats / byte)", title=config)
+    ax.legend(fontsize=7)
+
+
+def plot_diagnostic(ax, runs: dict, config: str, key: str, ylabel: str, layer=None, log=False):
+    for name, run in runs.items():
+        c, variant, seed = parse_name(name)
+        if c != config:
+            continue
+        steps, values = monitor_series(run, key, layer)
+        ax.plot(steps, values, color=VARIANT_COLOURS[variant], lw=1.2, marker=".", ms=3,
+                label=f"{variant} {seed}")
+    ax.set(xlabel="training step", ylabel=ylabel)
+    if log:
+        ax.set_yscale("log")
+
+
+def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
+    """An ESTIMATE of the wall time of ``steps`` on ``gpu_name`` from a speed measured on an H200."""
+    if not gpu_name:
+        return None, "no GPU"
+    factor = next((f for key, f in GPU_FACTORS.items() if key in gpu_name.upper()), 0.3)
+    rate = measured_steps_per_s * factor
+    return steps / rate / 60.0, f"{gpu_name}: ~{factor:g}× an H200 (rough guess) → ~{rate:.0f} steps/s"
+
+
+__all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagnostic", "monitor_series",
+           "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS"]

@@ -1,0 +1,193 @@
+"""Run many small GPT-2 trainings at once on one GPU and pack their logs into one JSON file.
+
+Small models do not fill an H100, so a search runs each configuration as its own process, all at
+the same time, every one replaying the same recorded batch order. A *plan* is a named list of runs
+(below), so the command that made a result file is short and exact:
+
+    python -m kernels.gpt2.search --plan probe --minutes 8 --out results_dir
+
+Each run is ``(name, {train option: value})``; the variants of one configuration differ only in
+the attention spec: ``U`` = the paper's bf16 flash attention (δ from the bf16 O, the failing path),
+``F`` = the same with δ from O recomputed in fp32 (the paper's stable control), ``S`` = the
+stabilised forward of Algorithm 3 (β = 2, ties detected across the whole row), ``P`` = δ from
+rowsum(dP ∘ P), ``A`` = torch SDPA everywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = {
+    "U": "paper:delta=o",
+    "F": "paper:delta=o_fp32",
+    "S": "paper:delta=o,stable=cross,beta=2",
+    "P": "paper:delta=dp",
+    "A": "sdpa",
+}
+
+SMALL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, warmup=200)
+
+
+def _runs(prefix, base, variants, seeds, **extra):
+    out = []
+    for seed in seeds:
+        for v in variants:
+            opts = {**base, **extra, "attn": VARIANTS[v], "seed": seed, "data_seed": seed}
+            out.append((f"{prefix}-{v}-s{seed}", opts))
+    return out
+
+
+def plan(name: str) -> list[tuple[str, dict]]:
+    """The named lists of runs used for the chapter's results."""
+    if name == "tiny":     # CPU smoke test of the runner itself
+        base = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, warmup=5, steps=20,
+                    monitor_every=10, max_bytes=1_000_000, autocast="off")
+        return _runs("tiny", base, "UF", [0])
+    if name == "probe":    # first search: lr, batch, width and qk-norm, one seed, U vs F (vs S)
+        runs = _runs("a-lr1e-3", SMALL, "UFSA", [0], lr=1e-3, steps=6000)
+        runs += _runs("b-lr2e-3", SMALL, "UF", [0], lr=2e-3, steps=6000)
+        runs += _runs("c-w512h8-lr6e-4", {**SMALL, "n_layer": 6, "n_head": 8, "n_embd": 512}, "UF", [0],
+                      lr=6e-4, steps=3000)
+        runs += _runs("d-b256-lr1e-3", {**SMALL, "batch_size": 256}, "UF", [0], lr=1e-3, steps=3000)
+        runs += _runs("e-qknorm-lr2e-3", {**SMALL, "qk_norm": True}, "UF", [0], lr=2e-3, steps=6000)
+        return runs
+    if name == "probe2":   # second search: constant (undecayed) high lr, with and without qk-norm
+        const = lambda lr: dict(lr=lr, min_lr=lr, steps=6000)  # noqa: E731  (min_lr = lr: no decay)
+        runs = _runs("f-const3e-3", SMALL, "UFS", [0], **const(3e-3))
+        runs += _runs("g-qknorm-const3e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(3e-3))
+        runs += _runs("h-qknorm-const6e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(6e-3))
+        runs += _runs("i-n128b128-const2e-3", {**SMALL, "block_size": 128, "batch_size": 128}, "UF", [0],
+                      **const(2e-3))
+        runs += _runs("j-const1e-3", SMALL, "UF", [1], **const(1e-3))
+        return runs
+    if name == "seeds":    # three seeds (model init and batch order) of the most aggressive setting, U / F / S
+        return _runs("f-const3e-3", SMALL, "UFS", [1, 2, 3], lr=3e-3, min_lr=3e-3, steps=6000)
+    raise ValueError(f"unknown plan {name!r}")
+
+
+def _argv(opts: dict) -> list[str]:
+    argv = []
+    for key, val in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(val, bool):
+            argv.append(flag if val else "--no-" + key.replace("_", "-"))
+        else:
+            argv += [flag, str(val)]
+    return argv
+
+
+def _order_path(work: Path, opts: dict) -> Path:
+    return work / f"order-b{opts['batch_size']}-n{opts['block_size']}-d{opts['data_seed']}.npy"
+
+
+def _record_orders(runs, work: Path) -> None:
+    """Draw each batch order once, before any run starts, long enough for every run that uses it."""
+    from .data import BatchOrder, load_corpus
+    need = {}
+    for _, opts in runs:
+        key = (opts.get("max_bytes", 0), opts["batch_size"], opts["block_size"], opts["data_seed"])
+        need[key] = max(need.get(key, 0), opts["steps"])
+    for (max_bytes, batch, block, seed), steps in need.items():
+        corpus = load_corpus("stdlib", max_bytes=max_bytes or None)
+        order = BatchOrder.draw(len(corpus.train), steps, batch, block, seed)
+        order.save(_order_path(work, {"batch_size": batch, "block_size": block, "data_seed": seed}))
+
+
+def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
+    """Start every run as its own process, wait up to ``minutes``, return {name: log record}."""
+    work.mkdir(parents=True, exist_ok=True)
+    _record_orders(runs, work)
+    procs = {}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    for name, opts in runs:
+        order = _order_path(work, opts)
+        argv = [sys.executable, "-m", "kernels.gpt2.train", "--name", name, "--out-dir", str(work),
+                "--max-minutes", f"{minutes:.3f}", "--no-progress", "--stop-after-explosion", "400",
+                "--batch-order", str(order), *_argv(opts)]
+        log = open(work / f"{name}.stdout", "w")
+        procs[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+    deadline = time.time() + 60 * minutes + 90
+    while time.time() < deadline and any(p.poll() is None for p, _ in procs.values()):
+        time.sleep(5)
+    records = {}
+    for name, (proc, log) in procs.items():
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        path = work / f"{name}.json"
+        rec = json.loads(path.read_text()) if path.exists() else {"summary": {"status": "no log"}}
+        rec["returncode"] = proc.returncode
+        rec["stdout_tail"] = (work / f"{name}.stdout").read_text()[-1500:]
+        records[name] = rec
+    return records
+
+
+def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
+    """Train the same run with torchrun on 2 GPUs and in one process on one GPU (same global batches),
+    then the SDPA baseline alone: checks DDP and measures single-process speed. Writes
+    ``gpt2_ddp_log.txt`` (everything printed) and ``gpt2_ddp.json`` (the three logs, with provenance)."""
+    from ..results import provenance
+    common = ["--n-layer", "4", "--n-head", "4", "--n-embd", "256", "--block-size", "256", "--batch-size", "64",
+              "--lr", "1e-3", "--warmup", "50", "--steps", str(steps), "--monitor-every", "100",
+              "--log-every", "10", "--no-progress", "--out-dir", str(work)]
+    commands = {
+        "ddp2-paper": ["torchrun", "--nproc_per_node=2", "-m", "kernels.gpt2.train", "--name", "ddp2-paper",
+                       "--attn", "paper", *common],
+        "single-paper": [sys.executable, "-m", "kernels.gpt2.train", "--name", "single-paper", "--attn", "paper", *common],
+        "single-sdpa": [sys.executable, "-m", "kernels.gpt2.train", "--name", "single-sdpa", "--attn", "sdpa", *common],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    with open(out / "gpt2_ddp_log.txt", "w") as log:
+        log.write(json.dumps(provenance("python -m kernels.gpt2.search --plan ddp")) + "\n")
+        for name, cmd in commands.items():
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            log.write(f"[exit code {done.returncode}]\n")
+            path = work / f"{name}.json"
+            runs[name] = json.loads(path.read_text()) if path.exists() else {"summary": {"status": "no log"}}
+    record = {"provenance": provenance("python -m kernels.gpt2.search --plan ddp"), "data": {"runs": runs}}
+    with open(out / "gpt2_ddp.json", "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    a, b = runs["ddp2-paper"].get("history", {}), runs["single-paper"].get("history", {})
+    if a and b:
+        diff = max(abs(x - y) for x, y in zip(a["loss"], b["loss"]))
+        print(f"DDP (2 GPUs) vs one GPU, same global batches: max |loss difference| = {diff:.4f}")
+    for name, rec in runs.items():
+        print(name, rec["summary"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--work", default="/tmp/gpt2_search")
+    args = parser.parse_args(argv)
+    from ..results import provenance
+    if args.plan == "ddp":
+        return ddp_check(Path(args.out), Path(args.work) / "ddp")
+    runs = plan(args.plan)
+    started = time.time()
+    records = launch(runs, args.minutes, Path(args.work) / args.plan)
+    packed = {"provenance": provenance(f"python -m kernels.gpt2.search --plan {args.plan} --minutes {args.minutes}"),
+              "data": {"plan": args.plan, "wall_s": time.time() - started, "concurrent_processes": len(runs),
+                       "runs": records}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"gpt2_{args.plan}.json", "w") as f:
+        json.dump(packed, f, separators=(",", ":"))
+    for name, rec in records.items():
+        s = rec["summary"]
+        print(f"{name:28s} {s.get('status', '')[:40]:40s} steps {s.get('steps_done')} "
+              f"min {s.get('min_loss')} final {s.get('final_loss')} boom {s.get('explosion_step')}")
+
+
+if __name__ == "__main__":
+    main()

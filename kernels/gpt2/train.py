@@ -1,0 +1,346 @@
+"""Train the small GPT-2 and log what the chapter plots. One GPU, CPU, or several GPUs via torchrun.
+
+    python -m kernels.gpt2.train --attn paper --lr 1e-3 --steps 3000 --out-dir runs/a
+    torchrun --nproc_per_node=2 -m kernels.gpt2.train --attn sdpa --steps 200 --out-dir runs/ddp
+
+The paper's recipe (§3.1): AdamW(0.9, 0.95), weight decay 0, linear warmup then cosine decay to
+``min_lr``, global gradient clipping at 1.0, bf16 autocast, and a *recorded batch order* that every
+run replays (``--batch-order`` file, written on first use). Logs: ``<name>.csv`` (one row per
+logged step) and ``<name>.json`` (config, history, diagnostics, summary). ``--checkpoint-every``
+writes ``<name>.ckpt.pt``; ``--resume`` continues from it with the same next batch.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .data import BatchOrder, eval_batches, load_corpus
+from .diagnostics import find_explosion
+from .model import GPT, GPTConfig
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"
+    # model
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 256
+    block_size: int = 256
+    attn: str = "sdpa"
+    layer_attn: str = ""          # "1=paper;3=paper:delta=o_fp32" overrides single layers (0-based)
+    qk_norm: bool = False
+    # optimisation
+    steps: int = 2000
+    batch_size: int = 64          # global sequences per step (split across GPUs under DDP)
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    warmup: int = 200
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0                 # model initialisation
+    data_seed: int = 0            # the batch order
+    # data
+    data: str = "stdlib"
+    max_bytes: int = 0            # 0 = the whole corpus
+    batch_order: str = ""         # .npy of recorded offsets; drawn from data_seed and saved if missing
+    # precision and device
+    autocast: str = "bf16"        # "bf16" or "off"
+    device: str = "auto"
+    # logging
+    out_dir: str = "runs"
+    log_every: int = 10
+    monitor_every: int = 100      # diagnostics (norms, ties, shadow δ pass); 0 = never
+    eval_every: int = 0
+    max_minutes: float = 0.0      # stop after this wall time (0 = no limit)
+    stop_after_explosion: int = 0  # stop once the loss has stayed exploded this many steps (0 = never)
+    checkpoint_every: int = 0
+    resume: bool = False
+    progress: bool = True
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        layer_attn = {}
+        for item in filter(None, self.layer_attn.split(";")):
+            layer, eq, spec = item.partition("=")
+            if not eq:
+                raise ValueError(f"layer_attn item {item!r} is not 'layer=spec'")
+            layer_attn[int(layer)] = spec
+        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, n_layer=self.n_layer,
+                         n_head=self.n_head, n_embd=self.n_embd, attn=self.attn,
+                         layer_attn=layer_attn, qk_norm=self.qk_norm)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def _distributed():
+    """(rank, world, local_rank); initialises the process group when launched by torchrun."""
+    if "RANK" not in os.environ:
+        return 0, 1, 0
+    import torch.distributed as dist
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    if cfg.device != "auto":
+        return torch.device(cfg.device)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class Trainer:
+    """Holds the model, optimiser, data and logs of one run. ``run()`` trains to the end."""
+
+    def __init__(self, cfg: TrainConfig, corpus=None):
+        if cfg.autocast not in ("bf16", "off"):
+            raise ValueError(f"autocast must be 'bf16' or 'off', got {cfg.autocast!r}")
+        self.cfg = cfg
+        self.rank, self.world, local_rank = _distributed()
+        if cfg.batch_size % self.world:
+            raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {self.world} GPUs")
+        self.device = _device(cfg, local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = False    # fp32 means fp32 in the emulated paths
+        torch.backends.cudnn.allow_tf32 = False
+        self.corpus = corpus or load_corpus(cfg.data, max_bytes=cfg.max_bytes or None)
+        self.order = self._batch_order()
+        torch.manual_seed(cfg.seed)
+        self.model = GPT(cfg.model_config(self.corpus.vocab_size)).to(self.device)
+        self.ddp = None
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        fused = self.device.type == "cuda"
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay, fused=fused)
+        self.step = 0
+        self.history = {k: [] for k in ("step", "loss", "lr", "grad_norm", "wall_s")}
+        self.monitor = []
+        self.evals = []
+        self.delta_running = [0.0] * cfg.n_layer
+        self.wall_offset = 0.0
+        self.status = "running"
+        self.out_dir = Path(cfg.out_dir)
+        if self.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.resume:
+            self.load_checkpoint()
+
+    # ---------------------------------------------------------------- data
+    def _batch_order(self) -> BatchOrder:
+        cfg = self.cfg
+        path = Path(cfg.batch_order) if cfg.batch_order else None
+        if path is not None and path.exists():
+            order = BatchOrder.load(path)
+            if order.offsets.shape[1] != cfg.batch_size or order.steps < cfg.steps:
+                raise ValueError(f"recorded batch order {path} is {order.offsets.shape}, need "
+                                 f"≥ {cfg.steps} steps of {cfg.batch_size} sequences")
+            return order
+        order = BatchOrder.draw(len(self.corpus.train), cfg.steps, cfg.batch_size, cfg.block_size, cfg.data_seed)
+        if path is not None and self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            order.save(path)
+        return order
+
+    def batch(self, step: int):
+        return self.order.batch(self.corpus.train, step, self.cfg.block_size, self.rank, self.world, self.device)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast == "bf16")
+
+    # ---------------------------------------------------------------- one step
+    def train_step(self) -> tuple[float, float]:
+        cfg, step = self.cfg, self.step
+        monitoring = cfg.monitor_every > 0 and step % cfg.monitor_every == 0
+        self.model.set_monitoring(monitoring)
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x, y = self.batch(step)
+        net = self.ddp or self.model
+        with self.autocast():
+            _, loss = net(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        if monitoring:
+            self._record_monitor(step)
+            self.model.set_monitoring(False)
+        self.step += 1
+        return loss.detach(), grad_norm.detach()
+
+    def _record_monitor(self, step):
+        layers = self.model.layer_stats()
+        for i, st in enumerate(layers):
+            self.delta_running[i] += st.get("delta_err", 0.0)
+            st["delta_err_running"] = self.delta_running[i]
+        self.monitor.append({"step": step, "wq_norms": self.model.wq_norms(), "layers": layers})
+
+    @torch.no_grad()
+    def evaluate(self, n_batches: int = 4) -> float:
+        self.model.eval()
+        losses = []
+        for x, y in eval_batches(self.corpus.val, n_batches, max(1, self.cfg.batch_size // self.world),
+                                 self.cfg.block_size, self.device):
+            with self.autocast():
+                losses.append(float(self.model(x, y)[1]))
+        self.model.train()
+        return float(np.mean(losses))
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> dict:
+        cfg = self.cfg
+        from tqdm.auto import tqdm
+        start = time.time() - self.wall_offset
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.name, mininterval=5,
+                   disable=not (cfg.progress and self.rank == 0))
+        ema, ema_min, exploded_for = None, math.inf, 0
+        while self.step < cfg.steps:
+            step = self.step
+            loss, grad_norm = self.train_step()
+            bar.update(1)
+            if step % cfg.log_every == 0 or self.step == cfg.steps:
+                loss_v = self._mean_over_ranks(loss)
+                self._log(step, loss_v, float(grad_norm), time.time() - start)
+                bar.set_postfix(loss=f"{loss_v:.3f}")
+                if not math.isfinite(loss_v):
+                    self.status = f"non-finite loss at step {step}"
+                    break
+                ema = loss_v if ema is None else 0.9 * ema + 0.1 * loss_v
+                ema_min = min(ema_min, ema)
+                exploded_for = exploded_for + cfg.log_every if ema > ema_min + 1.0 else 0
+                if cfg.stop_after_explosion and exploded_for >= cfg.stop_after_explosion:
+                    self.status = f"stopped: loss exploded and stayed up {exploded_for} steps"
+                    break
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                self.evals.append({"step": step, "val_loss": self.evaluate()})
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.wall_offset = time.time() - start
+                self.save_checkpoint()
+            if cfg.monitor_every and step % cfg.monitor_every == 0 and self.rank == 0:
+                self.write_json(time.time() - start)       # a killed run still leaves its log
+            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
+                self.status = f"stopped: time limit of {cfg.max_minutes} min at step {self.step}"
+                break
+        else:
+            self.status = "finished"
+        bar.close()
+        summary = self.write_json(time.time() - start) if self.rank == 0 else None
+        return summary
+
+    def _mean_over_ranks(self, loss) -> float:
+        if self.world > 1:
+            import torch.distributed as dist
+            loss = loss.clone()
+            dist.all_reduce(loss)
+            loss /= self.world
+        return float(loss)
+
+    def _log(self, step, loss, grad_norm, wall):
+        h = self.history
+        for key, val in zip(("step", "loss", "lr", "grad_norm", "wall_s"),
+                            (step, loss, lr_at(step, self.cfg), grad_norm, wall)):
+            h[key].append(val)
+        if self.rank == 0:
+            path = self.out_dir / f"{self.cfg.name}.csv"
+            new = not path.exists() or step == 0
+            with open(path, "w" if new else "a") as f:
+                if new:
+                    f.write("step,loss,lr,grad_norm,wall_s\n")
+                f.write(f"{step},{loss:.6g},{h['lr'][-1]:.6g},{grad_norm:.6g},{wall:.3f}\n")
+
+    def summary(self, wall) -> dict:
+        h = self.history
+        boom = find_explosion(h["step"], h["loss"])
+        boom_wall = None if boom is None else h["wall_s"][h["step"].index(boom)]
+        finite = [v for v in h["loss"] if math.isfinite(v)]
+        return {"status": self.status, "steps_done": self.step, "wall_s": wall,
+                "steps_per_s": self.step / wall if wall > 0 else None,
+                "explosion_step": boom, "explosion_wall_s": boom_wall,
+                "min_loss": min(finite) if finite else None, "final_loss": h["loss"][-1] if h["loss"] else None}
+
+    def write_json(self, wall) -> dict:
+        record = {"config": dataclasses.asdict(self.cfg), "world_size": self.world,
+                  "device": str(self.device),
+                  "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                  "torch": torch.__version__, "corpus": self.corpus.describe(),
+                  "batch_order_sha": self.order.fingerprint(), "params": self.model.num_params(),
+                  "summary": self.summary(wall), "history": self.history, "monitor": self.monitor,
+                  "evals": self.evals}
+        with open(self.out_dir / f"{self.cfg.name}.json", "w") as f:
+            json.dump(record, f)
+        return record["summary"]
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / f"{self.cfg.name}.ckpt.pt"
+
+    def save_checkpoint(self):
+        if self.rank != 0:
+            return
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "history": self.history, "monitor": self.monitor, "evals": self.evals,
+                    "delta_running": self.delta_running, "wall_offset": self.wall_offset,
+                    "config": dataclasses.asdict(self.cfg)}, self.checkpoint_path())
+
+    def load_checkpoint(self):
+        path = self.checkpoint_path()
+        if not path.exists():
+            raise FileNotFoundError(f"--resume given but there is no checkpoint {path}")
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.step, self.history, self.monitor = state["step"], state["history"], state["monitor"]
+        self.evals, self.delta_running = state["evals"], state["delta_running"]
+        self.wall_offset = state["wall_offset"]
+
+
+def run_training(cfg: TrainConfig, corpus=None) -> dict:
+    """Train one run; returns its summary (rank 0) or None (other ranks)."""
+    return Trainer(cfg, corpus).run()
+
+
+def parse_args(argv=None) -> TrainConfig:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            parser.add_argument(flag, type=kind, default=f.default)
+    return TrainConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    summary = run_training(cfg)
+    if summary is not None:
+        print(json.dumps({"name": cfg.name, **summary}))
+    if "RANK" in os.environ:
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
