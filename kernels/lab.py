@@ -47,7 +47,9 @@ EMULATED = ("paper", "fa2", "paper-untiled", "fa2-untiled")
 # same kernel on its explicit-rounding path (fp32 IEEE dots); fa2-mma: P̄V as one tensor-core
 # bf16 matmul with an fp32 result (torch.bmm(..., out_dtype=float32)), the rest as fa2, untiled
 GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton-explicit", "fa2-mma")
-IMPLEMENTATIONS = ("ideal",) + EMULATED + GPU_ONLY
+# fa2-fma: FA2 numerics with the products added one by one to the running accumulator (a CPU
+# model of what tl.dot(p, v, acc) does on a GPU; see fa2_fused_accumulation)
+IMPLEMENTATIONS = ("ideal", "fa2-fma") + EMULATED + GPU_ONLY
 NEGLIGIBLE_ULP = 0.02   # a statistically detectable mean below this is called negligible
 # exp(-x) rounds to 1.0 in bf16 when x <= -ln(1 - 2^-9): the largest bf16 below 1 is 1 - 2^-8 and
 # the halfway point 1 - 2^-9 rounds (ties to even) up to 1.0.
@@ -278,6 +280,10 @@ def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl == "ideal":
         return Output(to_bf16(reference(built)).float(), None, None, None)
+    if impl == "fa2-fma":
+        if stable != "off":
+            raise ValueError("fa2-fma models the kernel without the offset rule: use stable='off'")
+        return Output(fa2_fused_accumulation(built, block_n or 64), None, None, None)
     if impl in EMULATED:
         block = built.k.shape[-2] if impl.endswith("-untiled") else (block_n or 64)
         res = emulate.flash_forward(built.q, built.k, built.v, scale=1.0,
@@ -934,7 +940,7 @@ def compare_devices(cpu_records, gpu_records, pairs=(("fa2/off", "sdpa-flash"),
 
 
 def plot_devices(cpu_records, gpu_records, gpu_impls=("sdpa-flash", "sdpa-cudnn",
-                                                      "sdpa-efficient", "fa2/off"),
+                                                      "sdpa-efficient", "triton/off", "fa2/off"),
                  cpu_impl="fa2/off"):
     """Bias per cell measured on the GPU (y) against the CPU emulator (x)."""
     import matplotlib.pyplot as plt
@@ -1029,3 +1035,31 @@ def print_compare(table: dict) -> None:
         cells = ", ".join(f"{impl} {st['mean']:+.3f}±{1.96 * st['se']:.3f}"
                           f"{' (biased)' if is_biased(st) else ''}" for impl, st in row.items())
         print(f"{name}: {cells}")
+
+
+def fa2_fused_accumulation(built: Built, block_n: int = 64) -> torch.Tensor:
+    """FA2 numerics (stable='off') with P̄V accumulated *into* the running fp32 accumulator one
+    product at a time, as ``acc = tl.dot(p, v, acc)`` does on a GPU (an FMA chain per output):
+    a CPU model of the hardware kernels, not of :mod:`kernels.emulate`, which adds each tile's
+    product P̄_j V_j to the accumulator as one separately computed sum.
+
+    The difference matters when the accumulator already holds a tied V (|acc| ≈ 1) and the other
+    tokens' products (≈ 1e-7) are below half its fp32 ulp: added one by one they are rounded
+    away; summed per tile first they survive."""
+    s, v = built.scores, built.v
+    b, d, n = s.shape
+    m = torch.full((b, d), -math.inf, device=s.device)
+    ell = torch.zeros((b, d), device=s.device)
+    acc = torch.zeros((b, d, v.shape[-1]), device=s.device)
+    for start in range(0, n, block_n):
+        s_j = s[..., start:start + block_n]
+        m_new = torch.maximum(m, s_j.amax(-1))
+        p = torch.exp(s_j - m_new.unsqueeze(-1))
+        alpha = torch.exp(m - m_new)
+        ell = alpha * ell + p.sum(-1)
+        acc = alpha.unsqueeze(-1) * acc
+        p_low = to_bf16(p)
+        for t in range(s_j.shape[-1]):             # one fused multiply-add per key, in order
+            acc = acc + p_low[..., t:t + 1] * v[:, None, start + t, :]
+        m = m_new
+    return to_bf16(acc / ell.unsqueeze(-1))

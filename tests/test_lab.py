@@ -270,3 +270,27 @@ def test_small_sweep_and_gpu_script_on_cpu(tmp_path):
     rec = results.load("lab_sweep_gpu", directory=tmp_path)
     assert rec["provenance"]["command"].startswith("python -m kernels.lab_gpu")
     assert path.endswith("lab_sweep_gpu.json") and len(rec["data"]["records"]) >= 9
+
+
+def test_fused_accumulation_model_loses_tiny_terms_against_a_large_accumulator():
+    """Two tied V (-1 and -1 - 2^-7: their mean is a halfway point) met first, then 254 keys
+    with P̄ = 2^-26 and V = -2. Each product (-2^-25) is below half an fp32 ulp of the
+    accumulator (≈ -2): added one by one (fa2-fma) they vanish and O rounds up to -1; summed
+    per tile first (the emulator) they survive and O is correctly rounded down."""
+    n, d = 256, 16
+    scores = torch.full((1, d, n), -26 * math.log(2.0)).float()
+    scores[..., :2] = 0.0
+    v = torch.full((1, n, d), -2.0)
+    v[:, 0], v[:, 1] = -1.0, -1.0 - 2.0 ** -7
+    sign = 1.0 if random.random() < 0.5 else -1.0          # the mirror image works the same
+    built = lab.Built(q=torch.eye(d).unsqueeze(0), k=scores.transpose(-1, -2).contiguous(),
+                      v=sign * v, scores=scores, tie_pos=torch.tensor([[0, 1]]),
+                      row_max=scores[..., 0])
+    exact = lab.reference(built)
+    tiled = lab.run("fa2", built).out
+    fused = lab.run("fa2-fma", built).out
+    assert torch.equal(tiled.double(), lab.to_bf16(exact))
+    assert torch.all(tiled == sign * (-1.0 - 2.0 ** -7))
+    assert torch.all(fused == sign * -1.0)
+    with pytest.raises(ValueError, match="stable='off'"):
+        lab.run("fa2-fma", built, stable="cross")
