@@ -284,8 +284,10 @@ def flash_backward(q, k, v, out, do, lse, params, *, causal, delta_source, expli
             *dq_args, **common)
     else:
         bm, bn = blocks
+        # fp64 tiles are large: no software pipelining, or head dim 128 overflows shared memory
+        launch = dict(num_stages=1) if (q.dtype == torch.float64 and not interpreting()) else {}
         _bwd_dkdv_kernel[(triton.cdiv(n_k, bn), batch * heads)](*dkdv_args, **common,
-                                                                BLOCK_M=bm, BLOCK_N=bn)
+                                                                BLOCK_M=bm, BLOCK_N=bn, **launch)
         _bwd_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](*dq_args, **common,
-                                                             BLOCK_M=bm, BLOCK_N=bn)
+                                                             BLOCK_M=bm, BLOCK_N=bn, **launch)
     return dq, dk, dv, delta
