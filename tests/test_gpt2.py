@@ -69,6 +69,18 @@ def test_attention_variants_agree_in_fp32():
         assert err < 3e-2, (spec, float(err))
 
 
+def test_triton_kind_matches_reference():
+    """The book's Triton FA2 plugged in as a layer (interpreter on the CPU): output and gradients."""
+    q, k, v = (t.detach().float().requires_grad_() for t in _qkv(b=1, h=2, n=32, d=16))
+    d_out = torch.randn(q.shape)
+    ref = exact_attention(q.double(), k.double(), v.double())
+    grads_ref = torch.autograd.grad(ref, (q, k, v), d_out.double())
+    out = attend(q, k, v, parse_spec("triton:delta=dp"))
+    assert torch.allclose(out.double(), ref, atol=1e-4)
+    for g, r in zip(torch.autograd.grad(out, (q, k, v), d_out), grads_ref):
+        assert torch.allclose(g.double(), r.double(), atol=1e-3)
+
+
 def test_models_with_different_attention_agree():
     cfg = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)
     a, b = GPT(GPTConfig(**cfg, attn="sdpa")), GPT(GPTConfig(**cfg, attn="math32"))

@@ -5,7 +5,7 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
 ``sdpa``        torch ``scaled_dot_product_attention`` (FlashAttention-2 on a CUDA GPU under bf16)
 ``math32``      plain softmax(QKᵀ/√d)V computed in fp32 (autocast switched off)
 ``triton``      the book's Triton FA2 (``kernels.flash_attention``); options numerics=fa2|paper,
-                stable=off|cross|tile, beta, eps
+                delta, stable=off|cross|tile, beta, eps, block (key tile width)
 ``paper``       the seed paper's bf16 PyTorch FA2: forward = :func:`kernels.emulate.flash_forward`
                 with ``numerics="paper"`` (S, P̄, Ō, ℓ held in bf16), backward = FA2's Algorithm 2
                 in PyTorch. Options:
@@ -45,7 +45,7 @@ class AttnSpec:
     def __str__(self):
         if self.kind in ("sdpa", "math32"):
             return self.kind
-        opts = [f"delta={self.delta}"] if self.kind == "paper" else [f"numerics={self.numerics}"]
+        opts = [f"delta={self.delta}"] + ([f"numerics={self.numerics}"] if self.kind == "triton" else [])
         opts.append(f"stable={self.stable}")
         if self.stable != "off":
             opts += [f"beta={self.beta:g}", f"eps={self.eps:g}"]
@@ -144,7 +144,8 @@ def _triton_attention(q, k, v, spec: AttnSpec):
         raise RuntimeError("attention kind 'triton' needs kernels.flash_attention, which this "
                            "checkout does not have yet; use 'paper' or 'sdpa'") from err
     return flash_attention(q, k, v, causal=True, numerics=spec.numerics, stable=spec.stable,
-                           beta=spec.beta, eps=spec.eps)
+                           beta=spec.beta, eps=spec.eps, delta_source=spec.delta,
+                           block_n=spec.block or None)
 
 
 def attend(q, k, v, spec: AttnSpec):

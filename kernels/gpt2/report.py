@@ -31,11 +31,13 @@ def parse_name(name: str) -> tuple[str, str, str]:
     return config, variant, seed
 
 
-def smooth(values, width: int = 10):
-    values = np.asarray(values, dtype=float)
-    if len(values) < width:
-        return values
-    return np.convolve(values, np.ones(width) / width, mode="same")
+def smooth(steps, values, width: int = 10):
+    """Moving average over ``width`` points, only where the window is full (no edge artefacts);
+    returns the steps at the window centres and the averages."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    width = max(1, min(width, len(values)))
+    averaged = np.convolve(values, np.ones(width) / width, mode="valid")
+    return steps[(width - 1) // 2:][:len(averaged)], averaged
 
 
 def monitor_series(run: dict, key: str, layer: int | None = None):
@@ -80,7 +82,7 @@ def plot_losses(ax, runs: dict, config: str, seeds=None, width: int = 10):
         if c != config or (seeds is not None and seed not in seeds):
             continue
         h = run["history"]
-        ax.plot(h["step"], smooth(h["loss"], width), color=VARIANT_COLOURS[variant], lw=1.2,
+        ax.plot(*smooth(h["step"], h["loss"], width), color=VARIANT_COLOURS[variant], lw=1.2,
                 label=f"{VARIANT_NAMES[variant]} {seed}")
     ax.set(xlabel="training step", ylabel="loss (nats / byte)", title=config)
     ax.legend(fontsize=7)
@@ -97,6 +99,27 @@ def plot_diagnostic(ax, runs: dict, config: str, key: str, ylabel: str, layer=No
     ax.set(xlabel="training step", ylabel=ylabel)
     if log:
         ax.set_yscale("log")
+
+
+def plot_gap(ax, runs: dict, config: str, a: str = "U", b: str = "F", width: int = 20):
+    """Smoothed loss(a) − loss(b) per seed (same seed, same batches), next to the gap between two
+    seeds of variant b: how large a numerics effect is compared with seed-to-seed noise."""
+    by = {parse_name(n)[1:]: r["history"] for n, r in runs.items() if parse_name(n)[0] == config}
+    seeds = sorted({seed for _, seed in by})
+    for seed in seeds:
+        ha, hb = by[(a, seed)], by[(b, seed)]
+        n = min(len(ha["loss"]), len(hb["loss"]))
+        gap = np.asarray(ha["loss"][:n]) - np.asarray(hb["loss"][:n])
+        ax.plot(*smooth(ha["step"][:n], gap, width), lw=1.2, label=f"{a} − {b}, seed {seed[1:]}")
+    if len(seeds) >= 2:
+        h1, h2 = by[(b, seeds[0])], by[(b, seeds[1])]
+        n = min(len(h1["loss"]), len(h2["loss"]))
+        gap = np.asarray(h1["loss"][:n]) - np.asarray(h2["loss"][:n])
+        ax.plot(*smooth(h1["step"][:n], gap, width), color="k", lw=1, ls="--",
+                label=f"{b}: seed {seeds[0][1:]} − seed {seeds[1][1:]}")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xlabel="training step", ylabel="loss difference (nats / byte)")
+    ax.legend(fontsize=7)
 
 
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):

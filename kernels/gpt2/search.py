@@ -70,6 +70,23 @@ def plan(name: str) -> list[tuple[str, dict]]:
     raise ValueError(f"unknown plan {name!r}")
 
 
+def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, out_dir="/tmp/gpt2_inline",
+               progress: bool = True) -> dict:
+    """Train the variants of one configuration one after another in this process (same seed, same
+    batch order) and return {name: log record} like a stored search. For small CPU demos."""
+    from .data import load_corpus
+    from .train import TrainConfig, Trainer
+    corpus = corpus or load_corpus("stdlib", max_bytes=base.get("max_bytes") or None)
+    records = {}
+    for variant in variants:
+        name = f"cpu-{variant}-s{seed}"
+        cfg = TrainConfig(**{**base, "name": name, "attn": VARIANTS[variant], "seed": seed, "data_seed": seed,
+                             "out_dir": str(out_dir), "progress": progress})
+        Trainer(cfg, corpus).run()
+        records[name] = json.loads((Path(out_dir) / f"{name}.json").read_text())
+    return records
+
+
 def _argv(opts: dict) -> list[str]:
     argv = []
     for key, val in opts.items():
