@@ -8,6 +8,10 @@ The paper's recipe (§3.1): AdamW(0.9, 0.95), weight decay 0, linear warmup then
 run replays (``--batch-order`` file, written on first use). Logs: ``<name>.csv`` (one row per
 logged step) and ``<name>.json`` (config, history, diagnostics, summary). ``--checkpoint-every``
 writes ``<name>.ckpt.pt``; ``--resume`` continues from it with the same next batch.
+
+``--autocast bf16`` works on CUDA GPUs of sm_80 and newer and on the CPU (PyTorch's CPU autocast
+supports bf16); on older GPUs (T4) pass ``--autocast off``: the model then runs in fp32 around the
+"paper" attention, which rounds to bf16 by itself.
 """
 from __future__ import annotations
 
