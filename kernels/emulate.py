@@ -46,7 +46,9 @@ The offset rule (``stable``), with rm the row maximum, rs the number of scores w
     "cross"  the same rule on the running (rm, rs) of all tiles so far, so a tie split
              between tiles is detected. rs is carried across tiles: when a new tile raises
              the maximum by more than ε the old count drops to 0, otherwise it is kept; the
-             count can then over-count, but "rs > 1" is decided exactly.
+             count can then over-count, but "rs > 1" is decided exactly. As in "tile",
+             m_new = max(m_old, rule): m never decreases, so α <= 1 always (a decreasing m
+             gave α = inf and NaN outputs after a tied maximum below about −88 set m = 0).
     "always" (emulator only, Appendix C) the cross rule without the tie condition.
     "offset" (emulator only, Appendix C) m = running max + ``offset`` (a fixed shift, any sign).
 
@@ -147,7 +149,9 @@ def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torc
             carried = torch.where(rm >= near, rs, torch.zeros_like(rs))
             rs = carried + (s >= near.unsqueeze(-1)).sum(-1).to(work)
             forced = torch.full_like(rs, 2.0) if stable == "always" else rs
-            m_new = _offset_rule(rm_new, forced, beta, rnd_paper)
+            # never lower m: a lower m would scale the old sums by α = exp(m_old − m_new) > 1,
+            # which overflows to inf when an old tied maximum sat far below 0 (m_old = 0)
+            m_new = torch.maximum(m, _offset_rule(rm_new, forced, beta, rnd_paper))
             ties = rs > 1
         elif stable == "offset":
             m_new = rnd_paper(rm_new + offset)

@@ -169,7 +169,8 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             near = rnd_if(rm_new - eps, PAPER, LOW, EXPLICIT)
             carried = tl.where(rm >= near, rs, 0.0)        # old ties still within eps of the max?
             rs = carried + tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1).to(rm.dtype)
-            m_new = _offset_rule(rm_new, rs, beta, PAPER, LOW, EXPLICIT)
+            # m never decreases (as in emulate.py): α = exp(m_old − m_new) <= 1 cannot overflow
+            m_new = tl.maximum(m, _offset_rule(rm_new, rs, beta, PAPER, LOW, EXPLICIT))
         else:
             m_new = rm_new
         rm = rm_new

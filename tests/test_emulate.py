@@ -75,10 +75,32 @@ def test_tie_flag_equals_brute_force_count():
     res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=8, eps=eps)
     brute = ((scores.amax(-1, keepdim=True) - scores) <= eps).sum(-1) > 1
     assert torch.equal(res.ties[0, 0], brute)
-    # where ties exist the offset is beta*rm (rm > 0), 0 (rm < 0), or rm (rm == 0: the rule's blind spot)
-    rm = scores.amax(-1)
-    want = torch.where(brute & (rm > 0), 2 * rm, torch.where(brute & (rm < 0), 0 * rm, rm))
+    # the offset is the largest rule value over the prefixes of tiles seen so far (m never
+    # decreases); the rule gives beta*rm (rm > 0), 0 (rm < 0), or rm (rm == 0: its blind spot)
+    want = torch.full((n,), -math.inf)
+    for end in range(8, n + 1, 8):
+        prefix = scores[:, :end]
+        rm = prefix.amax(-1)
+        tied = ((rm.unsqueeze(-1) - prefix) <= eps).sum(-1) > 1
+        rule = torch.where(tied & (rm > 0), 2 * rm, torch.where(tied & (rm < 0), 0 * rm, rm))
+        want = torch.maximum(want, rule)
     assert torch.equal(res.row_offset[0, 0], want)
+    assert (res.row_offset[0, 0] >= scores.amax(-1)).all()
+
+
+def test_cross_rule_survives_a_far_negative_tie_followed_by_a_larger_maximum():
+    """A tie at -100 sets m = 0; a later unique maximum at -50 must not give alpha = inf."""
+    n = 32
+    scores = torch.full((1, n), -300.0)
+    scores[0, [1, 2]] = -100.0
+    scores[0, 20] = -50.0
+    q = torch.eye(n)[:1].view(1, 1, 1, n)
+    k = torch.zeros(1, 1, n, n)
+    k[0, 0, :, 0] = scores[0]
+    v = torch.randn(1, 1, n, n)
+    res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=16)
+    assert torch.isfinite(res.out.float()).all()
+    assert torch.allclose(res.out.float()[0, 0, 0], round_to(v[0, 0, 20], torch.bfloat16), atol=1e-2)
 
 
 @pytest.mark.parametrize("bad", [dict(numerics="bf16"), dict(stable="yes"), dict(stable="cross", beta=1.0),
