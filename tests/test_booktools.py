@@ -49,6 +49,17 @@ def test_setup_cells_and_readme_are_in_sync():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_every_chapter_in_the_toc_has_a_readme_row_and_a_notebook():
+    toc = (REPO_ROOT / "_toc.yml").read_text()
+    listed = re.findall(r"file:\s*book/(\d\d_\w+)", toc)
+    assert len(listed) == 6, listed
+    readme = (REPO_ROOT / "README.md").read_text()
+    for name in listed:
+        nb_path = REPO_ROOT / "book" / f"{name}.ipynb"
+        assert nb_path.is_file(), f"{nb_path.name} is listed in _toc.yml but missing"
+        assert booktools.colab_url(nb_path) in readme
+
+
 def test_repository_url_is_written_by_hand_only_in_config():
     url, _ = booktools.repository()
     slug = url.split("github.com/")[-1]
