@@ -73,7 +73,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, stable=False, beta=2.0
         numerics: "fa2" (fp32 accumulation) or "paper" (S, P̄, ℓ, Ō held in bf16).
         delta_source: "o" (FA2), "dp" (rowsum(dP∘P)) or "o_fp32" (O recomputed in fp32).
         block_m, block_n: tile sizes (powers of two >= 16); default: autotuned on a GPU,
-            32×32 in the interpreter.
+            64×64 in the interpreter.
         explicit: force the explicit-rounding path (True) or hardware bf16 (False).
     """
     stable = check_inputs(q, k, v, stable=stable, beta=beta, eps=eps, numerics=numerics,

@@ -225,7 +225,10 @@ def _bwd_blocks(block_m, block_n, dtype, explicit):
     if block_m is None and block_n is None and not interpreting() and not explicit \
             and dtype in (torch.bfloat16, torch.float16):
         return None
-    dm, dn = (32, 32) if (interpreting() or dtype == torch.float64) else (32, 64)
+    if interpreting():
+        dm, dn = 64, 64
+    else:
+        dm, dn = (32, 32) if dtype == torch.float64 else (32, 64)
     return block_m or dm, block_n or dn
 
 

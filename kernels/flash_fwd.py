@@ -49,7 +49,8 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 STABLE_CODES = {"off": 0, "tile": 1, "cross": 2}
 NUMERICS = ("fa2", "paper")
-INTERPRETER_BLOCKS = (32, 32)   # fixed (block_m, block_n) in the CPU interpreter
+INTERPRETER_BLOCKS = (64, 64)   # fixed (block_m, block_n) in the CPU interpreter (the
+                                # emulator's default block_n is 64 too)
 
 
 # ----------------------------------------------------------------------------------------

@@ -30,9 +30,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 # ‖out − ref‖/‖ref‖ allowed: a few units of each format's rounding error (2^-9 for bf16).
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
              torch.float64: 1e-12}
-# On a GPU fixed tiles keep the number of compiled variants down (no autotuning per test case);
-# the autotuned default is exercised by kernels.gpu_check and tests/test_attention.py.
-BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else {}
+# Fixed tiles: several key tiles even at CPU sizes, and on a GPU no autotuning per test case
+# (the autotuned default is exercised by kernels.gpu_check and tests/test_attention.py).
+BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else dict(block_m=32, block_n=32)
 
 
 def randn(*shape, dtype=torch.bfloat16):
