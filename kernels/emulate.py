@@ -141,13 +141,15 @@ def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torc
         rm_tile = s.amax(-1)
         rm_new = torch.maximum(rm, rm_tile)          # raw running maximum of S
         if stable == "tile":
-            rs_tile = (s >= rnd_paper(rm_tile - eps).unsqueeze(-1)).sum(-1).to(work)
+            # masked (-inf) scores are never ties, even in a tile where every key is masked
+            near_tile = rnd_paper(rm_tile - eps).unsqueeze(-1)
+            rs_tile = ((s >= near_tile) & torch.isfinite(s)).sum(-1).to(work)
             m_new = torch.maximum(m, _offset_rule(rm_tile, rs_tile, beta, rnd_paper))
             ties |= rs_tile > 1
         elif stable in ("cross", "always"):
             near = rnd_paper(rm_new - eps)
             carried = torch.where(rm >= near, rs, torch.zeros_like(rs))
-            rs = carried + (s >= near.unsqueeze(-1)).sum(-1).to(work)
+            rs = carried + ((s >= near.unsqueeze(-1)) & torch.isfinite(s)).sum(-1).to(work)
             forced = torch.full_like(rs, 2.0) if stable == "always" else rs
             # never lower m: a lower m would scale the old sums by α = exp(m_old − m_new) > 1,
             # which overflows to inf when an old tied maximum sat far below 0 (m_old = 0)

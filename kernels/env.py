@@ -57,7 +57,31 @@ def configure_triton() -> bool:
     """
     if "TRITON_INTERPRET" not in os.environ and _cuda_capability() is None:
         os.environ["TRITON_INTERPRET"] = "1"
+    if interpreting():
+        _fix_interpreter_loop_bounds()
     return interpreting()
+
+
+def _fix_interpreter_loop_bounds() -> None:
+    """Let the interpreter use program-id-derived values as ``range`` bounds under NumPy >= 2.4.
+
+    The interpreter keeps scalars as 1-element arrays and converts them with ``int(array)``,
+    which NumPy 2.4 refuses for arrays of one dimension. We re-register ``__index__`` so it reads
+    the single element. Compiled GPU kernels never go through this code.
+    """
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_lpfa_index_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patch
+    interpreter._lpfa_index_fix = True
+
 
 
 def interpreting() -> bool:
