@@ -8,6 +8,10 @@ The repository URL and branch live in one place, ``_config.yml`` (``repository.u
 after changing them: it rewrites the setup cell of every notebook in ``book/`` (the first code
 cell, tagged ``setup``) and the chapter table in ``README.md``. ``python -m kernels.booktools
 check`` (run by the tests) fails if anything is out of date.
+
+``python -m kernels.booktools run book/03_flash_forward.ipynb ...`` executes chapters without
+Jupyter (:func:`run_plain`): the GPU machine has torch and triton but no notebook server, and
+this is how the chapters' GPU branches are run there.
 """
 from __future__ import annotations
 
@@ -121,8 +125,74 @@ def sync() -> None:
         readme_path.write_text(f"{head}{README_BEGIN}\n{readme_table()}\n{README_END}{tail}")
 
 
+def _ipython_stand_in() -> None:
+    """Where IPython is missing, give ``IPython.display`` a plain-text stand-in."""
+    import importlib.util
+    import types
+    if importlib.util.find_spec("IPython") is not None:
+        return
+    display_mod = types.ModuleType("IPython.display")
+
+    def display(*objs, **_):
+        for obj in objs:
+            print(obj.data if hasattr(obj, "data") else obj)
+
+    class _Text:
+        def __init__(self, data="", **_):
+            self.data = data
+
+    display_mod.display = display
+    display_mod.Code = display_mod.HTML = display_mod.Markdown = _Text
+    package = types.ModuleType("IPython")
+    package.display = display_mod
+    package.get_ipython = lambda: None          # what matplotlib asks of IPython:
+    package.version_info = (9, 0)               # no shell, no GUI hooks
+    sys.modules.update({"IPython": package, "IPython.display": display_mod})
+
+
+def run_plain(path, skip_widget_cells: bool | None = None) -> float:
+    """Execute a chapter's code cells in order in one namespace, with cwd = book/; return seconds.
+
+    Cells tagged ``remove-output`` hold the interactive widgets; they are skipped where
+    ipywidgets is not installed (``skip_widget_cells=None``). Any exception propagates."""
+    import importlib.util
+    import linecache
+    import os
+    import time
+    import matplotlib
+    matplotlib.use("Agg")
+    if skip_widget_cells is None:
+        skip_widget_cells = importlib.util.find_spec("ipywidgets") is None
+    _ipython_stand_in()
+    nb = json.loads(Path(path).read_text())
+    namespace = {"__name__": "__main__"}
+    cwd = os.getcwd()
+    os.chdir(Path(path).resolve().parent)
+    start = time.time()
+    try:
+        for index, cell in enumerate(nb["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            if skip_widget_cells and "remove-output" in cell.get("metadata", {}).get("tags", []):
+                continue
+            source, name = "".join(cell["source"]), f"<{Path(path).name} cell {index}>"
+            # register the cell's text, as IPython does, so inspect (and triton.jit, which
+            # reads a kernel's source) find the code of functions defined in a cell
+            linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+            exec(compile(source, name, "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    return time.time() - start
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "check"
+    if command == "run":
+        for nb_path in sys.argv[2:]:
+            print(f"{nb_path}: ran in {run_plain(nb_path):.1f} s", flush=True)
+        sys.exit(0)
     if command == "sync":
         sync()
     bad = problems()
