@@ -59,6 +59,26 @@ def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_o
 
 
 @triton.jit
+def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               rows, ok, dims, start_n, N_K, scale, CAUSAL: tl.constexpr, LOW: tl.constexpr,
+               EXPLICIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For a query tile and the key tile at ``start_n``: P = exp(S − L) (0 where masked),
+    dP = dO Vᵀ, and Kᵀ (the dQ kernel multiplies dS by it)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    in_seq = cols < N_K
+    k_t = load_tile(k_base + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
+                    in_seq[None, :], LOW, EXPLICIT, True)
+    v_t = load_tile(v_base + cols[None, :] * stride_vn + dims[:, None] * stride_vd,
+                    in_seq[None, :], LOW, EXPLICIT, True)
+    visible = in_seq[None, :] & ok[:, None]
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None])
+    p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
+    dp = mma(do, v_t, LOW, EXPLICIT)
+    return p, dp, k_t
+
+
+@triton.jit
 def _delta_from_dp_kernel(Q, K, V, DO, LSE, DELTA, PARAMS,
                           stride_qb, stride_qh, stride_qn, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
@@ -87,17 +107,10 @@ def _delta_from_dp_kernel(Q, K, V, DO, LSE, DELTA, PARAMS,
     else:
         hi = N_K
     for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        in_seq = cols < N_K
-        k_t = load_tile(K + b * stride_kb + h * stride_kh + cols[None, :] * stride_kn
-                        + dims[:, None] * stride_kd, in_seq[None, :], LOW, EXPLICIT, True)
-        v_t = load_tile(V + b * stride_vb + h * stride_vh + cols[None, :] * stride_vn
-                        + dims[:, None] * stride_vd, in_seq[None, :], LOW, EXPLICIT, True)
-        visible = in_seq[None, :] & ok[:, None]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None])
-        p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
-        dp = mma(do, v_t, LOW, EXPLICIT)
+        p, dp, k_t = _p_dp_tile(q, do, lse, K + b * stride_kb + h * stride_kh,
+                                V + b * stride_vb + h * stride_vh, stride_kn, stride_kd,
+                                stride_vn, stride_vd, rows, ok, dims, start_n, N_K, scale,
+                                CAUSAL, LOW, EXPLICIT, BLOCK_N)
         delta += tl.sum(p * dp, 1)
     tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
 
@@ -188,17 +201,10 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
     else:
         hi = N_K
     for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        in_seq = cols < N_K
-        k_t = load_tile(K + b * stride_kb + h * stride_kh + cols[None, :] * stride_kn
-                        + dims[:, None] * stride_kd, in_seq[None, :], LOW, EXPLICIT, True)
-        v_t = load_tile(V + b * stride_vb + h * stride_vh + cols[None, :] * stride_vn
-                        + dims[:, None] * stride_vd, in_seq[None, :], LOW, EXPLICIT, True)
-        visible = in_seq[None, :] & ok[:, None]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None])
-        p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
-        dp = mma(do, v_t, LOW, EXPLICIT)
+        p, dp, k_t = _p_dp_tile(q, do, lse, K + b * stride_kb + h * stride_kh,
+                                V + b * stride_vb + h * stride_vh, stride_kn, stride_kd,
+                                stride_vn, stride_vd, rows, ok, dims, start_n, N_K, scale,
+                                CAUSAL, LOW, EXPLICIT, BLOCK_N)
         ds = p * (dp - delta[:, None])
         dq = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), dq, LOW, EXPLICIT)  # += dS K
     dq = round_low(dq * scale, LOW, EXPLICIT)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
+from kernels.env import interpreting
 from kernels.gpt2 import (GPT, BatchOrder, GPTConfig, PaperFlashAttention, TrainConfig, Trainer,
                           attend, exact_attention, load_corpus, lr_at, parse_spec)
 from kernels.gpt2 import data as gdata
@@ -70,9 +71,10 @@ def test_attention_variants_agree_in_fp32():
 
 
 def test_triton_kind_matches_reference():
-    """The book's Triton FA2 plugged in as a layer (interpreter on the CPU): output and gradients."""
-    q, k, v = (t.detach().float().requires_grad_() for t in _qkv(b=1, h=2, n=32, d=16))
-    d_out = torch.randn(q.shape)
+    """The book's Triton FA2 plugged in as a layer (interpreter on the CPU, native on a GPU)."""
+    device = "cpu" if interpreting() else "cuda"
+    q, k, v = (t.detach().float().to(device).requires_grad_() for t in _qkv(b=1, h=2, n=32, d=16))
+    d_out = torch.randn(q.shape, device=device)
     ref = exact_attention(q.double(), k.double(), v.double())
     grads_ref = torch.autograd.grad(ref, (q, k, v), d_out.double())
     out = attend(q, k, v, parse_spec("triton:delta=dp"))
