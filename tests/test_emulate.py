@@ -5,20 +5,8 @@ import pytest
 import torch
 
 from kernels.emulate import flash_forward, round_to
-
-
-def attention_fp64(q, k, v, causal=False, scale=None):
-    q, k, v = (t.double() for t in (q, k, v))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        n_q, n_k = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), -math.inf)
-    return torch.softmax(scores, -1) @ v
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
+from kernels.reference import attention_fp64
+from kernels.reference import relative_error as rel_err
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])

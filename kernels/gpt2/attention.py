@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..emulate import flash_forward, round_to
+from ..reference import standard_attention
 
 KINDS = ("sdpa", "math32", "triton", "paper")
 DELTAS = ("o", "dp", "o_fp32")
@@ -161,9 +162,5 @@ def attend(q, k, v, spec: AttnSpec):
 
 
 def exact_attention(q, k, v):
-    """Reference softmax attention in the dtype of the inputs (no rounding inside)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    n = q.shape[-2]
-    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(mask, -math.inf)
-    return torch.softmax(scores, dim=-1) @ v
+    """Causal softmax attention in the dtype of the inputs (no rounding inside)."""
+    return standard_attention(q, k, v, causal=True)
