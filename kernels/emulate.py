@@ -67,6 +67,46 @@ STABLE_MODES = ("off", "tile", "cross", "always", "offset")
 NUMERICS = ("fa2", "paper")
 
 
+def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round fp32 ``x`` to ``bits`` explicit mantissa bits, ties to even, keeping fp32's exponent.
+
+    ``bits=7`` is bf16 exactly (same exponent range); smaller ``bits`` give the narrower formats the
+    GPT-2 chapter uses as an *amplifier* (bf16's range with fewer mantissa bits). Works on the bit
+    pattern: add half an ulp minus one plus the kept last bit, then clear the dropped bits; a carry
+    into the exponent is the correct rounding up, and inf stays inf.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_mantissa works on fp32 tensors, got {x.dtype}")
+    if not 0 <= int(bits) <= 23:
+        raise ValueError(f"an fp32 value has 0..23 mantissa bits to keep, got {bits}")
+    drop = 23 - int(bits)
+    if drop == 0:
+        return x
+    pattern = x.contiguous().view(torch.int32)
+    kept_lsb = (pattern >> drop) & 1
+    rounded = (pattern + ((1 << (drop - 1)) - 1) + kept_lsb) & ~((1 << drop) - 1)
+    out = rounded.view(torch.float32)
+    return torch.where(torch.isnan(x), x, out)
+
+
+def round_mantissa_stochastic(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Stochastic rounding of fp32 ``x`` to ``bits`` mantissa bits: round away from zero with
+    probability (distance to the lower neighbour) / ulp, so that E[result] = x. An unbiased
+    rounding with the same error size as :func:`round_mantissa`: the control that tells a *biased*
+    error from a merely large one. Draws from torch's global generator."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_mantissa_stochastic works on fp32 tensors, got {x.dtype}")
+    if not 0 <= int(bits) <= 23:
+        raise ValueError(f"an fp32 value has 0..23 mantissa bits to keep, got {bits}")
+    drop = 23 - int(bits)
+    if drop == 0:
+        return x
+    pattern = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << drop, x.shape, dtype=torch.int32, device=x.device)
+    out = ((pattern + noise) & ~((1 << drop) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), out, x)
+
+
 def round_to(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
     """Round ``x`` to the nearest ``low`` value (ties to even), keeping ``x``'s dtype."""
     if low == x.dtype or (low == torch.float64):
@@ -106,9 +146,25 @@ def _check(q, k, v, numerics, stable, beta, eps, block_n):
 
 
 def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torch.bfloat16,
-                  block_n=64, stable="off", beta=2.0, eps=1e-3, offset=0.0) -> ForwardResult:
-    """Emulate the tiled forward pass. Shapes (..., N, D); returns a :class:`ForwardResult`."""
+                  block_n=64, stable="off", beta=2.0, eps=1e-3, offset=0.0,
+                  acc_bits=None, acc_rounding="rne") -> ForwardResult:
+    """Emulate the tiled forward pass. Shapes (..., N, D); returns a :class:`ForwardResult`.
+
+    ``acc_bits`` (paper numerics with ``low`` = bf16 only) holds the unnormalised output Ō, and
+    each tile's P̄V, in a float with bf16's exponent and only ``acc_bits`` mantissa bits (bf16 has
+    7). The GPT-2 chapter uses it to magnify the rounding of Ō; everything else is unchanged.
+    ``acc_rounding="sr"`` rounds Ō stochastically instead of to nearest-even (same width, no bias)."""
     _check(q, k, v, numerics, stable, beta, eps, block_n)
+    if acc_bits is not None:
+        if numerics != "paper" or low != torch.bfloat16:
+            raise ValueError("acc_bits needs numerics='paper' and low=torch.bfloat16 "
+                             f"(got numerics={numerics!r}, low={low})")
+        if not 1 <= int(acc_bits) <= 7:
+            raise ValueError(f"acc_bits must be 1..7 (bf16 keeps 7 mantissa bits), got {acc_bits}")
+    if acc_rounding not in ("rne", "sr"):
+        raise ValueError(f"acc_rounding must be 'rne' or 'sr', got {acc_rounding!r}")
+    if acc_rounding == "sr" and acc_bits is None:
+        raise ValueError("acc_rounding='sr' needs acc_bits (1..7): it rounds the amplifier format")
     work = torch.float64 if low == torch.float64 else torch.float32
     paper = numerics == "paper"
 
@@ -117,6 +173,13 @@ def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torc
 
     def rnd_paper(x):    # a rounding point that exists only when tensors are held in low precision
         return round_to(x, low) if paper else x
+
+    def rnd_acc(x):      # where Ō is rounded (bf16, or the narrower amplifier format)
+        if acc_bits is None:
+            return rnd(x)
+        if acc_rounding == "sr":
+            return round_mantissa_stochastic(x, acc_bits)
+        return round_mantissa(x, acc_bits)
 
     q, k, v = (rnd(t.to(work)) for t in (q, k, v))
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -166,7 +229,7 @@ def flash_forward(q, k, v, *, causal=False, scale=None, numerics="fa2", low=torc
         alpha = rnd_paper(torch.exp(rnd_paper(m - m_safe)))
         if paper:
             ell = rnd(rnd(alpha * ell) + rnd(p_bar.sum(-1)))
-            acc = rnd(rnd(alpha.unsqueeze(-1) * acc) + rnd(p_bar @ v_j))
+            acc = rnd_acc(rnd_acc(alpha.unsqueeze(-1) * acc) + rnd_acc(p_bar @ v_j))
         else:
             ell = alpha * ell + p_bar.sum(-1)
             acc = alpha.unsqueeze(-1) * acc + rnd(p_bar) @ v_j

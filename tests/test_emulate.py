@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from kernels.emulate import flash_forward, round_to
+from kernels.emulate import flash_forward, round_mantissa, round_mantissa_stochastic, round_to
 from kernels.reference import attention_fp64
 from kernels.reference import relative_error as rel_err
 
@@ -103,3 +103,55 @@ def test_bad_arguments_are_named(bad):
 def test_shape_mismatch_is_reported():
     with pytest.raises(ValueError, match="shapes"):
         flash_forward(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 32), torch.randn(1, 1, 8, 32))
+
+
+def test_round_mantissa_is_bf16_and_fp16_rounding():
+    """7 kept bits = bf16 exactly (every finite and infinite value); 10 bits = fp16 in its normal range."""
+    x = torch.randn(200_000) * torch.exp(torch.randn(200_000) * 20)
+    x = torch.cat([x, torch.tensor([0.0, -0.0, math.inf, -math.inf, 3.3895313892515355e38, 1e-40])])
+    assert torch.equal(round_mantissa(x, 7), x.to(torch.bfloat16).float())
+    y = torch.randn(200_000)
+    y = y[(y.abs() > 6.2e-5) & (y.abs() < 6e4)]
+    assert torch.equal(round_mantissa(y, 10), y.half().float())
+    assert torch.isnan(round_mantissa(torch.tensor([math.nan]), 3)).all()
+    # ties go to even: 1 + 2^-4 sits halfway between 1 and 1 + 2^-3 with 3 bits, and rounds to 1
+    assert round_mantissa(torch.tensor([1.0625, 1.1875]), 3).tolist() == [1.0, 1.25]
+    with pytest.raises(TypeError, match="fp32"):
+        round_mantissa(torch.zeros(2, dtype=torch.float64), 3)
+
+
+def test_acc_bits_magnifies_only_the_output_rounding():
+    q, k, v = (torch.randn(2, 2, 64, 16) for _ in range(3))
+    ref = attention_fp64(q, k, v, causal=True)
+    base = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32)
+    same = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=7)
+    assert torch.equal(base.out, same.out) and torch.equal(base.row_sum, same.row_sum)
+    errors = [rel_err(flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=b).out, ref)
+              for b in (7, 5, 3)]
+    assert errors[0] < errors[1] < errors[2], errors
+    narrow = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=3)
+    assert torch.equal(narrow.row_sum, base.row_sum)          # ℓ is not touched
+    with pytest.raises(ValueError, match="acc_bits"):
+        flash_forward(q, k, v, numerics="fa2", acc_bits=3)
+    with pytest.raises(ValueError, match="acc_bits"):
+        flash_forward(q, k, v, numerics="paper", acc_bits=9)
+
+
+def test_stochastic_rounding_is_unbiased_and_lands_on_neighbours():
+    x = -torch.rand(20_000) * 7 - 0.01
+    lo_hi = torch.stack([round_mantissa(x, 3), round_mantissa(x, 3)])
+    draws = torch.stack([round_mantissa_stochastic(x, 3) for _ in range(400)])
+    ulp = torch.exp2(torch.floor(torch.log2(x.abs())) - 3)
+    # every draw is one of the two 3-bit neighbours of x
+    assert ((draws - x).abs() < ulp * 1.0001).all()
+    assert torch.equal(round_mantissa(draws.flatten(), 3), draws.flatten())
+    # nearest-even is biased on this set only by chance; stochastic rounding's mean error is ~0
+    mean_err = ((draws - x) / ulp).mean()
+    assert abs(float(mean_err)) < 0.01, float(mean_err)
+    assert (lo_hi[0] == lo_hi[1]).all()
+    specials = torch.tensor([math.inf, -math.inf, math.nan, 0.0])
+    out = round_mantissa_stochastic(specials, 3)
+    assert out[0] == math.inf and out[1] == -math.inf and torch.isnan(out[2]) and out[3] == 0
+    with pytest.raises(ValueError, match="acc_rounding"):
+        flash_forward(x.view(1, 1, -1, 4)[:, :, :8], x.view(1, 1, -1, 4)[:, :, :8], x.view(1, 1, -1, 4)[:, :, :8],
+                      numerics="paper", acc_rounding="sr")

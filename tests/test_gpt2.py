@@ -47,7 +47,11 @@ def test_model_rejects_bad_config():
 def test_parse_spec():
     spec = parse_spec("paper:delta=o_fp32,stable=cross,beta=4")
     assert (spec.kind, spec.delta, spec.stable, spec.beta) == ("paper", "o_fp32", "cross", 4.0)
-    for bad in ("flash", "paper:delta=x", "paper:stable=always", "paper:foo=1", "paper:beta"):
+    assert parse_spec("paper:obits=3").obits == 3 and str(parse_spec("paper:obits=3")).endswith("obits=3")
+    assert "obits" not in str(parse_spec("paper"))
+    assert parse_spec("paper:obits=3,oround=sr").oround == "sr"
+    for bad in ("flash", "paper:delta=x", "paper:stable=always", "paper:foo=1", "paper:beta", "paper:obits=0",
+                "paper:obits=8", "triton:obits=3", "paper:oround=sr", "paper:obits=3,oround=up"):
         with pytest.raises(ValueError):
             parse_spec(bad)
     with pytest.raises(TypeError):
@@ -279,3 +283,78 @@ def test_find_explosion():
     nan = healthy.copy()
     nan[70:] = np.nan
     assert dg.find_explosion(steps, nan) == 700
+
+
+# ----------------------------------------------------------------------------- search plans and report
+@pytest.mark.parametrize("name", ["tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final"])
+def test_every_plan_builds_valid_runs(name):
+    from kernels.gpt2.search import plan
+    runs = plan(name)
+    assert len({n for n, _ in runs}) == len(runs), "run names must be unique"
+    for run_name, opts in runs:
+        cfg = TrainConfig(**{k: v for k, v in opts.items() if k != "gpu_slot"})
+        model_cfg = cfg.model_config(256)
+        specs = [model_cfg.spec(i) for i in range(model_cfg.n_layer)]
+        if name.startswith("amp") and "k7" not in run_name:
+            assert all(s.obits < 7 for s in specs if s.kind == "paper"), run_name
+        if "-R-" in run_name:
+            assert any(s.oround == "sr" for s in specs)
+        if "-L-" in run_name:
+            assert specs[0].delta == "o" and all(s.delta == "o_fp32" for s in specs[1:])
+
+
+def test_variants_and_gpu_dealing():
+    from kernels.gpt2.search import _variant_opts, assign_gpus, plan
+    with pytest.raises(ValueError, match="obits"):
+        _variant_opts("R")
+    assert _variant_opts("U", 4)["attn"] == "paper:delta=o,obits=4" and _variant_opts("A", 4)["attn"] == "sdpa"
+    runs = [(f"r{i}", {"steps": i}) for i in range(5)]
+    dealt = assign_gpus(runs, ["3", "5"])
+    assert [g for _, _, g in dealt] == ["3", "5", "3", "5", "3"]
+    assert [g for _, _, g in assign_gpus(runs, [])] == [None] * 5
+    pinned = assign_gpus(plan("amp_final"), ["0", "1", "2", "3"])
+    assert [g for _, _, g in pinned] == ["0", "1", "2", "2", "3", "3"]
+    assert all("gpu_slot" not in opts for _, opts, _ in pinned)
+
+
+def _fake_run(losses, steps=None, attn="paper:delta=o,obits=4"):
+    steps = steps or list(range(0, 10 * len(losses), 10))
+    return {"history": {"step": steps, "loss": losses, "wall_s": [s / 10 for s in steps]},
+            "summary": {"steps_done": steps[-1] + 1, "steps_per_s": 10.0}, "config": {"attn": attn}}
+
+
+def test_report_outcome_finds_explosions_and_nans():
+    from kernels.gpt2 import report
+    rng = np.random.default_rng()
+    calm = list(2.0 - np.linspace(0, 1, 200) + 0.01 * rng.standard_normal(200))
+    boom = calm[:100] + [4.0] * 100
+    nan = calm[:50] + [math.nan] * 5
+    assert report.outcome(_fake_run(calm))["event"] is None
+    out = report.outcome(_fake_run(boom))
+    assert out["event"] == "explosion" and 900 <= out["step"] <= 1000 and out["obits"] == 4
+    assert out["wall_s"] == out["step"] / 10
+    out = report.outcome(_fake_run(nan, attn="paper:delta=o"))
+    assert out["event"] == "NaN" and out["step"] == 500 and out["obits"] == 7
+    table = report.outcome_table({"k4-U-s1": _fake_run(boom), "k4-F-s1": _fake_run(calm)})
+    assert list(table.event) == ["explosion", "none"] and list(table.variant) == ["U", "F"]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    report.plot_steps_to_failure(ax, table)
+    assert ax.get_yscale() == "log" and len(ax.collections) == 8
+    plt.close(fig)
+
+
+def test_amplified_variants_train_end_to_end(corpus, tmp_path):
+    from kernels.gpt2.search import run_inline
+    base = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, steps=4, warmup=1,
+                monitor_every=2, autocast="off", log_every=1)
+    runs = run_inline(base, "URL", corpus=corpus, out_dir=tmp_path, progress=False, obits=3, prefix="amp")
+    assert set(runs) == {"amp-U-s0", "amp-R-s0", "amp-L-s0"}
+    for name, rec in runs.items():
+        assert rec["summary"]["status"] == "finished", name
+        assert all(math.isfinite(x) for x in rec["history"]["loss"])
+    assert runs["amp-R-s0"]["config"]["attn"].endswith("obits=3")
+    # same seed and batches, different rounding of Ō: the two runs must not be identical
+    assert runs["amp-U-s0"]["history"]["loss"] != runs["amp-R-s0"]["history"]["loss"]

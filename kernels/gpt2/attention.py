@@ -15,8 +15,12 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                       o_fp32  rowsum(dO ∘ PV) with PV recomputed in fp32 (the paper's stable control)
                   stable=off | cross | tile, beta=2, eps=1e-3   (Algorithm 3's offset, §4)
                   block=0 (untiled: one tile of the whole sequence, the paper's setup) or a tile width
+                  obits=7 mantissa bits of Ō and of P̄V (7 = bf16; fewer magnifies their rounding,
+                      the chapter's amplifier; the exponent stays bf16's)
+                  oround=rne | sr  how Ō is rounded at obits < 7: to nearest-even, or stochastically
+                      (unbiased, same error size: the control for "biased, not just large")
 
-Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``.
+Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``, ``"paper:obits=3"``.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ class AttnSpec:
     eps: float = 1e-3
     block: int = 0
     numerics: str = "fa2"      # only for kind="triton"
+    obits: int = 7             # only for kind="paper": mantissa bits of Ō (7 = bf16)
+    oround: str = "rne"        # only for kind="paper" with obits < 7: "rne" or "sr"
 
     def __str__(self):
         if self.kind in ("sdpa", "math32"):
@@ -52,6 +58,10 @@ class AttnSpec:
             opts += [f"beta={self.beta:g}", f"eps={self.eps:g}"]
         if self.block:
             opts.append(f"block={self.block}")
+        if self.obits != 7:
+            opts.append(f"obits={self.obits}")
+        if self.oround != "rne":
+            opts.append(f"oround={self.oround}")
         return f"{self.kind}:" + ",".join(opts)
 
 
@@ -72,9 +82,9 @@ def parse_spec(text: str) -> AttnSpec:
         key = key.strip()
         if key in ("beta", "eps"):
             fields[key] = float(value)
-        elif key == "block":
+        elif key in ("block", "obits"):
             fields[key] = int(value)
-        elif key in ("delta", "stable", "numerics"):
+        elif key in ("delta", "stable", "numerics", "oround"):
             fields[key] = value.strip()
         else:
             raise ValueError(f"unknown attention option {key!r} in {text!r}")
@@ -85,6 +95,14 @@ def parse_spec(text: str) -> AttnSpec:
         raise ValueError(f"stable must be off, cross or tile, got {spec.stable!r}")
     if spec.numerics not in ("fa2", "paper"):
         raise ValueError(f"numerics must be fa2 or paper, got {spec.numerics!r}")
+    if not 1 <= spec.obits <= 7:
+        raise ValueError(f"obits must be 1..7 (bf16 keeps 7 mantissa bits), got {spec.obits}")
+    if spec.obits != 7 and spec.kind != "paper":
+        raise ValueError(f"obits applies to the 'paper' kind only, got it with {spec.kind!r}")
+    if spec.oround not in ("rne", "sr"):
+        raise ValueError(f"oround must be rne or sr, got {spec.oround!r}")
+    if spec.oround == "sr" and spec.obits == 7:
+        raise ValueError("oround=sr needs obits < 7 (it rounds the narrower amplifier format)")
     return spec
 
 
@@ -104,12 +122,14 @@ class PaperFlashAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, stable, beta, eps, block):
+    def forward(ctx, q, k, v, delta, stable, beta, eps, block, obits=7, oround="rne"):
         low = torch.float64 if q.dtype == torch.float64 else torch.bfloat16
         n = q.shape[-2]
+        acc_bits = obits if (obits != 7 and low == torch.bfloat16) else None
         with torch.autocast(device_type=q.device.type, enabled=False):
             res = flash_forward(q, k, v, causal=True, numerics="paper", low=low,
-                                block_n=block or n, stable=stable, beta=beta, eps=eps)
+                                block_n=block or n, stable=stable, beta=beta, eps=eps, acc_bits=acc_bits,
+                                acc_rounding=oround if acc_bits else "rne")
         ctx.save_for_backward(q, k, v, res.out, res.lse)
         ctx.delta, ctx.low = delta, low
         return res.out.to(q.dtype)
@@ -135,7 +155,7 @@ class PaperFlashAttention(torch.autograd.Function):
             d_scores = probs * (d_probs - delta.unsqueeze(-1))      # dS = P ∘ (dP − δ)
             d_q = (d_scores @ kw) * scale                           # dQ = α dS K
             d_k = (d_scores.transpose(-1, -2) @ qw) * scale         # dK = α dSᵀ Q
-        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None, None, None
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None, None, None, None, None
 
 
 def _triton_attention(q, k, v, spec: AttnSpec):
@@ -157,7 +177,8 @@ def attend(q, k, v, spec: AttnSpec):
         with torch.autocast(device_type=q.device.type, enabled=False):
             return exact_attention(q.float(), k.float(), v.float())
     if spec.kind == "paper":
-        return PaperFlashAttention.apply(q, k, v, spec.delta, spec.stable, spec.beta, spec.eps, spec.block)
+        return PaperFlashAttention.apply(q, k, v, spec.delta, spec.stable, spec.beta, spec.eps, spec.block,
+                                         spec.obits, spec.oround)
     return _triton_attention(q, k, v, spec)
 
 

@@ -12,8 +12,10 @@ from .diagnostics import find_explosion
 from .search import VARIANTS
 
 VARIANT_NAMES = {"U": "paper bf16 (δ from bf16 O)", "F": "fp32 O for δ (control)",
-                 "S": "stabilised (β=2)", "P": "δ = rowsum(dP∘P)", "A": "torch SDPA"}
-VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray"}
+                 "S": "stabilised (β=2)", "P": "δ = rowsum(dP∘P)", "A": "torch SDPA",
+                 "R": "U, Ō rounded stochastically", "T": "U in tiles of 64", "L": "U in layer 0 only"}
+VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray",
+                   "R": "tab:orange", "T": "tab:brown", "L": "tab:pink"}
 
 # Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
 # from memory bandwidth, not a measurement).
@@ -122,6 +124,55 @@ def plot_gap(ax, runs: dict, config: str, a: str = "U", b: str = "F", width: int
     ax.legend(fontsize=7)
 
 
+def obits_of(run: dict) -> int:
+    """Mantissa bits of Ō in a run (7 = bf16; fewer = the amplifier)."""
+    from .attention import parse_spec
+    return parse_spec(run["config"]["attn"]).obits
+
+
+def outcome(run: dict) -> dict:
+    """How a run ended: the step (and wall seconds) of its loss explosion or first non-finite loss,
+    or ``None`` for both if it did neither within the ``steps`` it reached."""
+    h = run["history"]
+    losses = np.asarray(h["loss"], dtype=float)
+    nonfinite = int(h["step"][int(np.argmax(~np.isfinite(losses)))]) if (~np.isfinite(losses)).any() else None
+    boom = find_explosion(h["step"], h["loss"])
+    event = boom if nonfinite is None or (boom is not None and boom < nonfinite) else nonfinite
+    wall = None if event is None else h["wall_s"][h["step"].index(event)]
+    kind = None if event is None else ("NaN" if event == nonfinite else "explosion")
+    return {"event": kind, "step": event, "wall_s": wall, "steps": run["summary"]["steps_done"],
+            "steps_per_s": run["summary"]["steps_per_s"], "obits": obits_of(run)}
+
+
+def outcome_table(runs: dict):
+    """A pandas table of :func:`outcome` for every run, with its configuration, variant and seed."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        config, variant, seed = parse_name(name)
+        row = {"run": name, "config": config, "variant": variant, "seed": seed, **outcome(run)}
+        row["event"] = row["event"] or "none"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_steps_to_failure(ax, table, variants=("U", "R", "F", "S")):
+    """Steps to failure against the mantissa bits of Ō; a run that did not fail is drawn as an
+    open marker at the step it reached, with an arrow up (failure, if any, comes later)."""
+    offsets = {v: (i - (len(variants) - 1) / 2) * 0.12 for i, v in enumerate(variants)}
+    for variant in variants:
+        rows = table[table.variant == variant]
+        failed, alive = rows[rows.step.notna()], rows[rows.step.isna()]
+        colour = VARIANT_COLOURS[variant]
+        ax.scatter(failed.obits + offsets[variant], failed.step, color=colour, s=30,
+                   marker="o", label=f"{VARIANT_NAMES[variant]}: failed")
+        ax.scatter(alive.obits + offsets[variant], alive.steps, facecolor="none", edgecolor=colour, s=40,
+                   marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
+    ax.set(yscale="log", xlabel="mantissa bits of Ō (7 = bf16)", ylabel="training steps",
+           title="steps to loss explosion or NaN")
+    ax.legend(fontsize=7)
+
+
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
     """An ESTIMATE of the wall time of ``steps`` on ``gpu_name`` from a speed measured on an H200."""
     if not gpu_name:
@@ -132,4 +183,5 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
 
 
 __all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagnostic", "monitor_series",
-           "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS"]
+           "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
+           "plot_steps_to_failure", "obits_of"]

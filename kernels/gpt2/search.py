@@ -10,7 +10,17 @@ Each run is ``(name, {train option: value})``; the variants of one configuration
 the attention spec: ``U`` = the paper's bf16 flash attention (δ from the bf16 O, the failing path),
 ``F`` = the same with δ from O recomputed in fp32 (the paper's stable control), ``S`` = the
 stabilised forward of Algorithm 3 (β = 2, ties detected across the whole row), ``P`` = δ from
-rowsum(dP ∘ P), ``A`` = torch SDPA everywhere.
+rowsum(dP ∘ P), ``A`` = torch SDPA everywhere, ``R`` = ``U`` with Ō rounded stochastically
+(only with ``obits`` < 7), ``T`` = ``U`` in key tiles of 64 instead of untiled, ``L`` = ``U`` in
+layer 0 only, ``F`` elsewhere (the paper's "only layer 2 matters": in our runs ‖W_Q‖ grows
+first in layer 0, measured in the ``amplify`` plan).
+
+``obits`` (the amplifier) holds Ō in a float with bf16's exponent and fewer mantissa bits than
+bf16's 7, in every paper-path variant of a run, controls included: the rounding of Ō is magnified
+2^(7 − obits) times and nothing else changes.
+
+With several GPUs visible the runs are dealt out round-robin, one process per run
+(``CUDA_VISIBLE_DEVICES`` set per process).
 """
 from __future__ import annotations
 
@@ -28,16 +38,36 @@ VARIANTS = {
     "S": "paper:delta=o,stable=cross,beta=2",
     "P": "paper:delta=dp",
     "A": "sdpa",
+    "R": "paper:delta=o,oround=sr",
+    "T": "paper:delta=o,block=64",
+    "L": "paper:delta=o_fp32",       # + layer 1 switched to U, see _variant_opts
 }
+LADDER_LAYER = 0                     # the layer ``L`` leaves on the failing path (0-based)
 
 SMALL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, warmup=200)
+# the amplifier search: the paper's peak lr 1e-3, cosine to 1e-4 over 20k steps
+AMP = dict(SMALL, lr=1e-3, min_lr=1e-4, steps=20000)
 
 
-def _runs(prefix, base, variants, seeds, **extra):
+def _with_obits(spec: str, obits: int) -> str:
+    return spec if obits == 7 or not spec.startswith("paper") else f"{spec},obits={obits}"
+
+
+def _variant_opts(variant: str, obits: int = 7) -> dict:
+    """The training options that make one variant: its attention spec (and layer override)."""
+    if variant == "R" and obits == 7:
+        raise ValueError("variant R (stochastic rounding of Ō) needs obits < 7")
+    opts = {"attn": _with_obits(VARIANTS[variant], obits)}
+    if variant == "L":
+        opts["layer_attn"] = f"{LADDER_LAYER}={_with_obits(VARIANTS['U'], obits)}"
+    return opts
+
+
+def _runs(prefix, base, variants, seeds, obits=7, **extra):
     out = []
     for seed in seeds:
         for v in variants:
-            opts = {**base, **extra, "attn": VARIANTS[v], "seed": seed, "data_seed": seed}
+            opts = {**base, **extra, **_variant_opts(v, obits), "seed": seed, "data_seed": seed}
             out.append((f"{prefix}-{v}-s{seed}", opts))
     return out
 
@@ -67,11 +97,29 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return runs
     if name == "seeds":    # three seeds (model init and batch order) of the most aggressive setting, U / F / S
         return _runs("f-const3e-3", SMALL, "UFS", [1, 2, 3], lr=3e-3, min_lr=3e-3, steps=6000)
+    if name == "amplify":  # the amplifier: Ō with 3, 4, 5 mantissa bits, and bf16 itself, on 4 GPUs
+        runs = _runs("k3", AMP, "UF", [0], obits=3)
+        runs += _runs("k4", AMP, "U", [0], obits=4) + _runs("k3", AMP, "S", [0], obits=3)
+        runs += _runs("k5", AMP, "U", [0], obits=5) + _runs("k3", AMP, "R", [0], obits=3)
+        runs += _runs("k7", AMP, "UF", [0])
+        return runs
+    if name == "amp_seeds":  # Ō with 4 mantissa bits: three seeds of U / F / S, and the ladder on seed 1
+        runs = _runs("k4", AMP, "UFS", [1, 2, 3], obits=4)
+        runs += _runs("k4", AMP, "TLPR", [1], obits=4)
+        return runs
+    if name == "amp_final":  # bf16 itself for longer, one GPU each; 5 bits: F, R, S; 6 bits: U
+        long = dict(AMP, steps=60000)
+        runs = [(n, {**o, "gpu_slot": 0}) for n, o in _runs("k7long", long, "U", [0])]
+        runs += [(n, {**o, "gpu_slot": 1}) for n, o in _runs("k7long", long, "F", [0])]
+        runs += [(n, {**o, "gpu_slot": 2}) for n, o in _runs("k5", AMP, "RF", [0], obits=5)]
+        runs += [(n, {**o, "gpu_slot": 3}) for n, o in _runs("k5", AMP, "S", [0], obits=5)]
+        runs += [(n, {**o, "gpu_slot": 3}) for n, o in _runs("k6", AMP, "U", [0], obits=6)]
+        return runs
     raise ValueError(f"unknown plan {name!r}")
 
 
 def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, out_dir="/tmp/gpt2_inline",
-               progress: bool = True) -> dict:
+               progress: bool = True, obits: int = 7, prefix: str = "cpu") -> dict:
     """Train the variants of one configuration one after another in this process (same seed, same
     batch order) and return {name: log record} like a stored search. For small CPU demos."""
     from .data import load_corpus
@@ -79,9 +127,9 @@ def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, ou
     corpus = corpus or load_corpus("stdlib", max_bytes=base.get("max_bytes") or None)
     records = {}
     for variant in variants:
-        name = f"cpu-{variant}-s{seed}"
-        cfg = TrainConfig(**{**base, "name": name, "attn": VARIANTS[variant], "seed": seed, "data_seed": seed,
-                             "out_dir": str(out_dir), "progress": progress})
+        name = f"{prefix}-{variant}-s{seed}"
+        cfg = TrainConfig(**{**base, **_variant_opts(variant, obits), "name": name, "seed": seed,
+                             "data_seed": seed, "out_dir": str(out_dir), "progress": progress})
         Trainer(cfg, corpus).run()
         records[name] = json.loads((Path(out_dir) / f"{name}.json").read_text())
     return records
@@ -115,19 +163,41 @@ def _record_orders(runs, work: Path) -> None:
         order.save(_order_path(work, {"batch_size": batch, "block_size": block, "data_seed": seed}))
 
 
+def _visible_gpus() -> list[str]:
+    """CUDA device ids to deal runs out to ([] on a machine without a GPU)."""
+    import torch
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in listed.split(",") if d.strip()] if listed else []
+    return ids or [str(i) for i in range(torch.cuda.device_count())]
+
+
+def assign_gpus(runs, gpus: list[str]) -> list[tuple[str, dict, str | None]]:
+    """(name, options, GPU id) per run: round-robin over ``gpus``, or the run's own ``gpu_slot``
+    (an index into ``gpus``, removed from the options). GPU id is None when there is no GPU."""
+    out = []
+    for i, (name, opts) in enumerate(runs):
+        opts = dict(opts)
+        slot = opts.pop("gpu_slot", i)
+        out.append((name, opts, gpus[slot % len(gpus)] if gpus else None))
+    return out
+
+
 def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
     """Start every run as its own process, wait up to ``minutes``, return {name: log record}."""
     work.mkdir(parents=True, exist_ok=True)
     _record_orders(runs, work)
     procs = {}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    for name, opts in runs:
+    for name, opts, gpu in assign_gpus(runs, _visible_gpus()):
         order = _order_path(work, opts)
         argv = [sys.executable, "-m", "kernels.gpt2.train", "--name", name, "--out-dir", str(work),
                 "--max-minutes", f"{minutes:.3f}", "--no-progress", "--stop-after-explosion", "400",
                 "--batch-order", str(order), *_argv(opts)]
         log = open(work / f"{name}.stdout", "w")
-        procs[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+        run_env = env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
+        procs[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=run_env), log)
     deadline = time.time() + 60 * minutes + 90
     while time.time() < deadline and any(p.poll() is None for p, _ in procs.values()):
         time.sleep(5)
@@ -195,6 +265,7 @@ def main(argv=None):
     records = launch(runs, args.minutes, Path(args.work) / args.plan)
     packed = {"provenance": provenance(f"python -m kernels.gpt2.search --plan {args.plan} --minutes {args.minutes}"),
               "data": {"plan": args.plan, "wall_s": time.time() - started, "concurrent_processes": len(runs),
+                       "gpus": max(1, len(_visible_gpus())),
                        "runs": records}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
