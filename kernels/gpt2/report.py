@@ -164,13 +164,15 @@ def plot_steps_to_failure(ax, table, variants=("U", "R", "F", "S")):
         rows = table[table.variant == variant]
         failed, alive = rows[rows.step.notna()], rows[rows.step.isna()]
         colour = VARIANT_COLOURS[variant]
-        ax.scatter(failed.obits + offsets[variant], failed.step, color=colour, s=30,
-                   marker="o", label=f"{VARIANT_NAMES[variant]}: failed")
-        ax.scatter(alive.obits + offsets[variant], alive.steps, facecolor="none", edgecolor=colour, s=40,
-                   marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
+        if len(failed):
+            ax.scatter(failed.obits + offsets[variant], failed.step, color=colour, s=30,
+                       marker="o", label=f"{VARIANT_NAMES[variant]}: failed")
+        if len(alive):
+            ax.scatter(alive.obits + offsets[variant], alive.steps, facecolor="none", edgecolor=colour,
+                       s=40, marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
     ax.set(yscale="log", xlabel="mantissa bits of Ō (7 = bf16)", ylabel="training steps",
            title="steps to loss explosion or NaN")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
