@@ -67,6 +67,15 @@ STABLE_MODES = ("off", "tile", "cross", "always", "offset")
 NUMERICS = ("fa2", "paper")
 
 
+def _dropped_bits(x: torch.Tensor, bits: int, who: str) -> int:
+    """How many of fp32's 23 mantissa bits rounding to ``bits`` drops (checks dtype and range)."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"{who} works on fp32 tensors, got {x.dtype}")
+    if not 0 <= int(bits) <= 23:
+        raise ValueError(f"an fp32 value has 0..23 mantissa bits to keep, got {bits}")
+    return 23 - int(bits)
+
+
 def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Round fp32 ``x`` to ``bits`` explicit mantissa bits, ties to even, keeping fp32's exponent.
 
@@ -75,11 +84,7 @@ def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
     pattern: add half an ulp minus one plus the kept last bit, then clear the dropped bits; a carry
     into the exponent is the correct rounding up, and inf stays inf.
     """
-    if x.dtype != torch.float32:
-        raise TypeError(f"round_mantissa works on fp32 tensors, got {x.dtype}")
-    if not 0 <= int(bits) <= 23:
-        raise ValueError(f"an fp32 value has 0..23 mantissa bits to keep, got {bits}")
-    drop = 23 - int(bits)
+    drop = _dropped_bits(x, bits, "round_mantissa")
     if drop == 0:
         return x
     pattern = x.contiguous().view(torch.int32)
@@ -92,13 +97,10 @@ def round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
 def round_mantissa_stochastic(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Stochastic rounding of fp32 ``x`` to ``bits`` mantissa bits: round away from zero with
     probability (distance to the lower neighbour) / ulp, so that E[result] = x. An unbiased
-    rounding with the same error size as :func:`round_mantissa`: the control that tells a *biased*
-    error from a merely large one. Draws from torch's global generator."""
-    if x.dtype != torch.float32:
-        raise TypeError(f"round_mantissa_stochastic works on fp32 tensors, got {x.dtype}")
-    if not 0 <= int(bits) <= 23:
-        raise ValueError(f"an fp32 value has 0..23 mantissa bits to keep, got {bits}")
-    drop = 23 - int(bits)
+    rounding at the same width as :func:`round_mantissa` (its error spread is a little larger:
+    standard deviation ≈ 0.41 ulp against 0.29): the control that tells a *biased* error from a
+    merely large one. Draws from torch's global generator."""
+    drop = _dropped_bits(x, bits, "round_mantissa_stochastic")
     if drop == 0:
         return x
     pattern = x.contiguous().view(torch.int32)

@@ -63,11 +63,13 @@ def _variant_opts(variant: str, obits: int = 7) -> dict:
     return opts
 
 
-def _runs(prefix, base, variants, seeds, obits=7, **extra):
+def _runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
+    """One run per seed and variant; ``gpu_slot`` pins them all to one GPU (see :func:`assign_gpus`)."""
+    pin = {} if gpu_slot is None else {"gpu_slot": gpu_slot}
     out = []
     for seed in seeds:
         for v in variants:
-            opts = {**base, **extra, **_variant_opts(v, obits), "seed": seed, "data_seed": seed}
+            opts = {**base, **extra, **_variant_opts(v, obits), "seed": seed, "data_seed": seed, **pin}
             out.append((f"{prefix}-{v}-s{seed}", opts))
     return out
 
@@ -109,11 +111,9 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return runs
     if name == "amp_final":  # bf16 itself for longer, one GPU each; 5 bits: F, R, S; 6 bits: U
         long = dict(AMP, steps=60000)
-        runs = [(n, {**o, "gpu_slot": 0}) for n, o in _runs("k7long", long, "U", [0])]
-        runs += [(n, {**o, "gpu_slot": 1}) for n, o in _runs("k7long", long, "F", [0])]
-        runs += [(n, {**o, "gpu_slot": 2}) for n, o in _runs("k5", AMP, "RF", [0], obits=5)]
-        runs += [(n, {**o, "gpu_slot": 3}) for n, o in _runs("k5", AMP, "S", [0], obits=5)]
-        runs += [(n, {**o, "gpu_slot": 3}) for n, o in _runs("k6", AMP, "U", [0], obits=6)]
+        runs = _runs("k7long", long, "U", [0], gpu_slot=0) + _runs("k7long", long, "F", [0], gpu_slot=1)
+        runs += _runs("k5", AMP, "RF", [0], obits=5, gpu_slot=2)
+        runs += _runs("k5", AMP, "S", [0], obits=5, gpu_slot=3) + _runs("k6", AMP, "U", [0], obits=6, gpu_slot=3)
         return runs
     raise ValueError(f"unknown plan {name!r}")
 
