@@ -2,6 +2,19 @@
 
 Importing this package first decides whether Triton runs natively or in its CPU interpreter
 (:mod:`kernels.env`), so it must be imported before anything else imports triton.
+
+The layers, each importing only from the ones above it:
+
+* :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance
+* :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
+* :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
+* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them
+* :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart
+* :mod:`kernels.triton_intro`  chapter 2's first kernels
+
+Why this shape: the numbers (numerics) are defined once and everything else rounds with them;
+the attention package is the numerics contract (kernel and emulator side by side, one options
+object); the experiments sit on top and can change without touching the kernels.
 """
 from .env import configure_triton as _configure_triton
 

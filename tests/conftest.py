@@ -1,3 +1,17 @@
-"""Import the book's package first: it switches Triton to its CPU interpreter when there is no
-GPU, which must happen before any test module imports triton."""
+"""Shared test set-up.
+
+Import the book's package first: it switches Triton to its CPU interpreter when there is no GPU,
+which must happen before any test module imports triton. Every test runs with poisoned outputs:
+kernel output buffers start as NaN, so an entry a kernel forgets to write shows up.
+"""
+import pytest
+
 import kernels  # noqa: F401
+from kernels.attention import launch
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Kernel outputs start as NaN (on a GPU too, where it is off by default for speed)."""
+    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
+    yield

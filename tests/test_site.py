@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from kernels import booktools
+from kernels.tools import booktools
 from kernels.env import REPO_ROOT
 
 pytestmark = pytest.mark.site

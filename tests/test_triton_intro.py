@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels import triton_intro as ti
+from kernels.tools.source import source_of
 from kernels.env import native_bf16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,7 +62,7 @@ def test_tile_dot_native_bf16():
     lambda: ti.row_softmax(torch.zeros(3)),
     lambda: ti.tile_dot(torch.zeros(16, 16), torch.zeros(16, 16), upcast=True),
     lambda: ti.tile_dot(torch.zeros(16, 8).bfloat16(), torch.zeros(8, 16).bfloat16(), upcast=True),
-    lambda: ti.source_of(ti.add_kernel, start="no such line"),
+    lambda: source_of(ti.add_kernel, start="no such line"),
 ])
 def test_bad_input_is_refused(bad):
     with pytest.raises((ValueError, TypeError)):
@@ -96,5 +97,5 @@ def test_exercise_check_accepts_right_and_rejects_wrong_answers():
 
 
 def test_source_of_cuts_a_piece():
-    piece = ti.source_of(ti.softmax_kernel, start="row_max =", stop="tl.sum")
+    piece = source_of(ti.softmax_kernel, start="row_max =", stop="tl.sum")
     assert piece.lstrip().startswith("row_max") and "tl.sum" in piece.splitlines()[-1]

@@ -1,12 +1,15 @@
 """A small GPT-2 for reproducing the BF16 flash-attention training failure (chapter 6).
 
-model.py (the network, attention chosen per layer), attention.py (the paper's bf16 FA2 as an
-autograd function), data.py (offline corpus, recorded batch order), train.py (the training loop,
-DDP via torchrun), diagnostics.py (what is watched), search.py (many runs at once on one GPU).
+model.py (the network, attention chosen per layer), attention.py (attention specs: which
+implementation each layer uses), data.py (offline corpus, recorded batch order), train.py (the training loop,
+DDP via torchrun), diagnostics.py (what is watched), plans.py (the variants and named plans of runs),
+search.py (many runs at once, dealt over the visible GPUs), report.py (reading stored runs).
 """
-from .attention import AttnSpec, PaperFlashAttention, attend, exact_attention, parse_spec
+from ..attention.emulator import EmulatedAttention
+from .attention import AttnSpec, attend, exact_attention, parse_spec
 from .data import BatchOrder, Corpus, load_corpus
 from .model import GPT, GPTConfig
+from .plans import PLANS, VARIANTS, plan, variant_options
 
 _TRAIN_NAMES = ("TrainConfig", "Trainer", "lr_at", "run_training")
 
@@ -19,5 +22,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'kernels.gpt2' has no attribute {name!r}")
 
 
-__all__ = ["AttnSpec", "PaperFlashAttention", "attend", "exact_attention", "parse_spec", "BatchOrder",
-           "Corpus", "load_corpus", "GPT", "GPTConfig", *_TRAIN_NAMES]
+__all__ = ["AttnSpec", "EmulatedAttention", "attend", "exact_attention", "parse_spec", "BatchOrder",
+           "Corpus", "load_corpus", "GPT", "GPTConfig", "PLANS", "VARIANTS", "plan", "variant_options", *_TRAIN_NAMES]

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from ..emulate import round_to
+from ..numerics.rounding import round_to
 
 
 def spectral_norm(matrix: torch.Tensor) -> float:

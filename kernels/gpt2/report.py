@@ -9,7 +9,7 @@ import numpy as np
 
 from ..results import load
 from .diagnostics import find_explosion
-from .search import VARIANTS
+from .plans import VARIANTS
 
 VARIANT_NAMES = {"U": "paper bf16 (δ from bf16 O)", "F": "fp32 O for δ (control)",
                  "S": "stabilised (β=2)", "P": "δ = rowsum(dP∘P)", "A": "torch SDPA",

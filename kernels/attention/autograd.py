@@ -1,0 +1,105 @@
+"""``flash_attention``: the book's Triton FlashAttention-2 as a differentiable torch function.
+
+Usage mirrors ``torch.nn.functional.scaled_dot_product_attention`` on (batch, heads, seq,
+head_dim) tensors::
+
+    from kernels import flash_attention
+    out = flash_attention(q, k, v, causal=True)               # plain FA2
+    out = flash_attention(q, k, v, causal=True, stable=True)  # with the (β, ε) offset fix
+    out.sum().backward()
+
+:func:`backward_pass` runs the backward kernels on their own and also returns δ (chapter 4 uses
+it). The forward kernel is :mod:`.flash_fwd`, the backward kernels :mod:`.flash_bwd`. On a GPU
+with compute capability >= 8.0 bf16 runs natively; in the CPU interpreter and on older GPUs the
+explicit-rounding path gives the same numbers (pass ``explicit=`` to force a path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .flash_bwd import flash_backward
+from .flash_fwd import flash_forward
+from .launch import check_device, use_explicit
+from .options import AttentionOptions, check_tensors
+
+
+@dataclass
+class Gradients:
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    delta: torch.Tensor      # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
+    out: torch.Tensor        # the O the backward pass used
+    lse: torch.Tensor        # L = m + log ℓ of the forward pass
+
+
+def _prepare(q, k, v, opts: AttentionOptions, explicit):
+    """The one place a call's inputs are checked; returns the rounding path."""
+    opts.require_kernel()
+    check_tensors(q, k, v)
+    check_device(q)
+    return use_explicit(explicit)
+
+
+def _backward(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
+    out_fp32 = None
+    if opts.delta_source == "o_fp32":
+        # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
+        out_fp32, _, _ = flash_forward(q, k, v, opts, explicit=explicit, round_out=False,
+                                       checked=True)
+    dq, dk, dv, delta = flash_backward(q, k, v, out, d_out.to(q.dtype), lse, opts,
+                                       explicit=explicit, out_fp32=out_fp32)
+    return Gradients(dq, dk, dv, delta, out, lse)
+
+
+class FlashAttention(torch.autograd.Function):
+    """Forward: one kernel launch that stores O and L. Backward: δ, then dK/dV and dQ."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, opts: AttentionOptions, explicit: bool):
+        out, lse, _ = flash_forward(q, k, v, opts, explicit=explicit, checked=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.opts, ctx.explicit = opts, explicit
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        g = _backward(q, k, v, out, lse, grad_out, ctx.opts, ctx.explicit)
+        return g.dq, g.dk, g.dv, None, None
+
+
+def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=None, **options):
+    """softmax(Q Kᵀ · scale) V with the tiled FlashAttention-2 kernels; differentiable.
+
+    Args:
+        q, k, v: (batch, heads, seq, head_dim) tensors, one dtype (bf16, fp16, fp32, fp64),
+            one device; head_dim in (16, 32, 64, 128); any strides.
+        opts, **options: an :class:`AttentionOptions`, or its fields as keywords: ``causal``, ``scale``, ``stable``
+            (False/"off", "tile": Algorithm 3 per key tile as in the paper, True/"cross": ties
+            across tiles detected too), ``beta``, ``eps``, ``numerics`` ("fa2" or "paper"),
+            ``delta_source`` ("o", "dp", "o_fp32"), ``block_m``, ``block_n`` (powers of two
+            >= 16; default: autotuned on a GPU, 64×64 in the interpreter).
+        explicit: force the explicit-rounding path (True) or hardware bf16 (False).
+    """
+    opts = AttentionOptions(**options) if opts is None else opts
+    explicit = _prepare(q, k, v, opts, explicit)
+    return FlashAttention.apply(q, k, v, opts, explicit)
+
+
+def backward_pass(q, k, v, d_out, opts: AttentionOptions | None = None, *, out=None, lse=None,
+                  explicit=None, **options) -> Gradients:
+    """The backward kernels on their own: dQ, dK, dV and δ for the upstream gradient ``d_out``.
+
+    The forward pass runs first unless ``out`` and ``lse`` are given; giving another ``out``
+    (an fp32 O, or O rounded differently) is how chapter 4 measures what the rounding of O does to
+    δ and the gradients."""
+    opts = AttentionOptions(**options) if opts is None else opts
+    explicit = _prepare(q, k, v, opts, explicit)
+    if (out is None) != (lse is None):
+        raise ValueError("give both out and lse (from the same forward pass), or neither")
+    if out is None:
+        out, lse, _ = flash_forward(q, k, v, opts, explicit=explicit, checked=True)
+    return _backward(q, k, v, out, lse, d_out, opts, explicit)

@@ -1,0 +1,203 @@
+"""The FlashAttention-2 forward pass (Algorithm 1) in Triton, with the optional offset fix.
+
+One program owns ``BLOCK_M`` query rows of one (batch, head). It walks over the keys and
+values in tiles of ``BLOCK_N`` columns, keeping three running quantities per row::
+
+    S      = (Q K_jᵀ) · scale                 scores of this tile, fp32 accumulation
+    m_new  = offset rule on the running max   (plain: the running maximum of S)
+    P̄      = exp(S − m_new)                   unnormalised probabilities, every entry <= 1
+    α      = exp(m_old − m_new)               rescales what was accumulated so far
+    ℓ      = α ℓ + rowsum(P̄)                  running softmax denominator
+    acc    = α acc + rnd(P̄) V_j               running unnormalised output Ō (P̄ rounded to
+                                              bf16/fp16 before the tensor-core matmul)
+
+and at the end writes ``O = rnd(acc / ℓ)`` and the log-sum-exp ``L = m + log ℓ`` (fp32) that
+the backward pass needs to recompute P without storing it.
+
+It follows :mod:`kernels.attention.emulator` operation by operation (the numerics contract), in both
+numerics modes: ``PAPER=False`` is the FA2 recipe above; ``PAPER=True`` holds S, P̄, α, ℓ and
+acc in the low format like the paper's PyTorch code. ``STABLE`` picks the offset rule: off, ``TILE`` (the paper's
+per-tile Algorithm 3) or ``CROSS`` (Algorithm 3 on the running (max, tie count) of all tiles so
+far, which also sees a tie split between two tiles). The two steps of the tile loop are the jit
+helpers :func:`~kernels.attention.jit.offset_update` and :func:`~kernels.attention.jit.accumulate`.
+
+The same source serves every machine through two compile-time switches:
+
+``EXPLICIT=False`` (GPU >= sm_80)
+    tiles stay bf16/fp16, ``tl.dot`` runs on tensor cores with fp32 accumulation and each
+    rounding point is a hardware cast ``.to(tl.bfloat16)``.
+``EXPLICIT=True`` (Triton interpreter, GPUs < sm_80)
+    bf16 tensors arrive as their raw 16-bit patterns (``int16``), are widened to fp32 exactly,
+    multiplied with ``tl.dot(..., input_precision="ieee")`` (a product of two bf16 numbers is
+    exact in fp32) and rounded with
+    :func:`kernels.numerics.triton_rounding.round_low` at the same points.
+
+fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything in fp64
+(``tl.dot`` accepts fp64 operands in Triton 3.6, in the interpreter and on sm_80+ GPUs).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..numerics.triton_rounding import round_low
+from .jit import BF16, accumulate, load_tile, mma, offset_update, rnd_if, store_tile
+from .launch import (as_kernel_arg, check_device, kernel_params, new_output, pick_blocks,
+                     use_explicit, work_dtype)
+from .options import KERNEL_STABLE, LOW_CODES, AttentionOptions, check_tensors
+
+
+@triton.jit
+def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               m, rm, rs, ell, acc, rows, lo, hi, N_K, scale, beta, eps,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, STABLE: tl.constexpr, PAPER: tl.constexpr,
+               LOW: tl.constexpr, EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr):
+    """Key/value tiles [lo, hi): the online-softmax update. ``MASKED`` tiles may hold keys past
+    the end of the sequence or (causal) keys after the query; the others are fully visible."""
+    cols0 = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + cols0
+        in_seq = cols < N_K
+        k_t = load_tile(k_base + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
+                        in_seq[None, :], LOW, EXPLICIT, MASKED)             # Kᵀ: (D, BLOCK_N)
+        v = load_tile(v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
+                      in_seq[:, None], LOW, EXPLICIT, MASKED)               # V: (BLOCK_N, D)
+        # S = (Q Kᵀ)·scale; the paper's code rounds the product and the scaled scores
+        scores = rnd_if(mma(q, k_t, LOW, EXPLICIT), PAPER, LOW, EXPLICIT)
+        scores = rnd_if(scores * scale, PAPER, LOW, EXPLICIT)
+        if MASKED:
+            visible = in_seq[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+        # m_new: the offset this tile's P̄ = exp(S − m_new) uses (running max, or Algorithm 3)
+        m_new, rm, rs = offset_update(scores, m, rm, rs, beta, eps, STABLE, PAPER, LOW, EXPLICIT)
+        # ℓ = α ℓ + rowsum(P̄),  Ō = α Ō + rnd(P̄) V_j,  α = exp(m − m_new)
+        ell, acc = accumulate(scores, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P)
+        m = m_new
+    return m, rm, rs, ell, acc
+
+
+@triton.jit
+def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
+                      stride_qb, stride_qh, stride_qn, stride_qd,
+                      stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd,
+                      stride_ob, stride_oh, stride_on, stride_od,
+                      H, N_Q, N_K,
+                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STABLE: tl.constexpr,
+                      PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                      ROUND_OUT: tl.constexpr, STORE_OFFSET: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    # scale, beta, eps as the working dtype (fp32, or fp64 for fp64 inputs), read from memory
+    scale = tl.load(PARAMS)
+    beta = tl.load(PARAMS + 1)
+    eps = tl.load(PARAMS + 2)
+
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < N_Q
+    q = load_tile(Q + b * stride_qb + h * stride_qh
+                  + rows[:, None] * stride_qn + dims[None, :] * stride_qd,
+                  row_ok[:, None], LOW, EXPLICIT, True)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+
+    work = PARAMS.dtype.element_ty
+    m = tl.full([BLOCK_M], float("-inf"), work)    # offset used for P̄ so far
+    rm = tl.full([BLOCK_M], float("-inf"), work)   # raw running maximum
+    rs = tl.zeros([BLOCK_M], work)                 # running tie count ("cross")
+    ell = tl.zeros([BLOCK_M], work)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], work)
+
+    # Stage 1: tiles every row of this block sees completely (no mask needed).
+    if CAUSAL:
+        hi_full = (tl.minimum(start_m * BLOCK_M, N_K) // BLOCK_N) * BLOCK_N
+    else:
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
+    m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                     stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
+                                     scale, beta, eps, BLOCK_N, HEAD_DIM, False, CAUSAL,
+                                     STABLE, PAPER, LOW, EXPLICIT, ROUND_OUT)
+    # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
+    # for every row of the block (keys after the block's last query) are skipped.
+    if CAUSAL:
+        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
+    else:
+        hi = N_K
+    m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                     stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
+                                     scale, beta, eps, BLOCK_N, HEAD_DIM, True, CAUSAL,
+                                     STABLE, PAPER, LOW, EXPLICIT, ROUND_OUT)
+
+    out = acc / ell[:, None]
+    if ROUND_OUT:
+        out = round_low(out, LOW, EXPLICIT)
+    store_tile(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
+               + dims[None, :] * stride_od, out, row_ok[:, None],
+               ROUND_OUT and LOW == BF16 and EXPLICIT)
+    stat = bh * N_Q + rows
+    tl.store(LSE + stat, m + tl.log(ell), mask=row_ok)
+    if STORE_OFFSET:
+        tl.store(ROW_OFFSET + stat, m, mask=row_ok)
+
+
+def _autotune_configs():
+    """A few tile shapes that suit an H100/A100 for head dims 64 and 128 (bf16/fp16 only)."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+            for bm, bn, warps, stages in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+                                          (64, 64, 4, 3)]]
+
+
+_flash_fwd_tuned = triton.autotune(configs=_autotune_configs(),
+                                   key=["N_K", "HEAD_DIM", "CAUSAL", "STABLE", "PAPER", "LOW",
+                                        "EXPLICIT", "ROUND_OUT"])(_flash_fwd_kernel)
+
+
+def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=None,
+                  round_out=True, return_offset=False, checked=False, **options):
+    """Run the forward kernel on (batch, heads, seq, head_dim) tensors.
+
+    ``opts`` (or the same fields as keywords: ``causal=True, stable="cross"``...) says what to
+    compute. Returns ``(out, lse, row_offset)``: ``out`` in the inputs' dtype, or with
+    ``round_out=False`` in fp32 for low-precision inputs (O without FA2's two roundings: P̄
+    before P̄V, and acc/ℓ); ``lse`` (fp32, fp64 for fp64 inputs) of shape (batch, heads, seq_q);
+    the final offset m per row if ``return_offset`` (else None). ``checked=True``: the caller has
+    already checked the tensors and resolved ``explicit`` (the autograd function does).
+    """
+    opts = AttentionOptions(**options) if opts is None else opts
+    if not checked:
+        opts.require_kernel()
+        check_tensors(q, k, v)
+        check_device(q)
+        explicit = use_explicit(explicit)
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    work = work_dtype(q.dtype)
+    low_out = round_out or q.dtype in (torch.float32, torch.float64)
+    out = new_output(q.shape, q.dtype if low_out else work, q.device)
+    lse = new_output((batch, heads, n_q), work, q.device)
+    offset = new_output(lse.shape, work, q.device) if return_offset else lse
+    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, q.dtype, q.device)
+    qa, ka, va = (as_kernel_arg(t, explicit) for t in (q, k, v))
+    oa = as_kernel_arg(out, explicit)
+    args = (qa, ka, va, oa, lse, offset, params, *qa.stride(), *ka.stride(), *va.stride(),
+            *oa.stride(), heads, n_q, n_k)
+    consts = dict(HEAD_DIM=d, CAUSAL=opts.causal, STABLE=KERNEL_STABLE[opts.stable],
+                  PAPER=opts.numerics == "paper", LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
+                  ROUND_OUT=bool(low_out), STORE_OFFSET=bool(return_offset))
+    blocks = pick_blocks(opts.block_m, opts.block_n, q.dtype, explicit)
+    if blocks is None:
+        grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+        _flash_fwd_tuned[grid](*args, **consts)
+    else:
+        grid = (triton.cdiv(n_q, blocks[0]), batch * heads)
+        _flash_fwd_kernel[grid](*args, **consts, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+    return out, lse, (offset if return_offset else None)

@@ -1,0 +1,169 @@
+"""Triton helpers shared by the forward and backward kernels (inlined where they are called).
+
+Two compile-time switches run through all of them:
+
+``LOW``       the low-precision format: :data:`BF16`, :data:`FP16`, or fp32/fp64 (no rounding);
+``EXPLICIT``  bf16 carried in fp32 registers and rounded with integer arithmetic (Triton's CPU
+              interpreter and GPUs older than sm_80), instead of hardware bf16.
+
+The two steps of the forward pass's tile loop are here too, named as the emulator names them:
+:func:`offset_update` (which offset m the new tile is exponentiated against) and
+:func:`accumulate` (the online-softmax update of ℓ and Ō).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..numerics.triton_rounding import round_low
+from .options import LOW_BF16, LOW_FP16, STABLE_CROSS, STABLE_TILE
+
+# named compile-time codes (kernels compare ``LOW == BF16``, never ``LOW == 0``)
+BF16 = tl.constexpr(LOW_BF16)
+FP16 = tl.constexpr(LOW_FP16)
+TILE = tl.constexpr(STABLE_TILE)
+CROSS = tl.constexpr(STABLE_CROSS)
+
+
+@triton.jit
+def load_tile(ptrs, mask, LOW: tl.constexpr, EXPLICIT: tl.constexpr, MASKED: tl.constexpr):
+    """Load a tile as the dtype ``tl.dot`` will take: low precision on the native path,
+    fp32 (bf16/fp16/fp32 inputs) or fp64 on the explicit / high-precision paths."""
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        x = tl.load(ptrs)
+    if LOW == BF16 and EXPLICIT:
+        # raw bf16 bit patterns (int16): widen to the fp32 with the same value, exactly
+        x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif LOW == FP16 and EXPLICIT:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def store_tile(ptrs, x, mask, BITS: tl.constexpr):
+    """Store a tile whose values are already representable in the destination format;
+    ``BITS``: the destination holds bf16 as raw 16-bit patterns (explicit path)."""
+    if BITS:
+        # bf16 as raw bits: the top half of the fp32 pattern (x is already rounded)
+        bits = (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+        tl.store(ptrs, bits, mask=mask)
+    else:
+        tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def to_operand(x, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Round a working-precision tile to the low format and give it the dtype of a dot operand."""
+    if LOW == BF16 and not EXPLICIT:
+        return x.to(tl.bfloat16)
+    elif LOW == FP16 and not EXPLICIT:
+        return x.to(tl.float16)
+    else:
+        return round_low(x, LOW, EXPLICIT)
+
+
+@triton.jit
+def mma(a, b, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """a @ b with fp32 accumulation (fp64 for fp64 inputs); ieee products off the native path."""
+    if (LOW == BF16 or LOW == FP16) and not EXPLICIT:
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def mma_acc(a, b, acc, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """acc + a @ b, the addition done inside the matmul (one fp32 accumulator)."""
+    if (LOW == BF16 or LOW == FP16) and not EXPLICIT:
+        return tl.dot(a, b, acc)
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc.dtype)
+
+
+@triton.jit
+def rnd_if(x, DO: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """A rounding point that exists only in some numerics mode (``DO``)."""
+    if DO:
+        return round_low(x, LOW, EXPLICIT)
+    else:
+        return x
+
+
+@triton.jit
+def offset_rule(rm, rs, beta, PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Algorithm 3: m = β·rm if rm > 0 and rs > 1; 0 if rm < 0 and rs > 1; rm otherwise."""
+    tied = rs > 1
+    m = tl.where(tied & (rm > 0), rnd_if(beta * rm, PAPER, LOW, EXPLICIT), rm)
+    return tl.where(tied & (rm < 0), 0.0, m)
+
+
+@triton.jit
+def offset_update(scores, m, rm, rs, beta, eps, STABLE: tl.constexpr, PAPER: tl.constexpr,
+                  LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """The offset m_new this tile's P̄ = exp(S − m_new) uses; also the raw running maximum rm
+    and (``CROSS``) the running tie count rs. Returns (m_new, rm_new, rs)."""
+    tile_max = tl.max(scores, 1)
+    rm_new = tl.maximum(rm, tile_max)                  # raw running maximum of S
+    if STABLE == TILE:
+        # the paper's rule on this tile alone: ties in other tiles are invisible
+        near = rnd_if(tile_max - eps, PAPER, LOW, EXPLICIT)
+        tile_ties = tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1)
+        # a row whose keys are all masked in this tile has no tie (not "all tied at -inf")
+        tile_ties = tl.where(tile_max == float("-inf"), 0.0, tile_ties).to(rm.dtype)
+        m_new = tl.maximum(m, offset_rule(tile_max, tile_ties, beta, PAPER, LOW, EXPLICIT))
+    elif STABLE == CROSS:
+        # the rule on the running maximum and running tie count of all tiles so far
+        # (near is finite once a row has seen a key, so masked -inf scores never count)
+        near = rnd_if(rm_new - eps, PAPER, LOW, EXPLICIT)
+        carried = tl.where(rm >= near, rs, 0.0)        # old ties still within eps of the max?
+        rs = carried + tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1).to(rm.dtype)
+        # m never decreases (as in the emulator): α = exp(m_old − m_new) <= 1 cannot overflow
+        m_new = tl.maximum(m, offset_rule(rm_new, rs, beta, PAPER, LOW, EXPLICIT))
+    else:
+        m_new = rm_new
+    return m_new, rm_new, rs
+
+
+@triton.jit
+def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.constexpr,
+               EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr):
+    """The online-softmax update for one tile: P̄ = exp(S − m_new), α = exp(m_old − m_new),
+    ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V. Returns (ℓ, Ō)."""
+    # a row that has seen no key keeps m = -inf: use 0 so exp(-inf - m) is 0, not NaN
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p_bar = tl.exp(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT))
+    p_bar = rnd_if(p_bar, PAPER, LOW, EXPLICIT)
+    alpha = rnd_if(tl.exp(rnd_if(m - m_safe, PAPER, LOW, EXPLICIT)), PAPER, LOW, EXPLICIT)
+    if PAPER:
+        pv = mma(to_operand(p_bar, LOW, EXPLICIT), v, LOW, EXPLICIT)   # P̄ V_j
+        row_sum = round_low(tl.sum(p_bar, 1), LOW, EXPLICIT)
+        ell = round_low(round_low(alpha * ell, LOW, EXPLICIT) + row_sum, LOW, EXPLICIT)
+        acc = round_low(round_low(alpha[:, None] * acc, LOW, EXPLICIT)
+                        + round_low(pv, LOW, EXPLICIT), LOW, EXPLICIT)
+    else:
+        ell = alpha * ell + tl.sum(p_bar, 1)
+        # Ō = α Ō + rnd(P̄) V_j; the addition happens inside the fp32 MMA accumulator
+        # (only the fp32 summation order differs from computing P̄ V_j first)
+        if ROUND_P:
+            acc = mma_acc(to_operand(p_bar, LOW, EXPLICIT), v, alpha[:, None] * acc,
+                          LOW, EXPLICIT)
+        else:
+            # O in full precision (δ source "o_fp32"): P̄ unrounded, fp32 products
+            acc = tl.dot(p_bar, v.to(p_bar.dtype), alpha[:, None] * acc,
+                         input_precision="ieee", out_dtype=acc.dtype)
+    return ell, acc
+
+
+@triton.jit
+def load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh, stride_qn, stride_qd,
+              stride_db, stride_dh, stride_dn, stride_dd, N_Q, LOW: tl.constexpr,
+              EXPLICIT: tl.constexpr):
+    """A query tile's Q, dO and L (the backward kernels that walk over key tiles)."""
+    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
+                  + dims[None, :] * stride_qd, ok[:, None], LOW, EXPLICIT, True)
+    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
+    return q, do, lse

@@ -1,0 +1,170 @@
+"""What an attention call computes, said once: :class:`AttentionOptions`, validated on creation.
+
+The Triton kernels, the emulator, the autograd function and the GPT-2 attention specs all take
+one of these, so every option has one meaning and one check. A consumer that supports only part
+of the space says so with a *capability* check (``opts.require_kernel()``), never by validating
+the options again. Tensors are checked separately, once per call (:func:`check_tensors`).
+
+The codes below are the compile-time constants the Triton kernels branch on (``STABLE ==
+STABLE_CROSS`` rather than ``STABLE == 2``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
+
+__all__ = ["AttentionOptions", "check_tensors", "NUMERICS", "STABLE_MODES", "KERNEL_STABLE",
+           "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
+           "LOW_FP16", "LOW_FP32", "LOW_FP64", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+
+NUMERICS = ("fa2", "paper")
+# the offset rule: off = running max; tile = the paper's Algorithm 3 per key tile; cross = the
+# rule on the running (max, tie count) of all tiles so far; always / offset = Appendix C's
+# unconditional rule and a fixed shift (emulator only)
+STABLE_MODES = ("off", "tile", "cross", "always", "offset")
+STABLE_OFF, STABLE_TILE, STABLE_CROSS = 0, 1, 2
+KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
+# where the backward pass takes δ = rowsum(dO ∘ O) from
+DELTA_SOURCES = ("o", "dp", "o_fp32")
+ACC_ROUNDINGS = ("rne", "sr")
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _stable(stable) -> str:
+    """False/None/'off' -> 'off', True/'cross' -> 'cross', other mode names as they are."""
+    if stable is False or stable is None:
+        return "off"
+    if stable is True:
+        return "cross"
+    if isinstance(stable, str) and stable in STABLE_MODES:
+        return stable
+    raise ValueError(f"stable must be False, True or one of {STABLE_MODES}, got {stable!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions:
+    """Everything that decides the numbers of one attention call, except the tensors.
+
+    causal        hide key j from query i when j > i (top-left aligned)
+    scale         multiplies QKᵀ; None: 1/√head_dim
+    numerics      "fa2": fp32 accumulation, P̄ rounded before P̄V, O rounded once;
+                  "paper": S, P̄, α, ℓ and Ō held in the low format (the paper's PyTorch code)
+    stable        the offset rule (see ``STABLE_MODES``); True means "cross", False "off"
+    beta, eps     Algorithm 3's β (> 1) and ε (≥ 0); offset: the fixed shift of "offset"
+    delta_source  "o" (FA2), "dp" (rowsum(dP ∘ P)) or "o_fp32" (O recomputed unrounded)
+    block_m, block_n  tile sizes; None: the kernel's choice (emulator: 64 keys)
+    acc_bits      paper numerics only: Ō held with this many mantissa bits (7 = bf16)
+    acc_rounding  "rne" or "sr" (stochastic) for Ō at acc_bits < 7
+    """
+    causal: bool = False
+    scale: float | None = None
+    numerics: str = "fa2"
+    stable: str = "off"
+    beta: float = 2.0
+    eps: float = 1e-3
+    offset: float = 0.0
+    delta_source: str = "o"
+    block_m: int | None = None
+    block_n: int | None = None
+    acc_bits: int | None = None
+    acc_rounding: str = "rne"
+
+    def __post_init__(self):
+        fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        fix("causal", bool(self.causal))
+        fix("stable", _stable(self.stable))
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
+        if self.delta_source not in DELTA_SOURCES:
+            raise ValueError(f"delta_source must be one of {DELTA_SOURCES}, got {self.delta_source!r}")
+        fix("beta", _number("beta", self.beta))
+        fix("eps", _number("eps", self.eps))
+        fix("offset", _number("offset", self.offset))
+        if self.stable not in ("off", "offset") and not self.beta > 1:
+            raise ValueError(f"beta must be > 1 (got {self.beta:g}): with beta <= 1 the tied "
+                             "maxima keep P̄ = 1")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps:g}")
+        if self.scale is not None:
+            scale = _number("scale", self.scale)
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"scale must be a positive finite number, got {scale:g}")
+            fix("scale", scale)
+        for name in ("block_m", "block_n"):
+            blk = getattr(self, name)
+            if blk is not None and (isinstance(blk, bool) or not isinstance(blk, int) or blk < 1):
+                raise ValueError(f"{name} must be a positive number of rows/keys, got {blk!r}")
+        self._check_accumulator()
+
+    def _check_accumulator(self):
+        if self.acc_rounding not in ACC_ROUNDINGS:
+            raise ValueError(f"acc_rounding must be 'rne' or 'sr', got {self.acc_rounding!r}")
+        if self.acc_bits is None:
+            if self.acc_rounding == "sr":
+                raise ValueError("acc_rounding='sr' needs acc_bits (1..7): it rounds the "
+                                 "amplifier format")
+            return
+        if self.numerics != "paper":
+            raise ValueError(f"acc_bits needs numerics='paper' (got {self.numerics!r})")
+        if isinstance(self.acc_bits, bool) or not 1 <= int(self.acc_bits) <= 7:
+            raise ValueError(f"acc_bits must be 1..7 (bf16 keeps 7 mantissa bits), got "
+                             f"{self.acc_bits}")
+
+    def replace(self, **changes) -> "AttentionOptions":
+        return dataclasses.replace(self, **changes)
+
+    def scale_for(self, head_dim: int) -> float:
+        return 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
+
+    def require_kernel(self) -> None:
+        """What the Triton kernels can do: three offset rules, power-of-two tiles >= 16, no
+        amplifier format."""
+        if self.stable not in KERNEL_STABLE:
+            raise ValueError(f"the Triton kernels implement stable = {tuple(KERNEL_STABLE)}; "
+                             f"{self.stable!r} exists only in the emulator")
+        if self.acc_bits is not None:
+            raise ValueError("acc_bits (the narrower Ō) exists only in the emulator")
+        for name in ("block_m", "block_n"):
+            blk = getattr(self, name)
+            if blk is not None and (blk < 16 or blk & (blk - 1)):
+                raise ValueError(f"{name} must be a power of two >= 16 for the kernels, got {blk!r}")
+
+
+def check_tensors(q, k, v, *, kernel: bool = True) -> None:
+    """Raise a clear TypeError/ValueError for q, k, v that the kernels (or, with
+    ``kernel=False``, the emulator: any (..., N, D) shape and float dtype) cannot take."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if kernel and t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seq, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16, "
+                            "float32, float64")
+    if kernel and not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"shapes do not match: k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"shapes do not match: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads "
+                         "and head_dim")
+    if kernel and q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {q.shape[-1]} is not supported; supported head dims: "
+                         f"{SUPPORTED_HEAD_DIMS}")
+    if q.shape[-2] < 1 or k.shape[-2] < 1:
+        raise ValueError(f"sequence lengths must be >= 1, got {q.shape[-2]} and {k.shape[-2]}")

@@ -1,0 +1,264 @@
+"""The Triton forward kernel (kernels.flash_fwd).
+
+* accuracy against the fp64 golden output for every dtype, head dim, causal/non-causal and
+  sequence lengths that are not multiples of the tile;
+* the numerics contract: the kernel against the emulator (kernels.emulate) in both numerics
+  modes and all three offset rules;
+* the offset fix: the stabilised output stays close to the plain one, and the largest P̄ of a
+  row with tied maxima is < 1 — also when the tie is split across two key tiles ("cross"),
+  where the paper's per-tile rule ("tile") misses it and max P̄ stays exactly 1;
+* every output element written (buffers are NaN-poisoned before launch), strided inputs.
+
+Inputs are fresh random numbers on every run. On the CPU the kernel runs in the Triton
+interpreter at small sizes; kernels.gpu_check runs this file natively on a GPU at larger ones.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels  # noqa: F401
+from kernels.attention import emulator as emulate
+from kernels.env import native_bf16
+from kernels.attention.flash_fwd import flash_forward
+from kernels.attention.options import SUPPORTED_HEAD_DIMS
+from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
+from kernels.numerics.rounding import ulp_distance
+
+ON_GPU = native_bf16()
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+# ‖out − ref‖/‖ref‖ allowed: a few units of each format's rounding error (2^-9 for bf16).
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
+             torch.float64: 1e-12}
+# Fixed tiles: several key tiles even at CPU sizes, and on a GPU no autotuning per test case
+# (the autotuned default is exercised by kernels.gpu_check and tests/test_attention.py).
+BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else dict(block_m=32, block_n=32)
+
+
+def randn(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def qkv(batch, heads, n, d, dtype, n_k=None):
+    n_k = n if n_k is None else n_k
+    return randn(batch, heads, n, d, dtype=dtype), randn(batch, heads, n_k, d, dtype=dtype), \
+        randn(batch, heads, n_k, d, dtype=dtype)
+
+
+# Every dtype meets every head dim once, causal and not; lengths are not multiples of 32.
+ACCURACY_CASES = [(dtype, d, causal, n)
+                  for i, dtype in enumerate(DTYPES)
+                  for j, d in enumerate(SUPPORTED_HEAD_DIMS)
+                  for causal, n in ((False, 37 + 8 * ((i + j) % 3)), (True, 61))
+                  if (i + j) % 2 == 0 or d in (16, 32)]
+ACCURACY_CASES += [(dtype, d, causal, 61) for dtype in DTYPES for d in (64, 128)
+                   for causal in (False, True) if (dtype, d, causal, 61) not in ACCURACY_CASES
+                   and not any(c[:3] == (dtype, d, causal) for c in ACCURACY_CASES)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,causal,n", ACCURACY_CASES,
+                         ids=[f"{str(c[0])[6:]}-d{c[1]}-{'causal' if c[2] else 'full'}-n{c[3]}"
+                              for c in ACCURACY_CASES])
+def test_forward_matches_fp64(dtype, head_dim, causal, n):
+    n = n * 5 if ON_GPU else n
+    q, k, v = qkv(1, 2, n, head_dim, dtype)
+    out, lse, _ = flash_forward(q, k, v, causal=causal, **BLOCKS)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert not torch.isnan(out).any(), "an output element was never written"
+    assert not torch.isnan(lse).any(), "an L entry was never written"
+    err = relative_error(out, attention_fp64(q, k, v, causal))
+    assert err < TOLERANCE[dtype], f"relative error {err:.3g}"
+    lse_err = (lse.double() - lse_fp64(q, k, causal)).abs().max().item()
+    assert lse_err < (1e-12 if dtype == torch.float64 else 1e-4)
+
+
+def test_all_dtypes_and_head_dims_are_covered():
+    # the parametrisation above must keep meeting the brief when someone edits it
+    for dtype in DTYPES:
+        for causal in (False, True):
+            assert any(c[0] == dtype and c[2] == causal for c in ACCURACY_CASES)
+    for d in SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            assert any(c[1] == d and c[2] == causal for c in ACCURACY_CASES)
+    assert any(c[3] % 32 for c in ACCURACY_CASES)
+
+
+def test_different_query_and_key_lengths():
+    q, k, v = qkv(2, 1, 19, 32, torch.float32, n_k=45)
+    for causal in (False, True):
+        out, _, _ = flash_forward(q, k, v, causal=causal, block_m=16, block_n=16)
+        assert relative_error(out, attention_fp64(q, k, v, causal)) < 2e-5
+
+
+def test_block_sizes_do_not_change_the_math():
+    q, k, v = qkv(1, 1, 50, 16, torch.float32)
+    ref = attention_fp64(q, k, v, True)
+    for bm, bn in ((16, 16), (16, 32), (32, 16), (64, 64)):
+        out, _, _ = flash_forward(q, k, v, causal=True, block_m=bm, block_n=bn)
+        assert relative_error(out, ref) < 2e-5, (bm, bn)
+
+
+# --- the numerics contract --------------------------------------------------------------
+def compare_with_emulator(q, k, v, *, causal, numerics, stable, block_n, block_m=32, beta=2.0):
+    out, lse, offset = flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable,
+                                     beta=beta, block_m=block_m, block_n=block_n,
+                                     return_offset=True)
+    emu = emulate.flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable,
+                                beta=beta, low=q.dtype, block_n=block_n)
+    return out, (lse - emu.lse).abs().max().item(), offset, emu
+
+
+def assert_close_to_emulator(out, emu_out, min_identical, paper):
+    """Bit-identical on >= ``min_identical`` of the entries; beyond 1 ulp only by what flipped
+    roundings explain: one ulp of the row's largest output (2^-7 relative for bf16, 2^-10 for
+    fp16), two in the paper's numerics where the accumulator itself is rounded every tile."""
+    mantissa = 7 if out.dtype == torch.bfloat16 else 10
+    ulps = ulp_distance(out, emu_out)
+    identical = (ulps == 0).float().mean().item()
+    assert identical >= min_identical, f"only {identical:.4f} of the outputs are bit-identical"
+    row_scale = emu_out.float().abs().amax(-1, keepdim=True)
+    gap = (out.float() - emu_out.float()).abs()
+    allowed = (2.0 if paper else 1.0) * 2.0 ** -mantissa * row_scale
+    explained = (ulps <= 1) | (gap <= allowed)
+    worst = (gap / row_scale).max().item()
+    assert explained.all(), (f"{(~explained).sum().item()} entries differ by more; worst "
+                             f"|diff| = {worst:.3g} of the row's largest output")
+    return ulps
+
+
+@pytest.mark.parametrize("numerics", ["fa2", "paper"])
+@pytest.mark.parametrize("stable", ["off", "tile", "cross"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_follows_the_emulator(numerics, stable, causal):
+    """Same operations, same rounding points: the outputs agree bit for bit except for rare
+    flips. Those come from fp32 values that differ in their last bit before a rounding point
+    (the kernel's tl.dot and tl.sum add in a different order than torch's matmul and sum, and
+    tl.exp is not torch.exp bit for bit) and happen to straddle a bf16 rounding boundary. A flip
+    of the output's own rounding is 1 ulp. A flip of one rounded P̄ entry moves the output by
+    about 2^-8·P̄·v/ℓ: at most 1 ulp of the row's largest output, but many ulps of an output that
+    is tiny because its terms cancel."""
+    n = 300 if ON_GPU else 70
+    q, k, v = qkv(2, 2, n, 32, torch.bfloat16)
+    if causal and stable == "tile":
+        # The emulator counts a tile that is fully masked for a row as a tie at rm = -inf and
+        # then moves that row's offset to 0 (kernel: masked keys are never ties). A positive
+        # score on the diagonal (k_i = q_i) keeps every row maximum > 0, where that is a no-op.
+        k = q.clone()
+    out, lse_diff, offset, emu = compare_with_emulator(q, k, v, causal=causal,
+                                                       numerics=numerics, stable=stable,
+                                                       block_n=16)
+    assert_close_to_emulator(out, emu.out, 0.99, numerics == "paper")
+    assert lse_diff < 1e-5
+    assert (offset - emu.row_offset).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("numerics", ["fa2", "paper"])
+def test_kernel_follows_the_emulator_fp16(numerics):
+    q, k, v = qkv(1, 2, 45, 64, torch.float16)
+    out, lse_diff, _, emu = compare_with_emulator(q, k, v, causal=True, numerics=numerics,
+                                                  stable="cross", block_n=32)
+    assert_close_to_emulator(out, emu.out, 0.98, numerics == "paper")
+    assert lse_diff < 1e-5
+
+
+def test_tile_rule_ignores_fully_masked_tiles():
+    # Row 0 of a causal problem sees one key. If its score is negative, the plain max is the
+    # right offset; the kernel must not treat the masked keys of later tiles as a tie.
+    q, k, v = qkv(1, 1, 40, 16, torch.bfloat16)
+    k[0, 0, 0] = -q[0, 0, 0]
+    _, _, offset = flash_forward(q, k, v, causal=True, stable="tile", block_m=16, block_n=16,
+                                 return_offset=True)
+    s00 = (q[0, 0, 0].float() @ k[0, 0, 0].float()).item() * 0.25
+    assert s00 < 0 and offset[0, 0, 0].item() == pytest.approx(s00, rel=1e-6)
+
+
+# --- the offset fix ---------------------------------------------------------------------
+def tied_problem(first, second, n=64, d=32):
+    """Integer-valued q, k (every dot product exact in fp32; the tests pass the dyadic scale
+    1/8) where every query row's largest score is reached by exactly two keys, at columns
+    ``first`` and ``second``."""
+    q = torch.randint(-1, 2, (1, 1, n, d), device=DEVICE).float()
+    q[..., 0] = 1.0
+    k = torch.randint(-1, 2, (1, 1, n, d), device=DEVICE).float()
+    v = torch.randn(1, 1, n, d, device=DEVICE)
+    q[0, 0, :] = q[0, 0, :1]          # one query direction for every row ...
+    k[0, 0, first] = 2 * q[0, 0, 0]   # ... and two identical keys twice as long: the maxima
+    k[0, 0, second] = 2 * q[0, 0, 0]
+    return (t.to(torch.bfloat16) for t in (q, k, v))
+
+
+def max_p_bar(q, k, offset, scale):
+    """max_j exp(S_ij − m_i) per row, with S exact (integer dot products, dyadic scale)."""
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    return torch.exp(scores.amax(-1) - offset)
+
+
+@pytest.mark.parametrize("where", ["same tile", "two tiles"])
+def test_offset_fix_pushes_max_p_bar_below_one(where):
+    first, second = (3, 9) if where == "same tile" else (15, 16)   # block_n = 16
+    q, k, v = tied_problem(first, second)
+    scale = 0.125
+    plain, _, off_plain = flash_forward(q, k, v, scale=scale, block_m=16, block_n=16,
+                                        return_offset=True)
+    assert (max_p_bar(q, k, off_plain, scale) == 1).all()       # plain FA2: the max is 1
+    cross, _, off_cross = flash_forward(q, k, v, scale=scale, stable="cross", block_m=16,
+                                        block_n=16, return_offset=True)
+    tile, _, off_tile = flash_forward(q, k, v, scale=scale, stable="tile", block_m=16,
+                                      block_n=16, return_offset=True)
+    assert (max_p_bar(q, k, off_cross, scale) < 1).all()        # cross always sees the tie
+    if where == "same tile":
+        assert (max_p_bar(q, k, off_tile, scale) < 1).all()
+    else:
+        # the paper's per-tile rule sees one maximum per tile: no tie, P̄ max stays exactly 1
+        assert (max_p_bar(q, k, off_tile, scale) == 1).all()
+    ref = attention_fp64(q, k, v, scale=scale)
+    for out in (plain, cross, tile):
+        assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    assert relative_error(cross, plain) < 1e-2
+
+
+@pytest.mark.parametrize("stable", ["tile", "cross"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_stabilised_forward_stays_close_to_plain(stable, causal):
+    q, k, v = qkv(1, 2, 53, 64, torch.bfloat16)
+    plain, lse_plain, _ = flash_forward(q, k, v, causal=causal, **BLOCKS)
+    fixed, lse_fixed, _ = flash_forward(q, k, v, causal=causal, stable=stable, beta=4.0,
+                                        **BLOCKS)
+    ref = attention_fp64(q, k, v, causal)
+    assert relative_error(fixed, ref) < TOLERANCE[torch.bfloat16]
+    assert relative_error(fixed, plain) < 1e-2
+    # L = m + log ℓ is the true log-sum-exp whatever offset m was used
+    assert (lse_fixed - lse_plain).abs().max().item() < 1e-4
+
+
+# --- every element written, any strides ----------------------------------------------------
+@pytest.mark.parametrize("n,block", [(1, 16), (17, 16), (33, 32), (100, 64)])
+def test_every_element_is_written(n, block):
+    # flash_forward fills O, L and the offsets with NaN before the launch
+    q, k, v = qkv(2, 1, n, 16, torch.bfloat16)
+    for causal in (False, True):
+        out, lse, offset = flash_forward(q, k, v, causal=causal, block_m=block, block_n=16,
+                                         return_offset=True, stable="cross")
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+        assert not torch.isnan(offset).any()
+
+
+def test_strided_inputs_give_the_same_result():
+    # (batch, seq, heads, dim) storage seen as (batch, heads, seq, dim), and a sliced head dim
+    q = randn(1, 41, 2, 32).transpose(1, 2)
+    k = randn(1, 2, 41, 64)[..., ::2]
+    v = randn(1, 41, 2, 32).permute(0, 2, 1, 3)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    for causal in (False, True):
+        strided, _, _ = flash_forward(q, k, v, causal=causal, block_m=32, block_n=16)
+        dense, _, _ = flash_forward(q.contiguous(), k.contiguous(), v.contiguous(),
+                                    causal=causal, block_m=32, block_n=16)
+        assert torch.equal(strided, dense)
+
+
+def test_scale_is_used():
+    q, k, v = qkv(1, 1, 20, 16, torch.float64)
+    out, _, _ = flash_forward(q, k, v, scale=0.3)
+    assert relative_error(out, attention_fp64(q, k, v, scale=0.3)) < 1e-12
+    assert relative_error(out, attention_fp64(q, k, v)) > 1e-3   # default 1/sqrt(16) differs
