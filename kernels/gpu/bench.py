@@ -84,7 +84,7 @@ def sdpa_fn(backend=None, causal=True):
 
 def flash_fn(causal=True, **options):
     """The book's kernel with fixed options, as attn(q, k, v)."""
-    from .attention import flash_attention
+    from ..attention import flash_attention
 
     def attn(q, k, v):
         return flash_attention(q, k, v, causal=causal, **options)

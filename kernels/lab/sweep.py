@@ -86,7 +86,7 @@ def sweep_config(base: Case | None = None, **kw) -> dict:
 
 def save_cpu_sweep(beta=2.0, eps=1e-3, seed=0) -> str:
     """Recompute the chapter's sweep on the CPU and store it as results/lab_sweep_cpu.json."""
-    from . import results
+    from .. import results
     records = sweep(beta=beta, eps=eps, seed=seed)
     config = sweep_config(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, impls=SWEEP_IMPLS,
                           beta=beta, eps=eps, seed=seed)
