@@ -81,6 +81,7 @@ class ForwardResult:
     row_offset: torch.Tensor  # the final m of each row (the value P̄ = exp(S - m) used)
     row_sum: torch.Tensor    # the final ℓ of each row
     ties: torch.Tensor       # bool: did the rule see a repeated maximum (rs > 1) at the end
+    out_fp32: torch.Tensor   # Ō / ℓ before the final rounding (working dtype): "O in fp32"
 
 
 class _Rounding:
@@ -105,11 +106,13 @@ class _Rounding:
         return round_mantissa(x, bits)
 
 
-def offset_rule(rm, rs, beta, rnd):
-    """Algorithm 3's choice of m from a row maximum rm and a tie count rs."""
+def offset_rule(rm, rs, beta, rnd, cap=None):
+    """Algorithm 3's choice of m from a row maximum rm and a tie count rs; with ``cap``, m is
+    at most rm + cap (the tied P̄ = e^(rm − m) stays ≥ e^−cap: ℓ cannot underflow)."""
     tied = rs > 1
     m = torch.where(tied & (rm > 0), rnd(beta * rm), rm)
-    return torch.where(tied & (rm < 0), torch.zeros_like(m), m)
+    m = torch.where(tied & (rm < 0), torch.zeros_like(m), m)
+    return m if cap is None else torch.minimum(m, rnd(rm + cap))
 
 
 def offset_update(s, m, rm, rs, opts: AttentionOptions, r: _Rounding):
@@ -122,7 +125,7 @@ def offset_update(s, m, rm, rs, opts: AttentionOptions, r: _Rounding):
         # masked (-inf) scores are never ties, even in a tile where every key is masked
         near_tile = r.paper(rm_tile - opts.eps).unsqueeze(-1)
         rs_tile = ((s >= near_tile) & torch.isfinite(s)).sum(-1).to(m.dtype)
-        m_new = torch.maximum(m, offset_rule(rm_tile, rs_tile, opts.beta, r.paper))
+        m_new = torch.maximum(m, offset_rule(rm_tile, rs_tile, opts.beta, r.paper, opts.offset_cap))
         ties_now = rs_tile > 1
     elif opts.stable in ("cross", "always"):
         near = r.paper(rm_new - opts.eps)
@@ -131,7 +134,7 @@ def offset_update(s, m, rm, rs, opts: AttentionOptions, r: _Rounding):
         forced = torch.full_like(rs, 2.0) if opts.stable == "always" else rs
         # never lower m: a lower m would scale the old sums by α = exp(m_old − m_new) > 1,
         # which overflows to inf when an old tied maximum sat far below 0 (m_old = 0)
-        m_new = torch.maximum(m, offset_rule(rm_new, forced, opts.beta, r.paper))
+        m_new = torch.maximum(m, offset_rule(rm_new, forced, opts.beta, r.paper, opts.offset_cap))
         ties_now = rs > 1
     elif opts.stable == "offset":
         m_new = r.paper(rm_new + opts.offset)
@@ -150,8 +153,9 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
         ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p_bar.sum(-1)))
         acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p_bar @ v_j))
     else:
-        ell = alpha * ell + p_bar.sum(-1)
-        acc = alpha.unsqueeze(-1) * acc + r.rnd(p_bar) @ v_j
+        p_low = r.rnd(p_bar)                     # what the matmul multiplies V by
+        ell = alpha * ell + (p_low if r.opts.ell_rounded else p_bar).sum(-1)
+        acc = alpha.unsqueeze(-1) * acc + p_low @ v_j
     return ell, acc
 
 
@@ -191,8 +195,10 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
             ties = (ties | ties_now) if opts.stable == "tile" else ties_now
         ell, acc = accumulate(s, v_j, m, m_new, ell, acc, r)
         m = m_new
-    out = r.rnd(acc / ell.unsqueeze(-1)).to(low)
-    return ForwardResult(out=out, lse=m + torch.log(ell), row_offset=m, row_sum=ell, ties=ties)
+    denominator = ell if opts.ell_clamp is None else ell.clamp(min=opts.ell_clamp)
+    out_fp32 = acc / denominator.unsqueeze(-1)
+    return ForwardResult(out=r.rnd(out_fp32).to(low), lse=m + torch.log(ell), row_offset=m,
+                         row_sum=ell, ties=ties, out_fp32=out_fp32)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -50,10 +50,11 @@ from .options import KERNEL_STABLE, LOW_CODES, AttentionOptions, check_tensors
 
 @triton.jit
 def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               m, rm, rs, ell, acc, rows, lo, hi, N_K, scale, beta, eps,
+               m, rm, rs, ell, acc, rows, lo, hi, N_K, scale, beta, eps, cap,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, STABLE: tl.constexpr, PAPER: tl.constexpr,
-               LOW: tl.constexpr, EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr):
+               CAUSAL: tl.constexpr, STABLE: tl.constexpr, CAP: tl.constexpr,
+               PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+               ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr):
     """Key/value tiles [lo, hi): the online-softmax update. ``MASKED`` tiles may hold keys past
     the end of the sequence or (causal) keys after the query; the others are fully visible."""
     cols0 = tl.arange(0, BLOCK_N)
@@ -74,9 +75,11 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 visible = visible & (cols[None, :] <= rows[:, None])
             scores = tl.where(visible, scores, float("-inf"))
         # m_new: the offset this tile's P̄ = exp(S − m_new) uses (running max, or Algorithm 3)
-        m_new, rm, rs = offset_update(scores, m, rm, rs, beta, eps, STABLE, PAPER, LOW, EXPLICIT)
+        m_new, rm, rs = offset_update(scores, m, rm, rs, beta, eps, cap, STABLE, CAP, PAPER, LOW,
+                                      EXPLICIT)
         # ℓ = α ℓ + rowsum(P̄),  Ō = α Ō + rnd(P̄) V_j,  α = exp(m − m_new)
-        ell, acc = accumulate(scores, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P)
+        ell, acc = accumulate(scores, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P,
+                              ELL_ROUNDED)
         m = m_new
     return m, rm, rs, ell, acc
 
@@ -89,17 +92,19 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       stride_ob, stride_oh, stride_on, stride_od,
                       H, N_Q, N_K,
                       HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STABLE: tl.constexpr,
-                      PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-                      ROUND_OUT: tl.constexpr, STORE_OFFSET: tl.constexpr,
+                      CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
+                      EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
+                      ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    # scale, beta, eps as the working dtype (fp32, or fp64 for fp64 inputs), read from memory
+    # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
     beta = tl.load(PARAMS + 1)
     eps = tl.load(PARAMS + 2)
+    cap = tl.load(PARAMS + 3)
 
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
@@ -124,8 +129,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
         hi_full = (N_K // BLOCK_N) * BLOCK_N
     m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
-                                     scale, beta, eps, BLOCK_N, HEAD_DIM, False, CAUSAL,
-                                     STABLE, PAPER, LOW, EXPLICIT, ROUND_OUT)
+                                     scale, beta, eps, cap, BLOCK_N, HEAD_DIM, False, CAUSAL,
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED)
     # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
     # for every row of the block (keys after the block's last query) are skipped.
     if CAUSAL:
@@ -134,8 +139,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
         hi = N_K
     m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
-                                     scale, beta, eps, BLOCK_N, HEAD_DIM, True, CAUSAL,
-                                     STABLE, PAPER, LOW, EXPLICIT, ROUND_OUT)
+                                     scale, beta, eps, cap, BLOCK_N, HEAD_DIM, True, CAUSAL,
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED)
 
     out = acc / ell[:, None]
     if ROUND_OUT:
@@ -157,8 +162,8 @@ def _autotune_configs():
 
 
 _flash_fwd_tuned = triton.autotune(configs=_autotune_configs(),
-                                   key=["N_K", "HEAD_DIM", "CAUSAL", "STABLE", "PAPER", "LOW",
-                                        "EXPLICIT", "ROUND_OUT"])(_flash_fwd_kernel)
+                                   key=["N_K", "HEAD_DIM", "CAUSAL", "STABLE", "CAP", "PAPER",
+                                        "LOW", "EXPLICIT", "ROUND_OUT", "ELL_ROUNDED"])(_flash_fwd_kernel)
 
 
 def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=None,
@@ -185,14 +190,16 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
     out = new_output(q.shape, q.dtype if low_out else work, q.device)
     lse = new_output((batch, heads, n_q), work, q.device)
     offset = new_output(lse.shape, work, q.device) if return_offset else lse
-    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, q.dtype, q.device)
+    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, q.dtype, q.device,
+                           cap=opts.offset_cap or 0.0)
     qa, ka, va = (as_kernel_arg(t, explicit) for t in (q, k, v))
     oa = as_kernel_arg(out, explicit)
     args = (qa, ka, va, oa, lse, offset, params, *qa.stride(), *ka.stride(), *va.stride(),
             *oa.stride(), heads, n_q, n_k)
     consts = dict(HEAD_DIM=d, CAUSAL=opts.causal, STABLE=KERNEL_STABLE[opts.stable],
-                  PAPER=opts.numerics == "paper", LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
-                  ROUND_OUT=bool(low_out), STORE_OFFSET=bool(return_offset))
+                  CAP=opts.offset_cap is not None, PAPER=opts.numerics == "paper",
+                  LOW=LOW_CODES[q.dtype], EXPLICIT=explicit, ROUND_OUT=bool(low_out),
+                  ELL_ROUNDED=opts.ell_rounded, STORE_OFFSET=bool(return_offset))
     blocks = pick_blocks(opts.block_m, opts.block_n, q.dtype, explicit)
     if blocks is None:
         grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731

@@ -92,16 +92,21 @@ def rnd_if(x, DO: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
 
 
 @triton.jit
-def offset_rule(rm, rs, beta, PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
-    """Algorithm 3: m = β·rm if rm > 0 and rs > 1; 0 if rm < 0 and rs > 1; rm otherwise."""
+def offset_rule(rm, rs, beta, cap, CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
+                EXPLICIT: tl.constexpr):
+    """Algorithm 3: m = β·rm if rm > 0 and rs > 1; 0 if rm < 0 and rs > 1; rm otherwise.
+    ``CAP``: m <= rm + cap, so a tied P̄ = exp(rm − m) >= exp(−cap) cannot underflow."""
     tied = rs > 1
     m = tl.where(tied & (rm > 0), rnd_if(beta * rm, PAPER, LOW, EXPLICIT), rm)
-    return tl.where(tied & (rm < 0), 0.0, m)
+    m = tl.where(tied & (rm < 0), 0.0, m)
+    if CAP:
+        m = tl.minimum(m, rnd_if(rm + cap, PAPER, LOW, EXPLICIT))
+    return m
 
 
 @triton.jit
-def offset_update(scores, m, rm, rs, beta, eps, STABLE: tl.constexpr, PAPER: tl.constexpr,
-                  LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+def offset_update(scores, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr, CAP: tl.constexpr,
+                  PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
     """The offset m_new this tile's P̄ = exp(S − m_new) uses; also the raw running maximum rm
     and (``CROSS``) the running tie count rs. Returns (m_new, rm_new, rs)."""
     tile_max = tl.max(scores, 1)
@@ -112,7 +117,8 @@ def offset_update(scores, m, rm, rs, beta, eps, STABLE: tl.constexpr, PAPER: tl.
         tile_ties = tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1)
         # a row whose keys are all masked in this tile has no tie (not "all tied at -inf")
         tile_ties = tl.where(tile_max == float("-inf"), 0.0, tile_ties).to(rm.dtype)
-        m_new = tl.maximum(m, offset_rule(tile_max, tile_ties, beta, PAPER, LOW, EXPLICIT))
+        m_new = tl.maximum(m, offset_rule(tile_max, tile_ties, beta, cap, CAP, PAPER, LOW,
+                                          EXPLICIT))
     elif STABLE == CROSS:
         # the rule on the running maximum and running tie count of all tiles so far
         # (near is finite once a row has seen a key, so masked -inf scores never count)
@@ -120,7 +126,7 @@ def offset_update(scores, m, rm, rs, beta, eps, STABLE: tl.constexpr, PAPER: tl.
         carried = tl.where(rm >= near, rs, 0.0)        # old ties still within eps of the max?
         rs = carried + tl.sum(tl.where(scores >= near[:, None], 1.0, 0.0), 1).to(rm.dtype)
         # m never decreases (as in the emulator): α = exp(m_old − m_new) <= 1 cannot overflow
-        m_new = tl.maximum(m, offset_rule(rm_new, rs, beta, PAPER, LOW, EXPLICIT))
+        m_new = tl.maximum(m, offset_rule(rm_new, rs, beta, cap, CAP, PAPER, LOW, EXPLICIT))
     else:
         m_new = rm_new
     return m_new, rm_new, rs
@@ -128,9 +134,10 @@ def offset_update(scores, m, rm, rs, beta, eps, STABLE: tl.constexpr, PAPER: tl.
 
 @triton.jit
 def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.constexpr,
-               EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr):
+               EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr):
     """The online-softmax update for one tile: P̄ = exp(S − m_new), α = exp(m_old − m_new),
-    ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V. Returns (ℓ, Ō)."""
+    ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V. Returns (ℓ, Ō). ``ELL_ROUNDED``: ℓ sums rnd(P̄),
+    the values the matmul multiplies V by."""
     # a row that has seen no key keeps m = -inf: use 0 so exp(-inf - m) is 0, not NaN
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p_bar = tl.exp(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT))
@@ -143,13 +150,17 @@ def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.const
         acc = round_low(round_low(alpha[:, None] * acc, LOW, EXPLICIT)
                         + round_low(pv, LOW, EXPLICIT), LOW, EXPLICIT)
     else:
-        ell = alpha * ell + tl.sum(p_bar, 1)
         # Ō = α Ō + rnd(P̄) V_j; the addition happens inside the fp32 MMA accumulator
         # (only the fp32 summation order differs from computing P̄ V_j first)
         if ROUND_P:
-            acc = mma_acc(to_operand(p_bar, LOW, EXPLICIT), v, alpha[:, None] * acc,
-                          LOW, EXPLICIT)
+            p_low = to_operand(p_bar, LOW, EXPLICIT)
+            if ELL_ROUNDED:
+                ell = alpha * ell + tl.sum(p_low.to(alpha.dtype), 1)
+            else:
+                ell = alpha * ell + tl.sum(p_bar, 1)
+            acc = mma_acc(p_low, v, alpha[:, None] * acc, LOW, EXPLICIT)
         else:
+            ell = alpha * ell + tl.sum(p_bar, 1)
             # O in full precision (δ source "o_fp32"): P̄ unrounded, fp32 products
             acc = tl.dot(p_bar, v.to(p_bar.dtype), alpha[:, None] * acc,
                          input_precision="ieee", out_dtype=acc.dtype)

@@ -65,15 +65,16 @@ def new_output(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def kernel_params(scale, beta, eps, dtype, device) -> torch.Tensor:
-    """scale, beta, eps as a tiny tensor of the working dtype (fp64 stays exact for fp64).
+def kernel_params(scale, beta, eps, dtype, device, cap=0.0) -> torch.Tensor:
+    """scale, beta, eps and the offset cap as a tiny tensor of the working dtype (fp64 stays
+    exact for fp64).
 
     Cached: building it each call would be a blocking host-to-GPU copy per attention call."""
-    key = (float(scale), float(beta), float(eps), work_dtype(dtype), str(device))
+    key = (float(scale), float(beta), float(eps), float(cap), work_dtype(dtype), str(device))
     if key not in _PARAMS_CACHE:
         if len(_PARAMS_CACHE) > 256:
             _PARAMS_CACHE.clear()
-        _PARAMS_CACHE[key] = torch.tensor(key[:3], dtype=key[3], device=device)
+        _PARAMS_CACHE[key] = torch.tensor(key[:4], dtype=key[4], device=device)
     return _PARAMS_CACHE[key]
 
 

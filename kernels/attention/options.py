@@ -66,6 +66,12 @@ class AttentionOptions:
     block_m, block_n  tile sizes; None: the kernel's choice (emulator: 64 keys)
     acc_bits      paper numerics only: Ō held with this many mantissa bits (7 = bf16)
     acc_rounding  "rne" or "sr" (stochastic) for Ō at acc_bits < 7
+    offset_cap    the offset rule moves m at most this far above the row maximum
+                  (m = r_m + min(rule − r_m, cap)): tied P̄ ≥ e^−cap, so ℓ cannot underflow
+    ell_rounded   FA2 numerics: ℓ sums the *rounded* P̄ that multiplies V (numerator and
+                  denominator then agree), instead of the unrounded fp32 P̄
+    ell_clamp     paper numerics: O = Ō / max(ℓ, ell_clamp), as the paper's released code does
+                  (clamp(min=1e-10)); None: no clamp (ℓ = 0 gives NaN)
     """
     causal: bool = False
     scale: float | None = None
@@ -79,6 +85,9 @@ class AttentionOptions:
     block_n: int | None = None
     acc_bits: int | None = None
     acc_rounding: str = "rne"
+    offset_cap: float | None = None
+    ell_rounded: bool = False
+    ell_clamp: float | None = None
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -106,6 +115,25 @@ class AttentionOptions:
             if blk is not None and (isinstance(blk, bool) or not isinstance(blk, int) or blk < 1):
                 raise ValueError(f"{name} must be a positive number of rows/keys, got {blk!r}")
         self._check_accumulator()
+        self._check_fixes()
+
+    def _check_fixes(self):
+        if self.offset_cap is not None:
+            cap = _number("offset_cap", self.offset_cap)
+            if not (math.isfinite(cap) and cap > 0):
+                raise ValueError(f"offset_cap must be a positive finite number, got {cap:g}")
+            object.__setattr__(self, "offset_cap", cap)
+        object.__setattr__(self, "ell_rounded", bool(self.ell_rounded))
+        if self.ell_rounded and self.numerics != "fa2":
+            raise ValueError("ell_rounded belongs to FA2 numerics (the paper's path rounds ℓ "
+                             "and P̄ anyway)")
+        if self.ell_clamp is not None:
+            clamp = _number("ell_clamp", self.ell_clamp)
+            if not clamp > 0:
+                raise ValueError(f"ell_clamp must be > 0, got {clamp:g}")
+            if self.numerics != "paper":
+                raise ValueError("ell_clamp models the paper's released code: numerics='paper'")
+            object.__setattr__(self, "ell_clamp", clamp)
 
     def _check_accumulator(self):
         if self.acc_rounding not in ACC_ROUNDINGS:
@@ -135,6 +163,8 @@ class AttentionOptions:
                              f"{self.stable!r} exists only in the emulator")
         if self.acc_bits is not None:
             raise ValueError("acc_bits (the narrower Ō) exists only in the emulator")
+        if self.ell_clamp is not None:
+            raise ValueError("ell_clamp (the paper's clamped ℓ) exists only in the emulator")
         for name in ("block_m", "block_n"):
             blk = getattr(self, name)
             if blk is not None and (blk < 16 or blk & (blk - 1)):

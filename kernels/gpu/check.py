@@ -38,7 +38,8 @@ from kernels.numerics.triton_rounding import round_tensor
 
 TEST_FILES = ["tests/numerics/test_triton_rounding.py", "tests/attention/test_flash_fwd.py",
               "tests/attention/test_flash_bwd.py",
-              "tests/attention/test_autograd.py", "tests/gpt2/test_gpt2.py"]
+              "tests/attention/test_autograd.py", "tests/attention/test_fixes.py",
+              "tests/gpt2/test_gpt2.py"]
 COMMAND = "python -m kernels.gpu.check"
 START = time.time()
 
