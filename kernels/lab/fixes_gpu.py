@@ -122,10 +122,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes on the CPU (a test)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default results/)")
+    parser.add_argument("--speed-only", action="store_true", help="only the timings (GPU)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out_dir = Path(args.out) if args.out else None
     command = "python -m kernels.lab.fixes_gpu" + (" --small" if args.small else "")
+    if args.speed_only:
+        results.save("fix_speed", {"rows": fix_speed()}, command + " --speed-only", out_dir)
+        return
     start = time.time()
     records = bias_sources(args.small, device)
     results.save("bias_sources_gpu", {"records": records, "device": device,
