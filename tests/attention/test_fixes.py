@@ -37,7 +37,8 @@ def test_kernel_follows_the_emulator_with_each_fix(fix):
     out, _, offset = flash_forward(q, k, v, block_m=32, block_n=32, return_offset=True, **fix)
     emu = emulator.flash_forward(q, k, v, block_n=32, **fix)
     assert torch.isfinite(out.float()).all()
-    assert torch.equal(offset, emu.row_offset.to(offset.dtype)), "the offsets m differ"
+    # the same offsets m (to fp32 rounding: tensor cores sum Q·K in another order than torch)
+    assert torch.allclose(offset, emu.row_offset.to(offset.dtype), rtol=1e-6, atol=1e-6)
     assert_close_to_emulator(out, emu.out, min_identical=0.98, paper=False)
 
 
@@ -46,8 +47,8 @@ def test_cap_keeps_the_offset_within_cap_of_the_row_max():
     capped = emulator.flash_forward(q, k, v, stable="cross", offset_cap=1.5)
     plain = emulator.flash_forward(q, k, v, stable="cross")
     row0 = (0, 0, 0)
-    assert plain.row_offset[row0] == pytest.approx(6.0, rel=1e-2)       # β·r_m with β = 2
-    assert capped.row_offset[row0] == pytest.approx(4.5, rel=1e-2)      # r_m + cap
+    assert float(plain.row_offset[row0]) == pytest.approx(6.0, rel=1e-2)    # β·r_m, β = 2
+    assert float(capped.row_offset[row0]) == pytest.approx(4.5, rel=1e-2)   # r_m + cap
 
 
 def test_cap_prevents_the_underflow_of_ell():
