@@ -173,8 +173,8 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
     seed_everything(seed)
     _style_plots()
     if not quiet:
-        where = "Colab" if env.in_colab else ("CI" if env.in_ci else "local")
-        print(f"[{where}] path = {env.path}: {env.reason}; seed = {seed}")
+        where = "in Colab" if env.in_colab else ("in CI" if env.in_ci else "on this machine")
+        print(f"Numerics path {where}: {env.path} ({env.reason}); seed = {seed}")
     return env
 
 

@@ -59,5 +59,6 @@ def load(name: str, directory=None) -> dict:
 def describe(record: dict) -> str:
     """One line a chapter prints under a plot of stored data."""
     p = record["provenance"]
-    return (f"measured on {p['gpu']} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
+    where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
+    return (f"{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
             f"with `{p['command']}`")

@@ -31,7 +31,8 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..numerics.triton_rounding import round_low
-from .jit import BF16, load_rows, load_tile, mma, mma_acc, store_tile, to_operand
+from .jit import (BF16, batch_head, load_rows, load_tile, load_tile_pair, mma, mma_acc,
+                  store_tile, program_tile, to_operand)
 from .launch import as_kernel_arg, kernel_params, new_output, pick_blocks
 from .options import LOW_CODES, AttentionOptions
 
@@ -42,16 +43,12 @@ def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_o
                          HEAD_DIM: tl.constexpr, O_LOW: tl.constexpr, LOW: tl.constexpr,
                          EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
     """δ_i = Σ_d dO_id · O_id, in the working precision."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh, b, h = batch_head(H)
+    _, rows, ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
-    ok = rows < N_Q
-    o = load_tile(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on
-                  + dims[None, :] * stride_od, ok[:, None], O_LOW, EXPLICIT, True)
-    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
-                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    o, do = load_tile_pair(O, DO, b, h, rows, ok, dims, stride_ob, stride_oh, stride_on,
+                           stride_od, stride_db, stride_dh, stride_dn, stride_dd, O_LOW, LOW,
+                           EXPLICIT)
     work = DELTA.dtype.element_ty
     delta = tl.sum(o.to(work) * do.to(work), 1)
     tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
@@ -78,41 +75,6 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
 
 
 @triton.jit
-def _delta_from_dp_kernel(Q, K, V, DO, LSE, DELTA, PARAMS,
-                          stride_qb, stride_qh, stride_qn, stride_qd,
-                          stride_kb, stride_kh, stride_kn, stride_kd,
-                          stride_vb, stride_vh, stride_vn, stride_vd,
-                          stride_db, stride_dh, stride_dn, stride_dd,
-                          H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                          LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """δ_i = Σ_j dP_ij P_ij with P = exp(S − L) and dP = dO Vᵀ recomputed in fp32."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    scale = tl.load(PARAMS)
-    start_m = tl.program_id(0)
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    ok = rows < N_Q
-    q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh,
-                           stride_qn, stride_qd, stride_db, stride_dh, stride_dn, stride_dd,
-                           N_Q, LOW, EXPLICIT)
-    delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
-    if CAUSAL:
-        hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
-    else:
-        hi = N_K
-    for start_n in range(0, hi, BLOCK_N):
-        p, dp, k_t = _p_dp_tile(q, do, lse, K + b * stride_kb + h * stride_kh,
-                                V + b * stride_vb + h * stride_vh, stride_kn, stride_kd,
-                                stride_vn, stride_vd, rows, ok, dims, start_n, N_K, scale,
-                                CAUSAL, LOW, EXPLICIT, BLOCK_N)
-        delta += tl.sum(p * dp, 1)
-    tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
-
-
-@triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -125,18 +87,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
     """One key/value tile: dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query tiles.
 
     Works on transposed tiles (keys along rows): Sᵀ = K Qᵀ, so no in-register transpose."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh, b, h = batch_head(H)
     scale = tl.load(PARAMS)
-    start_n = tl.program_id(0)
-    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)   # key indices of this program
+    start_n, cols, in_seq = program_tile(BLOCK_N, N_K)   # key indices of this program
     dims = tl.arange(0, HEAD_DIM)
-    in_seq = cols < N_K
-    k = load_tile(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn
-                  + dims[None, :] * stride_kd, in_seq[:, None], LOW, EXPLICIT, True)
-    v = load_tile(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn
-                  + dims[None, :] * stride_vd, in_seq[:, None], LOW, EXPLICIT, True)
+    k, v = load_tile_pair(K, V, b, h, cols, in_seq, dims, stride_kb, stride_kh, stride_kn,
+                          stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, LOW, LOW,
+                          EXPLICIT)
     work = LSE.dtype.element_ty
     dk = tl.zeros([BLOCK_N, HEAD_DIM], work)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], work)
@@ -168,29 +125,31 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
-                   stride_qb, stride_qh, stride_qn, stride_qd,
-                   stride_kb, stride_kh, stride_kn, stride_kd,
-                   stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_db, stride_dh, stride_dn, stride_dd,
-                   stride_gb, stride_gh, stride_gn, stride_gd,
-                   H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                   LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One query tile: dQ = scale · Σ dS K over the key tiles."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
+                       stride_qb, stride_qh, stride_qn, stride_qd,
+                       stride_kb, stride_kh, stride_kn, stride_kd,
+                       stride_vb, stride_vh, stride_vn, stride_vd,
+                       stride_db, stride_dh, stride_dn, stride_dd,
+                       stride_gb, stride_gh, stride_gn, stride_gd,
+                       H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                       LOW: tl.constexpr, EXPLICIT: tl.constexpr, DELTA_ONLY: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One query tile walks the key tiles, recomputing P = exp(S − L) and dP = dO Vᵀ.
+
+    ``DELTA_ONLY``: δ_i = Σ_j dP_ij P_ij (the δ source "dp", which never reads O), stored in
+    DELTA. Otherwise dQ = scale · Σ dS K with dS = P ∘ (dP − δ), stored in DQ."""
+    bh, b, h = batch_head(H)
     scale = tl.load(PARAMS)
-    start_m = tl.program_id(0)
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, rows, ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
-    ok = rows < N_Q
     q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh,
                            stride_qn, stride_qd, stride_db, stride_dh, stride_dn, stride_dd,
                            N_Q, LOW, EXPLICIT)
-    delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
+    if DELTA_ONLY:
+        delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
+    else:
+        delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
+        dq = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
     if CAUSAL:
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
     else:
@@ -200,11 +159,17 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
                                 V + b * stride_vb + h * stride_vh, stride_kn, stride_kd,
                                 stride_vn, stride_vd, rows, ok, dims, start_n, N_K, scale,
                                 CAUSAL, LOW, EXPLICIT, BLOCK_N)
-        ds = p * (dp - delta[:, None])
-        dq = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), dq, LOW, EXPLICIT)  # += dS K
-    dq = round_low(dq * scale, LOW, EXPLICIT)
-    store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
-               + dims[None, :] * stride_gd, dq, ok[:, None], LOW == BF16 and EXPLICIT)
+        if DELTA_ONLY:
+            delta += tl.sum(p * dp, 1)
+        else:
+            ds = p * (dp - delta[:, None])
+            dq = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), dq, LOW, EXPLICIT)  # += dS K
+    if DELTA_ONLY:
+        tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
+    else:
+        dq = round_low(dq * scale, LOW, EXPLICIT)
+        store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
+                   + dims[None, :] * stride_gd, dq, ok[:, None], LOW == BF16 and EXPLICIT)
 
 
 def _bwd_configs(pairs):
@@ -218,7 +183,7 @@ _bwd_dkdv_tuned = triton.autotune(
     key=_TUNE_KEY)(_bwd_dkdv_kernel)
 _bwd_dq_tuned = triton.autotune(
     configs=_bwd_configs([(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 2)]),
-    key=_TUNE_KEY)(_bwd_dq_kernel)
+    key=_TUNE_KEY)(_query_tile_kernel)
 
 
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
@@ -229,11 +194,12 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
     qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
     if delta_source == "dp":
         grid = (triton.cdiv(n_q, block_m), batch * heads)
-        _delta_from_dp_kernel[grid](qa, ka, va, da, lse, delta, params, *qa.stride(),
-                                    *ka.stride(), *va.stride(), *da.stride(), heads, n_q,
-                                    k.shape[2], HEAD_DIM=d, CAUSAL=bool(causal),
-                                    LOW=LOW_CODES[q.dtype], EXPLICIT=explicit,
-                                    BLOCK_M=block_m, BLOCK_N=block_n)
+        # the query-tile kernel in its δ mode (DQ unused: it gets dO and dO's strides)
+        _query_tile_kernel[grid](qa, ka, va, da, lse, delta, da, params, *qa.stride(),
+                                 *ka.stride(), *va.stride(), *da.stride(), *da.stride(),
+                                 heads, n_q, k.shape[2], HEAD_DIM=d, CAUSAL=bool(causal),
+                                 LOW=LOW_CODES[q.dtype], EXPLICIT=explicit, DELTA_ONLY=True,
+                                 BLOCK_M=block_m, BLOCK_N=block_n)
         return delta
     oa = as_arg(out)
     grid = (triton.cdiv(n_q, block_m), batch * heads)
@@ -273,13 +239,13 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
         _bwd_dkdv_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads)](
             *dkdv_args, **common)
         _bwd_dq_tuned[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)](
-            *dq_args, **common)
+            *dq_args, **common, DELTA_ONLY=False)
     else:
         bm, bn = blocks
         # fp64 tiles are large: no software pipelining, or head dim 128 overflows shared memory
         launch = dict(num_stages=1) if (q.dtype == torch.float64 and not interpreting()) else {}
         _bwd_dkdv_kernel[(triton.cdiv(n_k, bn), batch * heads)](*dkdv_args, **common,
                                                                 BLOCK_M=bm, BLOCK_N=bn, **launch)
-        _bwd_dq_kernel[(triton.cdiv(n_q, bm), batch * heads)](*dq_args, **common,
-                                                             BLOCK_M=bm, BLOCK_N=bn, **launch)
+        _query_tile_kernel[(triton.cdiv(n_q, bm), batch * heads)](
+            *dq_args, **common, DELTA_ONLY=False, BLOCK_M=bm, BLOCK_N=bn, **launch)
     return dq, dk, dv, delta

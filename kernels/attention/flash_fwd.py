@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from ..numerics.triton_rounding import round_low
-from .jit import BF16, accumulate, load_tile, mma, offset_update, rnd_if, store_tile
+from .jit import (BF16, accumulate, batch_head, load_row_tile, load_tile, mma, offset_update,
+                  rnd_if, store_tile, program_tile)
 from .launch import (as_kernel_arg, check_device, kernel_params, new_output, pick_blocks,
                      use_explicit, work_dtype)
 from .options import KERNEL_STABLE, LOW_CODES, AttentionOptions, check_tensors
@@ -96,22 +97,17 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
                       ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh, b, h = batch_head(H)
     # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
     beta = tl.load(PARAMS + 1)
     eps = tl.load(PARAMS + 2)
     cap = tl.load(PARAMS + 3)
 
-    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, rows, row_ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
-    row_ok = rows < N_Q
-    q = load_tile(Q + b * stride_qb + h * stride_qh
-                  + rows[:, None] * stride_qn + dims[None, :] * stride_qd,
-                  row_ok[:, None], LOW, EXPLICIT, True)
+    q = load_row_tile(Q, b, h, rows, row_ok, dims, stride_qb, stride_qh, stride_qn, stride_qd,
+                      LOW, EXPLICIT)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 

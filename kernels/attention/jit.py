@@ -168,13 +168,46 @@ def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.const
 
 
 @triton.jit
+def batch_head(H):
+    """This program's (batch, head) pair: the grid's second axis runs over batch × heads."""
+    bh = tl.program_id(1)
+    return bh, bh // H, bh % H
+
+
+@triton.jit
+def program_tile(BLOCK: tl.constexpr, N):
+    """This program's tile along the grid's first axis: its index, its BLOCK row (or key)
+    indices, and which of them are inside N."""
+    tile = tl.program_id(0)
+    rows = tile * BLOCK + tl.arange(0, BLOCK)
+    return tile, rows, rows < N
+
+
+@triton.jit
+def load_row_tile(ptr, b, h, rows, ok, dims, stride_b, stride_h, stride_n, stride_d,
+                  LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """The (rows × head_dim) tile of one (batch, head) of a (B, H, N, D) tensor; rows past the
+    end (``ok`` false) read as 0."""
+    return load_tile(ptr + b * stride_b + h * stride_h + rows[:, None] * stride_n
+                     + dims[None, :] * stride_d, ok[:, None], LOW, EXPLICIT, True)
+
+
+@triton.jit
+def load_tile_pair(A, B, b, h, rows, ok, dims, sa_b, sa_h, sa_n, sa_d, sb_b, sb_h, sb_n, sb_d,
+                   LOW_A: tl.constexpr, LOW_B: tl.constexpr, EXPLICIT: tl.constexpr):
+    """The same rows of two (B, H, N, D) tensors: (Q, dO), (K, V) or (O, dO)."""
+    a = load_row_tile(A, b, h, rows, ok, dims, sa_b, sa_h, sa_n, sa_d, LOW_A, EXPLICIT)
+    b_tile = load_row_tile(B, b, h, rows, ok, dims, sb_b, sb_h, sb_n, sb_d, LOW_B, EXPLICIT)
+    return a, b_tile
+
+
+@triton.jit
 def load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh, stride_qn, stride_qd,
               stride_db, stride_dh, stride_dn, stride_dd, N_Q, LOW: tl.constexpr,
               EXPLICIT: tl.constexpr):
     """A query tile's Q, dO and L (the backward kernels that walk over key tiles)."""
-    q = load_tile(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn
-                  + dims[None, :] * stride_qd, ok[:, None], LOW, EXPLICIT, True)
-    do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
-                   + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
+    q, do = load_tile_pair(Q, DO, b, h, rows, ok, dims, stride_qb, stride_qh, stride_qn,
+                           stride_qd, stride_db, stride_dh, stride_dn, stride_dd, LOW, LOW,
+                           EXPLICIT)
     lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
     return q, do, lse

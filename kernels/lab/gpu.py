@@ -1,4 +1,4 @@
-"""Chapter 5's sweep measured on a GPU: ``python -m kernels.lab.gpu [--small] [--out DIR]``.
+"""The lab sweep measured on a GPU: ``python -m kernels.lab.gpu [--small] [--out DIR]``.
 
 Runs the same cells as :func:`kernels.lab.save_cpu_sweep` (inputs built on the CPU from the same
 seeds, so both machines see bit-identical Q, K, V) with

@@ -1,0 +1,129 @@
+"""Figures of the chapter "Where the bias comes from": the ideal's bias, what kernels add beyond
+it, the paper's path, and a map of where each source matters. Each takes stored or freshly
+measured records and returns the figure; the chapter prints the numbers behind it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..numerics.stats import is_biased
+
+V_SETTINGS = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))
+KERNELS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton/none")
+KERNEL_LABELS = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "cuDNN",
+                 "sdpa-efficient": "memory-efficient", "triton/none": "book's Triton",
+                 "emulator/paper-untiled": "paper's bf16 path", "ideal": "ideal bf16(O)"}
+SOURCE_NAMES = ("no bias", "storage (the ideal's)", "accumulation (beyond the ideal)")
+
+
+def _v_title(vt, vr):
+    return f"tied V ≈ {vt:+g}, other V ≈ {vr:+g}"
+
+
+def plot_ideal_bias(records, ax=None):
+    """Bias of the ideal bf16(O_exact) against the gap, one line per number of ties, for the
+    V setting where it is largest (tied V ≈ −1, other V ≈ 0)."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    vt, vr = V_SETTINGS[0]
+    for k in sorted({r["ties"] for r in records}):
+        rows = sorted((r for r in records if r["impl"] == "ideal" and r["ties"] == k
+                       and r["v_tied_mean"] == vt and r["v_rest_mean"] == vr),
+                      key=lambda r: r["gap"])
+        ax.errorbar([r["gap"] for r in rows], [r["mean"] for r in rows],
+                    yerr=[1.96 * r["se"] for r in rows], marker="o", capsize=3,
+                    label=f"k = {k} tied maxima")
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set(xlabel="gap: how far the other scores sit below the tied maximum",
+           ylabel="mean error of bf16(O_exact) [ulp]", title=_v_title(vt, vr))
+    ax.legend(loc="upper left")
+    return ax.figure
+
+
+def kernel_excess(bias_records, settings):
+    """{(ties, vmax, vrest): {impl: (bias, bias − ideal's bias)}} from bias_sources_gpu."""
+    table = {}
+    for key in settings:
+        rows = {r["impl"]: r["out"]["bias"] for r in bias_records
+                if (r["ties"], r["vmax"], r["vrest"]) == key}
+        table[key] = {impl: (b, b - rows["ideal"]) for impl, b in rows.items()}
+    return table
+
+
+def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
+    """What each GPU kernel adds to the mean error beyond the ideal, per setting."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
+    table = kernel_excess(bias_records, settings)
+    width = 0.8 / len(impls)
+    x = np.arange(len(settings))
+    for i, impl in enumerate(impls):
+        ax.bar(x + (i - (len(impls) - 1) / 2) * width,
+               [table[s][impl][1] for s in settings], width, label=KERNEL_LABELS[impl])
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
+    ax.set(ylabel="kernel bias − ideal's bias [ulp]",
+           title="what GPU kernels add beyond the ideal (H100)")
+    ax.legend(ncols=2, loc="upper right")
+    return ax.figure
+
+
+def plot_paper_path(bias_records, settings, ax=None):
+    """The paper's all-bf16 path next to the ideal, per setting."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    table = kernel_excess(bias_records, settings)
+    x = np.arange(len(settings))
+    for i, impl in enumerate(("ideal", "emulator/paper-untiled")):
+        ax.bar(x + (i - 0.5) * 0.38, [table[s][impl][0] for s in settings], 0.38,
+               label=KERNEL_LABELS[impl], color=("tab:gray", "tab:red")[i])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
+    ax.set(ylabel="mean error of O [ulp]", title="the paper's all-bf16 path against the ideal")
+    ax.legend()
+    return ax.figure
+
+
+def source_map(records, kernel="sdpa-flash", threshold=0.02):
+    """For each (V setting, ties, gap) of the GPU sweep: 0 no bias, 1 the ideal's (storage)
+    bias and the kernel adds nothing that matters, 2 the kernel adds ≥ threshold beyond it."""
+    by = {(r["impl"], r["v_tied_mean"], r["v_rest_mean"], r["ties"], r["gap"]): r
+          for r in records if "mean" in r}
+    ties = sorted({r["ties"] for r in records})
+    gaps = sorted({r["gap"] for r in records})
+    maps = {}
+    for vt, vr in V_SETTINGS:
+        grid = np.zeros((len(ties), len(gaps)), dtype=int)
+        for i, k in enumerate(ties):
+            for j, g in enumerate(gaps):
+                ideal, kern = by[("ideal", vt, vr, k, g)], by[(kernel, vt, vr, k, g)]
+                if abs(kern["mean"] - ideal["mean"]) >= threshold:
+                    grid[i, j] = 2
+                elif is_biased(ideal):
+                    grid[i, j] = 1
+        maps[(vt, vr)] = grid
+    return maps, ties, gaps
+
+
+def plot_source_map(records, kernel="sdpa-flash"):
+    """Four small maps (one per V setting) of which source dominates, k against gap."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    maps, ties, gaps = source_map(records, kernel)
+    cmap = ListedColormap(["#e8e8e8", "#4c72b0", "#dd8452"])
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5.6), layout="constrained", sharex=True,
+                             sharey=True)
+    for ax, ((vt, vr), grid) in zip(axes.flat, maps.items()):
+        im = ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=2.5, aspect="auto", origin="lower")
+        ax.set_xticks(range(len(gaps)), [f"{g:g}" for g in gaps])
+        ax.set_yticks(range(len(ties)), [str(k) for k in ties])
+        ax.set_title(_v_title(vt, vr))
+    for ax in axes[-1]:
+        ax.set_xlabel("gap")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("tied maxima k")
+    bar = fig.colorbar(im, ax=axes, ticks=[0, 1, 2], shrink=0.8)
+    bar.ax.set_yticklabels(SOURCE_NAMES)
+    return fig
