@@ -145,6 +145,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds all CUDA devices
 
 
+def cores_available() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:          # macOS and Windows have no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
+
+
+def pin_threads() -> int:
+    """Give torch one intra-op thread per available core, and no more: on a busy 2-core machine
+    more threads than cores made a chapter run 8 times slower. Returns the thread count."""
+    import torch
+    n = cores_available()
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:            # already set, or inter-op work has started: leave it
+        pass
+    return n
+
+
 def describe() -> Env:
     """Detect the numerics path without printing or seeding."""
     configure_triton()
@@ -170,6 +191,7 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
     if in_colab():
         _install_missing_on_colab()
     env = dataclasses.replace(describe(), seed=seed)
+    pin_threads()
     seed_everything(seed)
     _style_plots()
     if not quiet:

@@ -139,3 +139,11 @@ def test_gpu_with_interpreter_forced_stays_on_cpu_path(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     found = kenv.describe()
     assert found.path == "cpu-emulation" and found.device == "cpu"
+
+
+def test_setup_pins_torch_threads_to_the_available_cores():
+    import torch
+    from kernels import env as kenv
+    torch.set_num_threads(max(2, kenv.cores_available() * 4))   # a thrashing default
+    kernels.setup(seed=fresh_seed(), quiet=True)
+    assert torch.get_num_threads() == kenv.cores_available()

@@ -243,6 +243,44 @@ def test_chapter_page(browser, site_url, chapter):
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
 
 
+def chapters_with_interactive_figures() -> list[str]:
+    """Chapter pages whose built HTML holds a Plotly figure made by kernels.tools.interactive."""
+    return [c for c in CHAPTERS if (SITE / f"{c}.html").is_file()
+            and 'class="book-plotly"' in (SITE / f"{c}.html").read_text(errors="replace")]
+
+
+def test_interactive_figures_move(browser, site_url):
+    """The bias chapters promise sliders on the static site: at least one page carries them,
+    and on each such page Plotly is served by the site itself, the figure is drawn, and
+    clicking its slider rail changes what is shown (no kernel behind the page)."""
+    pages = chapters_with_interactive_figures()
+    assert pages, "no chapter page holds an interactive figure"
+    for chapter in pages:
+        check_interactive_figure(browser, site_url, chapter)
+
+
+def check_interactive_figure(browser, site_url, chapter):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    errors = [e for e in open_page(browser, page_url(site_url, chapter)) if not forgivable(e)]
+    assert errors == [], f"{chapter}: browser errors {errors}"
+    sources = browser.execute_script("return Array.from(document.scripts).map(s => s.src)")
+    plotly = [s for s in sources if s.endswith("plotly.min.js")]
+    assert plotly and all(urlparse(s).hostname == LOCAL_HOST for s in plotly), plotly
+    WebDriverWait(browser, 20).until(lambda b: b.execute_script(
+        "const g = document.querySelector('.book-plotly'); return g && g.data && g.layout;"))
+    state = ("const g = document.querySelector('.book-plotly');"
+             "return [g.layout.sliders[0].active, g.data.map(t => t.visible === false ? 0 : 1)];")
+    before = browser.execute_script(state)
+    rail = browser.find_element("css selector", ".book-plotly .slider-rail-touch-rect")
+    width = rail.size["width"]
+    ActionChains(browser).move_to_element_with_offset(rail, -width // 2 + 3, 0).click().perform()
+    WebDriverWait(browser, 10).until(lambda b: b.execute_script(state) != before)
+    after = browser.execute_script(state)
+    assert after[0] != before[0] and after[1] != before[1], (before, after)
+
+
 def test_forgiven_log_entries_are_narrow():
     """The rule above must not hide real errors."""
     def entry(source, message):

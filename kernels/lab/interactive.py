@@ -215,19 +215,21 @@ def lab_text(result: LabResult) -> str:
              f"N={p['n_keys']}, tile={p['block_n']} ({p['placement']})",
              f"  non-max tokens move O by {result.residual_ulps:.3g} ulp on average",
              f"  mean error {st['mean']:+.4f} ulp, 95% CI [{st['lo']:+.4f}, {st['hi']:+.4f}] "
-             f"over {st['n_elements']} outputs -> {st['verdict']}",
-             f"  Σ_T (δ_lp − δ_hp) = {result.delta_sum:+.4g} over {0 if result.delta_diff is None else result.delta_diff.size} rows"]
+             f"over {st['n_elements']} outputs",
+             f"  -> {st['verdict']}",
+             f"  Σ_T (δ_lp − δ_hp) = {result.delta_sum:+.4g} over "
+             f"{0 if result.delta_diff is None else result.delta_diff.size} rows"]
     lines += [f"  {k}: {v}" for k, v in result.counts.items()]
     lines += [f"  ! {m}" for m in result.messages]
     return "\n".join(lines)
 
 
-def show(**params):
+def show(panels=("errors", "running", "delta"), **params):
     """Run :func:`lab`, print :func:`lab_text` and draw :func:`plot_lab` (the widget's body)."""
     import matplotlib.pyplot as plt
     result = lab(**params)
     print(lab_text(result))
-    plot_lab(result)
+    plot_lab(result, panels=panels)
     plt.show()
     return result
 

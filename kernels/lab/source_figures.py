@@ -65,7 +65,7 @@ def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
     ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
     ax.set(ylabel="kernel bias − ideal's bias [ulp]",
            title="what GPU kernels add beyond the ideal (H100)")
-    ax.legend(ncols=2, loc="upper right")
+    ax.legend(ncols=2, loc="upper left")
     return ax.figure
 
 
