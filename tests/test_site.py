@@ -180,6 +180,19 @@ def assert_math_rendered(browser, page: str) -> None:
     assert math["stray"] == [], f"{page}: LaTeX left unparsed in the text: {math['stray']}"
 
 
+CLIPPABLE = ("article div.cell_input pre, article div.cell_output pre, "
+             "article div.highlight pre, article mjx-container[display='true']")
+
+
+def clipped_elements(browser) -> list[str]:
+    """The first characters of every code block, output or display equation wider than the box
+    that shows it (scrollWidth > clientWidth): what a reader would have to scroll sideways for."""
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        "  .filter(el => el.scrollWidth > el.clientWidth + 1)"
+        "  .map(el => (el.textContent || '').trim().slice(0, 60));", CLIPPABLE)
+
+
 def page_url(site_url: str, chapter: str) -> str:
     return f"{site_url}/{chapter}.html"
 
@@ -225,6 +238,9 @@ def test_chapter_page(browser, site_url, chapter):
 
     # Math: typeset by the site's own MathJax, no TeX error, no LaTeX left in the prose.
     assert_math_rendered(browser, chapter)
+
+    # Nothing cut off at the column edge (1280 px window): code, outputs, display math.
+    assert clipped_elements(browser) == [], f"{chapter}: clipped {clipped_elements(browser)}"
 
     # Colab: the launch button opens exactly this chapter's notebook of the configured repo.
     colab = [a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]")
@@ -304,8 +320,9 @@ def build_mini_book(root: Path, intro: str, code: str) -> subprocess.CompletedPr
     """Build a one-chapter book with the repository's real _config.yml and the README's flags."""
     (root / "book").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO_ROOT / "_config.yml", root / "_config.yml")
-    shutil.copytree(REPO_ROOT / "book" / "_ext", root / "book" / "_ext", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("_ext", "_static"):
+        shutil.copytree(REPO_ROOT / "book" / folder, root / "book" / folder, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/01_probe\n")
     (root / "book" / "intro.md").write_text(intro)
     cells = [{"cell_type": "markdown", "metadata": {}, "source": "# Probe\n\nMath: $x^2$."},
