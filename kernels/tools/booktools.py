@@ -134,7 +134,9 @@ def _ipython_stand_in() -> None:
     """Where IPython is missing, give ``IPython.display`` a plain-text stand-in."""
     import importlib.util
     import types
-    if importlib.util.find_spec("IPython") is not None:
+    # imported already (the real one, or the stand-in from an earlier notebook of this run),
+    # or installed: nothing to do
+    if sys.modules.get("IPython") is not None or importlib.util.find_spec("IPython") is not None:
         return
     display_mod = types.ModuleType("IPython.display")
 

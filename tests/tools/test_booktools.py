@@ -179,3 +179,24 @@ def test_ci_runs_the_readme_commands():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == readme_commands()
     assert 'eval "$TEST_CMD"' in script and 'eval "$BUILD_CMD"' in script
+
+
+def test_run_plain_runs_several_notebooks_in_one_process_without_ipython(tmp_path):
+    """The GPU machine has no IPython: the stand-in must survive a second notebook."""
+    script = tmp_path / "run_two.py"
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": ["from IPython.display import display\n", "display('ok')\n"]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    for name in ("a.ipynb", "b.ipynb"):
+        (tmp_path / name).write_text(json.dumps(nb))
+    script.write_text(
+        "import sys\n"
+        "sys.modules['IPython'] = None  # as if not installed (the GPU machine has none)\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from kernels.tools import booktools\n"
+        f"for n in ('a.ipynb', 'b.ipynb'): booktools.run_plain({str(tmp_path)!r} + '/' + n)\n"
+        "print('both ran')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "both ran" in done.stdout and done.stdout.count("ok") == 2
