@@ -19,8 +19,13 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                       the chapter's amplifier; the exponent stays bf16's)
                   oround=rne | sr  how Ō is rounded at obits < 7: to nearest-even, or stochastically
                       (unbiased, same error size: the control for "biased, not just large")
+                  cap=c    Algorithm 3's offset moves m at most c above the row maximum
+                      (ℓ cannot underflow); clamp=x  O = Ō / max(ℓ, x), as the paper's code does
+                  dshift=c, dnoise=σ, derr=keep|mean|sign, out=low|exact   controls that tell a
+                      biased δ from a large one: see :mod:`kernels.gpt2.controls`
 
-Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``, ``"paper:obits=3"``.
+Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``, ``"paper:obits=3"``,
+``"paper:delta=o_fp32,dshift=2e-9"``, ``"paper:delta=o,derr=sign"``, ``"paper:delta=o,out=exact"``.
 
 Every option is checked once, by :class:`kernels.attention.AttentionOptions` (``spec.options``).
 """
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 from ..attention import AttentionOptions, flash_attention
 from ..attention.emulator import EmulatedAttention
 from ..attention.reference import standard_attention
+from .controls import ControlledAttention, check_control
 
 KINDS = ("sdpa", "math32", "triton", "paper")
 
@@ -50,6 +56,12 @@ class AttnSpec:
     numerics: str = "fa2"      # only for kind="triton"
     obits: int = 7             # only for kind="paper": mantissa bits of Ō (7 = bf16)
     oround: str = "rne"        # only for kind="paper" with obits < 7: "rne" or "sr"
+    cap: float | None = None   # Algorithm 3's offset at most this far above the row maximum
+    clamp: float | None = None  # paper numerics: O = Ō / max(ℓ, clamp)
+    dshift: float = 0.0        # the δ controls of kernels.gpt2.controls
+    dnoise: float = 0.0
+    derr: str = "keep"
+    out: str = "low"
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -61,6 +73,12 @@ class AttnSpec:
         if self.kind == "triton" and self.block and (self.block < 16 or self.block & (self.block - 1)):
             raise ValueError(f"block must be a power of two >= 16 for the triton kind, got {self.block}")
         self.options(self.block or 1)   # every other field is checked by AttentionOptions
+        check_control(self.kind, self.delta, self.dshift, self.dnoise, self.derr, self.out)
+
+    @property
+    def controlled(self) -> bool:
+        """True when a δ control of :mod:`kernels.gpt2.controls` is switched on."""
+        return self.dshift != 0 or self.dnoise != 0 or self.derr != "keep" or self.out != "low"
 
     def options(self, n: int) -> AttentionOptions:
         """The attention options for sequences of ``n`` tokens (block=0: one tile of all)."""
@@ -79,6 +97,11 @@ class AttnSpec:
             opts.append(f"obits={self.obits}")
         if self.oround != "rne":
             opts.append(f"oround={self.oround}")
+        opts += [f"{key}={getattr(self, key)!r}" for key in ("cap", "clamp")   # repr: exact
+                 if getattr(self, key) is not None]
+        opts += [f"{key}={getattr(self, key)!r}" for key in ("dshift", "dnoise")
+                 if getattr(self, key)]
+        opts += [f"derr={self.derr}"] * (self.derr != "keep") + [f"out={self.out}"] * (self.out != "low")
         return f"{self.kind}:" + ",".join(opts)
 
 
@@ -91,7 +114,8 @@ def _options(spec: AttnSpec, n: int) -> AttentionOptions:
         causal=True, numerics="paper" if paper else spec.numerics, stable=spec.stable,
         beta=spec.beta, eps=spec.eps, delta_source=spec.delta,
         block_n=(spec.block or n) if paper else (spec.block or None),
-        acc_bits=spec.obits if spec.obits != 7 else None, acc_rounding=spec.oround)
+        acc_bits=spec.obits if spec.obits != 7 else None, acc_rounding=spec.oround,
+        offset_cap=spec.cap, ell_clamp=spec.clamp)
 
 
 def parse_spec(text: str) -> AttnSpec:
@@ -107,11 +131,11 @@ def parse_spec(text: str) -> AttnSpec:
         if not eq:
             raise ValueError(f"attention option {item!r} in {text!r} is not key=value")
         key = key.strip()
-        if key in ("beta", "eps"):
+        if key in ("beta", "eps", "cap", "clamp", "dshift", "dnoise"):
             fields[key] = float(value)
         elif key in ("block", "obits"):
             fields[key] = int(value)
-        elif key in ("delta", "stable", "numerics", "oround"):
+        elif key in ("delta", "stable", "numerics", "oround", "derr", "out"):
             fields[key] = value.strip()
         else:
             raise ValueError(f"unknown attention option {key!r} in {text!r}")
@@ -121,8 +145,9 @@ def parse_spec(text: str) -> AttnSpec:
         raise ValueError(f"{err} (in {text!r})") from None
 
 
-def attend(q, k, v, spec: AttnSpec):
-    """softmax(QKᵀ/√d)V, causal, computed the way ``spec`` says. Shapes (B, H, N, D)."""
+def attend(q, k, v, spec: AttnSpec, probe=None):
+    """softmax(QKᵀ/√d)V, causal, computed the way ``spec`` says. Shapes (B, H, N, D).
+    ``probe`` (a layer's :class:`AttentionProbe`) receives what a δ control did."""
     if spec.kind == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if spec.kind == "math32":
@@ -130,6 +155,8 @@ def attend(q, k, v, spec: AttnSpec):
             return exact_attention(q.float(), k.float(), v.float())
     opts = spec.options(q.shape[-2])
     if spec.kind == "paper":
+        if spec.controlled:
+            return ControlledAttention.apply(q, k, v, opts, spec, probe)
         return EmulatedAttention.apply(q, k, v, opts)
     return flash_attention(q, k, v, opts)
 

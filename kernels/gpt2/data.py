@@ -77,7 +77,7 @@ def stdlib_bytes(max_bytes: int | None = None) -> bytes:
 def download_gutenberg(cache_dir: str | Path = "~/.cache/lpfa_gutenberg", ids=GUTENBERG_IDS) -> str:
     """Download public-domain books once (progress bar), return their text. Needs a network."""
     import urllib.request
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
     cache = Path(cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     texts = []

@@ -166,4 +166,5 @@ class AttentionProbe:
             self.stats["delta_err_per_head"] = [float(t) for t in per_head]
             self.stats["delta_err"] = float(per_head.sum())
             self.stats["delta_abs"] = float(err.abs().sum(-1).mean(0).sum())
+            self.stats["delta_sq"] = float((err * err).sum(-1).mean(0).sum())  # for matched noise
         self._out_low = self._out_high = None

@@ -59,7 +59,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(b, n, self.n_head, c // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
-        y = attend(q, k, v, self.spec)                        # (B, H, N, D)
+        y = attend(q, k, v, self.spec, self.probe)           # (B, H, N, D)
         if self.probe.active and torch.is_grad_enabled():
             norms = wq_head_norms(self.c_attn.weight, self.n_head)
             self.probe.observe(x, q, k, v, y, norms)

@@ -14,6 +14,20 @@ first in layer 0, measured in the ``amplify`` plan).
 ``obits`` (the amplifier) holds Ō in a float with bf16's exponent and fewer mantissa bits than
 bf16's 7, in every paper-path variant of a run, controls included: the rounding of Ō is magnified
 2^(7 − obits) times and nothing else changes.
+
+The controls that tell a biased δ from a large one (:mod:`.controls`, plan ``controls``):
+``B`` = ``F`` plus a constant δ offset per layer equal to the failing runs' mean error per row
+(bias alone), ``N`` = ``F`` plus zero-mean Gaussian noise on δ of the failing runs' error size
+(size alone, matched under a Gaussian assumption), ``M`` = ``U`` with each sequence's δ errors
+replaced by their mean (keeps Σ_T(δ_lp − δ_hp), the sum of Eq. 3; no token-to-token spread),
+``G`` = ``U`` with random signs on the δ errors (the same sizes row by row, zero mean),
+``X`` = ``U`` whose layers pass the exact O downstream (dO from the exact-O path; δ still from
+the rounded O). The fixes of the bias chapters in training (plan ``amp_fixes``): ``C`` = ``S``
+with the offset capped at 20 above the row maximum, ``K`` = ``S`` with the paper code's clamp
+ℓ ≥ 1e-10, ``D`` = both.
+
+Long runs are *resumable*: every plan run with ``checkpoint_every`` continues from its checkpoint
+when the same search command is given again (see :mod:`.search`).
 """
 from __future__ import annotations
 
@@ -26,7 +40,22 @@ VARIANTS = {
     "R": "paper:delta=o,oround=sr",
     "T": "paper:delta=o,block=64",
     "L": "paper:delta=o_fp32",       # + layer 1 switched to U, see variant_options
+    "B": "paper:delta=o_fp32",       # + per-layer dshift, see variant_options
+    "N": "paper:delta=o_fp32",       # + per-layer dnoise, see variant_options
+    "M": "paper:delta=o,derr=mean",
+    "G": "paper:delta=o,derr=sign",
+    "X": "paper:delta=o,out=exact",
+    "C": "paper:delta=o,stable=cross,beta=2,cap=20",
+    "K": "paper:delta=o,stable=cross,beta=2,clamp=1e-10",
+    "D": "paper:delta=o,stable=cross,beta=2,cap=20,clamp=1e-10",
 }
+# The failing runs' error of δ per row, δ_lp − δ_hp, in each layer: its mean and its mean absolute
+# value over the monitoring steps from 200 until layer 0's ‖W_Q‖ left the control's (Ō with 4
+# bits, seeds 1-3, plan amp_seeds). ``report.matched_delta_stats`` recomputes them from the stored
+# runs and a test checks that these numbers are what it gives.
+MATCHED_K4 = {"mean": (1.835e-09, 3.464e-10, 1.836e-10, 2.102e-10),
+              "mean_abs": (1.705e-07, 6.852e-08, 5.350e-08, 4.072e-08)}
+GAUSS_SD_PER_MEAN_ABS = (3.141592653589793 / 2) ** 0.5   # σ = √(π/2)·E|e| for a normal e
 LADDER_LAYER = 0                     # the layer ``L`` leaves on the failing path (0-based)
 
 SMALL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, warmup=200)
@@ -45,6 +74,13 @@ def variant_options(variant: str, obits: int = 7) -> dict:
     opts = {"attn": with_obits(VARIANTS[variant], obits)}
     if variant == "L":
         opts["layer_attn"] = f"{LADDER_LAYER}={with_obits(VARIANTS['U'], obits)}"
+    if variant in ("B", "N"):
+        if obits != 4:
+            raise ValueError(f"variant {variant} is matched to the 4-bit failing runs: obits=4")
+        key, scale = ("dshift", 1.0) if variant == "B" else ("dnoise", GAUSS_SD_PER_MEAN_ABS)
+        values = MATCHED_K4["mean" if variant == "B" else "mean_abs"]
+        opts["layer_attn"] = ";".join(f"{layer}={opts['attn']},{key}={scale * value!r}"
+                                      for layer, value in enumerate(values))
     return opts
 
 
@@ -100,7 +136,26 @@ def plan(name: str) -> list[tuple[str, dict]]:
         runs += make_runs("k5", AMP, "RF", [0], obits=5, gpu_slot=2)
         runs += make_runs("k5", AMP, "S", [0], obits=5, gpu_slot=3) + make_runs("k6", AMP, "U", [0], obits=6, gpu_slot=3)
         return runs
+    if name == "bf16_long":  # real bf16, U and F, two seeds, one GPU each, until U explodes or 120k
+        long = dict(AMP, steps=120_000, monitor_every=200, checkpoint_every=2_000)
+        runs = []
+        for slot, (variant, seed) in enumerate((("U", 1), ("F", 1), ("U", 2), ("F", 2))):
+            runs += make_runs("k7x", long, variant, [seed], gpu_slot=slot)
+        return runs
+    if name == "amp_bits":  # Ō with 5 and 6 bits: three seeds of U (and F on seed 1)
+        resumable = dict(AMP, checkpoint_every=2_000)
+        runs = make_runs("k5", resumable, "U", [1, 2, 3], obits=5)
+        runs += make_runs("k6", resumable, "U", [1, 2, 3], obits=6)
+        runs += make_runs("k5", resumable, "F", [1], obits=5) + make_runs("k6", resumable, "F", [1], obits=6)
+        return runs
+    if name == "controls":  # bias or size? Ō with 4 bits, the failing path, its control, 5 controls
+        resumable = dict(AMP, checkpoint_every=2_000)
+        return make_runs("k4c", resumable, "UFBNMGX", [1, 2, 3], obits=4)
+    if name == "amp_fixes":  # the fixes of the bias chapters in training, Ō with 4 bits
+        resumable = dict(AMP, checkpoint_every=2_000)
+        return make_runs("k4f", resumable, "CKD", [1, 2, 3], obits=4)
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 
-PLANS = ("tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final")
+PLANS = ("tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final", "bf16_long",
+         "amp_bits", "controls", "amp_fixes")

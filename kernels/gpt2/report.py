@@ -187,3 +187,97 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
 __all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagnostic", "monitor_series",
            "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
            "plot_steps_to_failure", "obits_of"]
+
+
+# ------------------------------------------------------------------------------------------------
+# When does a diagnostic of the failing run leave its control behind? (same seed, same batches)
+# ------------------------------------------------------------------------------------------------
+# Pairs of stored runs that differ only in where δ comes from: (failing path, fp32-O control),
+# same seed, batch order, schedule and mantissa bits of Ō. ``k5-U-s0`` (plan amplify) and
+# ``k5-F-s0`` (plan amp_final) were made by two calls of the same code and options.
+PAIRS = (("k3-U-s0", "k3-F-s0"), ("k4-U-s1", "k4-F-s1"), ("k4-U-s2", "k4-F-s2"),
+         ("k4-U-s3", "k4-F-s3"), ("k5-U-s0", "k5-F-s0"), ("k7long-U-s0", "k7long-F-s0"))
+# How far above the control, and smoothed over how many monitoring points, counts as "left":
+# ‖W_Q‖ is smooth (25 % above, no smoothing); the tie share and the rank-1 cosines are noisy
+# from step to step (10 % and 25 % above the control, over 5 points = 500 steps).
+DEPARTURE_RULES = {"wq": (1.25, 1), "rows_tied_bf16": (1.10, 5), "rank1_token_cos": (1.25, 5),
+                   "rank1_step_cos": (1.05, 5)}
+
+
+def rolling_mean(values, width: int) -> np.ndarray:
+    """Centred moving average of ``width`` points; shorter windows at the ends (same length)."""
+    values = np.asarray(values, dtype=float)
+    if width <= 1:
+        return values
+    half = width // 2
+    return np.array([np.mean(values[max(0, i - half):i + half + 1]) for i in range(len(values))])
+
+
+def departure(steps_a, a, steps_b, b, ratio: float, width: int = 1):
+    """First step from which ``a / b`` (each smoothed over ``width`` points) stays above
+    ``ratio`` at every later step the two series share; ``None`` if it never does."""
+    common = np.intersect1d(steps_a, steps_b)
+    if len(common) < 2:
+        return None
+    pick = lambda s, v: rolling_mean(np.asarray(v)[np.isin(s, common)], width)  # noqa: E731
+    above = pick(steps_a, a) / pick(steps_b, b) > ratio
+    if not above[-1]:
+        return None
+    first = len(above) - int(np.argmin(above[::-1])) if not above.all() else 0
+    return int(common[first]) if first < len(common) - 1 else None
+
+
+def pair_departures(failing: dict, control: dict, layer: int = 0) -> dict:
+    """The step at which each diagnostic of ``DEPARTURE_RULES`` of the failing run leaves the
+    control's (layer ``layer``), and the failing run's explosion step (None: not within its run)."""
+    out = {}
+    for key, (ratio, width) in DEPARTURE_RULES.items():
+        sa, va = monitor_series(failing, key, layer)
+        sb, vb = monitor_series(control, key, layer)
+        out[key] = departure(sa, va, sb, vb, ratio, width)
+    out["explosion"] = outcome(failing)["step"]
+    return out
+
+
+def departure_table(runs: dict, pairs=PAIRS, layer: int = 0):
+    """A pandas table of :func:`pair_departures`, one row per pair present in ``runs``."""
+    import pandas as pd
+    rows = []
+    for fail, ctrl in pairs:
+        if fail in runs and ctrl in runs:
+            rows.append({"failing": fail, "control": ctrl, "obits": obits_of(runs[fail]),
+                         "steps": runs[fail]["summary"]["steps_done"],
+                         **pair_departures(runs[fail], runs[ctrl], layer)})
+    return pd.DataFrame(rows)
+
+
+def delta_bias_share(run: dict, layer: int = 0, before=None) -> float:
+    """Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the monitoring steps before ``before`` (all if None):
+    0 = no bias, +1 or −1 = every row's error of one sign."""
+    stats = [m["layers"][layer] for m in run["monitor"]
+             if (before is None or m["step"] < before) and "delta_abs" in m["layers"][layer]
+             and np.isfinite(m["layers"][layer]["delta_abs"])]
+    total = sum(s["delta_abs"] for s in stats)
+    return sum(s["delta_err"] for s in stats) / total if total else float("nan")
+
+
+def matched_delta_stats(runs: dict, seeds=("s1", "s2", "s3"), first_step: int = 200):
+    """Per layer: the mean and the mean absolute value of δ_lp − δ_hp *per row* in the 4-bit
+    failing runs ``k4-U-<seed>``, over the monitoring steps from ``first_step`` until layer 0's
+    ‖W_Q‖ leaves its control's (``k4-F-<seed>``). The controls B and N of :mod:`.plans` are
+    matched to these numbers (``plans.MATCHED_K4``)."""
+    per_layer = None
+    for seed in seeds:
+        fail, ctrl = runs[f"k4-U-{seed}"], runs[f"k4-F-{seed}"]
+        stop = pair_departures(fail, ctrl)["wq"]
+        for m in fail["monitor"]:
+            if not first_step <= m["step"] < stop:
+                continue
+            if per_layer is None:
+                per_layer = [([], []) for _ in m["layers"]]
+            for (means, abss), st in zip(per_layer, m["layers"]):
+                rows = st["rows"] / fail["config"]["batch_size"]         # heads × tokens
+                means.append(st["delta_err"] / rows)
+                abss.append(st["delta_abs"] / rows)
+    return {"mean": tuple(float(np.mean(m)) for m, _ in per_layer),
+            "mean_abs": tuple(float(np.mean(a)) for _, a in per_layer)}

@@ -1,15 +1,40 @@
-"""Run many small GPT-2 trainings at once on one GPU and pack their logs into one JSON file.
+"""Run many small GPT-2 trainings at once and pack their logs into one JSON file.
 
 Small models do not fill an H100, so a search runs each configuration as its own process, all at
 the same time, every one replaying the same recorded batch order. A *plan* is a named list of runs
-(below), so the command that made a result file is short and exact:
+(:mod:`.plans`), so the command that made a result file is short and exact:
 
     python -m kernels.gpt2.search --plan probe --minutes 8 --out results_dir
 
-The plans and the attention variants of each run are defined in :mod:`.plans`.
-
 With several GPUs visible the runs are dealt out round-robin, one process per run
-(``CUDA_VISIBLE_DEVICES`` set per process).
+(``CUDA_VISIBLE_DEVICES`` set per process), or to the GPU a run names (``gpu_slot``).
+
+Resumable plans (runs with ``checkpoint_every``) are split into calls: every call trains each run
+for ``--minutes``, leaves a checkpoint in ``--work`` and writes ``gpt2_<plan>.json`` (every log
+so far) to ``--out``; the *same command again* resumes each unfinished run where it stopped,
+bit-identically, and skips runs that finished, exploded or went NaN. ``--work`` must survive
+between calls: one device machine keeps its disk while it is held (the checkpoints, 38 MB per run
+of this model, are too large to carry between machines). With ``--minutes 8`` a call ends within
+8 min 40 s, inside a 10-minute device-call limit. ``--only`` picks runs by name.
+
+The GPU plans of the GPT-2 chapter, one command each (repeat the command until every run has
+ended; each line says how many calls that takes at the speeds measured on H200s):
+
+    # real bf16, U and F, seeds 1 and 2, until U explodes or 120,000 steps (one GPU per run:
+    # ~68 steps/s, so about 4 calls of 8 minutes on a 4-GPU machine)
+    python -m kernels.gpt2.search --plan bf16_long --minutes 8 --work /tmp/gpt2_search --out $OUT
+    # the same on a 2-GPU machine, one seed at a time
+    python -m kernels.gpt2.search --plan bf16_long --only s1 --minutes 8 --work /tmp/gpt2_search --out $OUT
+    # Ō with 5 and 6 mantissa bits, three seeds of U and F on seed 1 (20,000 steps; 8 runs,
+    # two per GPU on 4 GPUs: about 2 calls)
+    python -m kernels.gpt2.search --plan amp_bits --minutes 8 --work /tmp/gpt2_search --out $OUT
+    # bias or size: U, F and the five δ controls at 4 bits, seeds 1-3 (21 runs; U fails in
+    # ~6,000 steps; on 4 GPUs about 3 calls; --only s1 for one seed)
+    python -m kernels.gpt2.search --plan controls --minutes 8 --work /tmp/gpt2_search --out $OUT
+    # the bias chapters' fixes in training at 4 bits: β capped, ℓ clamped, both (9 runs)
+    python -m kernels.gpt2.search --plan amp_fixes --minutes 8 --work /tmp/gpt2_search --out $OUT
+
+Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
 from __future__ import annotations
 
@@ -90,24 +115,44 @@ def assign_gpus(runs, gpus: list[str]) -> list[tuple[str, dict, str | None]]:
     return out
 
 
+FINAL = ("finished", "non-finite", "stopped: loss exploded")
+
+
+def _previous(work: Path, name: str):
+    """(record, final?) of a run an earlier call left in ``work``; (None, False) if none."""
+    path = work / f"{name}.json"
+    if not path.exists():
+        return None, False
+    rec = json.loads(path.read_text())
+    return rec, rec["summary"]["status"].startswith(FINAL)
+
+
 def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
-    """Start every run as its own process, wait up to ``minutes``, return {name: log record}."""
+    """Start every run as its own process, wait up to ``minutes``, return {name: log record}.
+    A resumable run (``checkpoint_every``) continues from its checkpoint in ``work``; one that
+    already ended there is not started again."""
     work.mkdir(parents=True, exist_ok=True)
     _record_orders(runs, work)
-    procs = {}
+    procs, records = {}, {}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     for name, opts, gpu in assign_gpus(runs, _visible_gpus()):
+        resumable = bool(opts.get("checkpoint_every"))
+        if resumable:
+            rec, final = _previous(work, name)
+            if final:
+                records[name] = {**rec, "returncode": None, "stdout_tail": "ended in an earlier call"}
+                continue
         order = _order_path(work, opts)
+        resume = ["--resume"] if resumable and (work / f"{name}.ckpt.pt").exists() else []
         argv = [sys.executable, "-m", "kernels.gpt2.train", "--name", name, "--out-dir", str(work),
                 "--max-minutes", f"{minutes:.3f}", "--no-progress", "--stop-after-explosion", "400",
-                "--batch-order", str(order), *_argv(opts)]
-        log = open(work / f"{name}.stdout", "w")
+                "--batch-order", str(order), *resume, *_argv(opts)]
+        log = open(work / f"{name}.stdout", "a" if resume else "w")
         run_env = env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
         procs[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=run_env), log)
     deadline = time.time() + 60 * minutes + 90
     while time.time() < deadline and any(p.poll() is None for p, _ in procs.values()):
         time.sleep(5)
-    records = {}
     for name, (proc, log) in procs.items():
         if proc.poll() is None:
             proc.kill()
@@ -117,7 +162,16 @@ def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
         rec["returncode"] = proc.returncode
         rec["stdout_tail"] = (work / f"{name}.stdout").read_text()[-1500:]
         records[name] = rec
-    return records
+    return {name: records[name] for name, _ in runs if name in records}
+
+
+def select(runs, only: str = ""):
+    """The runs whose names contain any of the comma-separated parts of ``only`` (all if empty)."""
+    parts = [p for p in only.split(",") if p]
+    picked = [(n, o) for n, o in runs if not parts or any(p in n for p in parts)]
+    if not picked:
+        raise ValueError(f"--only {only!r} matches no run of the plan")
+    return picked
 
 
 def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
@@ -158,24 +212,28 @@ def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--plan", required=True, choices=PLANS)
+    parser.add_argument("--plan", required=True, choices=(*PLANS, "ddp"))
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--out", default="results")
     parser.add_argument("--work", default="/tmp/gpt2_search")
+    parser.add_argument("--only", default="", help="comma-separated parts of run names to run")
     args = parser.parse_args(argv)
     from ..results import provenance
     if args.plan == "ddp":
         return ddp_check(Path(args.out), Path(args.work) / "ddp")
-    runs = plan(args.plan)
+    runs = select(plan(args.plan), args.only)
     started = time.time()
     records = launch(runs, args.minutes, Path(args.work) / args.plan)
-    packed = {"provenance": provenance(f"python -m kernels.gpt2.search --plan {args.plan} --minutes {args.minutes}"),
+    only = f" --only {args.only}" if args.only else ""
+    command = f"python -m kernels.gpt2.search --plan {args.plan}{only} --minutes {args.minutes}"
+    packed = {"provenance": provenance(command),
               "data": {"plan": args.plan, "wall_s": time.time() - started, "concurrent_processes": len(runs),
                        "gpus": max(1, len(_visible_gpus())),
                        "runs": records}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"gpt2_{args.plan}.json", "w") as f:
+    suffix = "_" + args.only.replace(",", "_") if args.only else ""
+    with open(out / f"gpt2_{args.plan}{suffix}.json", "w") as f:
         json.dump(packed, f, separators=(",", ":"))
     for name, rec in records.items():
         s = rec["summary"]

@@ -6,8 +6,16 @@
 The paper's recipe (§3.1): AdamW(0.9, 0.95), weight decay 0, linear warmup then cosine decay to
 ``min_lr``, global gradient clipping at 1.0, bf16 autocast, and a *recorded batch order* that every
 run replays (``--batch-order`` file, written on first use). Logs: ``<name>.csv`` (one row per
-logged step) and ``<name>.json`` (config, history, diagnostics, summary). ``--checkpoint-every``
-writes ``<name>.ckpt.pt``; ``--resume`` continues from it with the same next batch.
+logged step) and ``<name>.json`` (config, history, diagnostics, summary).
+
+Resumable runs. ``--checkpoint-every N`` writes ``<name>.ckpt.pt`` every N steps and whenever a
+call stops early (``--max-minutes``, the time limit of *this* call, or ``--stop-at``, a step);
+``--resume`` continues from it. A checkpoint holds everything the next step depends on: model,
+optimizer, step (the data position: batches are read from the recorded order by step), the
+explosion detector's state, the probes' previous rank-1 matrices, and every random generator
+(Python, NumPy, torch CPU and CUDA; stochastic rounding and the δ-noise controls draw from
+torch's). A resumed run continues bit-identically to an uninterrupted one
+(``tests/gpt2/test_resume.py``). Under DDP each rank saves and restores its own generators.
 
 ``--autocast bf16`` works on CUDA GPUs of sm_80 and newer and on the CPU (PyTorch's CPU autocast
 supports bf16); on older GPUs (T4) pass ``--autocast off``: the model then runs in fp32 around the
@@ -20,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +74,8 @@ class TrainConfig:
     log_every: int = 10
     monitor_every: int = 100      # diagnostics (norms, ties, shadow δ pass); 0 = never
     eval_every: int = 0
-    max_minutes: float = 0.0      # stop after this wall time (0 = no limit)
+    max_minutes: float = 0.0      # stop this call after this wall time (0 = no limit)
+    stop_at: int = 0              # stop this call at this step, to resume later (0 = never)
     stop_after_explosion: int = 0  # stop once the loss has stayed exploded this many steps (0 = never)
     checkpoint_every: int = 0
     resume: bool = False
@@ -143,6 +153,7 @@ class Trainer:
         self.delta_running = [0.0] * cfg.n_layer
         self.wall_offset = 0.0
         self.status = "running"
+        self.ema, self.ema_min, self.exploded_for = None, math.inf, 0   # explosion detector
         self.out_dir = Path(cfg.out_dir)
         if self.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,11 +224,12 @@ class Trainer:
     # ---------------------------------------------------------------- loop
     def run(self) -> dict:
         cfg = self.cfg
-        from tqdm.auto import tqdm
-        start = time.time() - self.wall_offset
+        from tqdm.std import tqdm
+        call_start = time.time()
+        start = call_start - self.wall_offset          # wall time counts across resumed calls
         bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.name, mininterval=5,
                    disable=not (cfg.progress and self.rank == 0))
-        ema, ema_min, exploded_for = None, math.inf, 0
+        self.status = "running"
         while self.step < cfg.steps:
             step = self.step
             loss, grad_norm = self.train_step()
@@ -229,27 +241,40 @@ class Trainer:
                 if not math.isfinite(loss_v):
                     self.status = f"non-finite loss at step {step}"
                     break
-                ema = loss_v if ema is None else 0.9 * ema + 0.1 * loss_v
-                ema_min = min(ema_min, ema)
-                exploded_for = exploded_for + cfg.log_every if ema > ema_min + 1.0 else 0
-                if cfg.stop_after_explosion and exploded_for >= cfg.stop_after_explosion:
-                    self.status = f"stopped: loss exploded and stayed up {exploded_for} steps"
+                if self._exploded(loss_v):
+                    self.status = f"stopped: loss exploded and stayed up {self.exploded_for} steps"
                     break
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self.evals.append({"step": step, "val_loss": self.evaluate()})
+            if cfg.monitor_every and step % cfg.monitor_every == 0 and self.rank == 0:
+                self.write_json(time.time() - start)       # a killed run still leaves its log
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.wall_offset = time.time() - start
                 self.save_checkpoint()
-            if cfg.monitor_every and step % cfg.monitor_every == 0 and self.rank == 0:
-                self.write_json(time.time() - start)       # a killed run still leaves its log
-            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
-                self.status = f"stopped: time limit of {cfg.max_minutes} min at step {self.step}"
+            stop = None
+            if cfg.max_minutes and time.time() - call_start > 60 * cfg.max_minutes:
+                stop = f"stopped: time limit of {cfg.max_minutes} min at step {self.step}"
+            elif cfg.stop_at and self.step >= cfg.stop_at and self.step < cfg.steps:
+                stop = f"stopped: paused at step {self.step}"
+            if stop:
+                self.status = stop
+                if cfg.checkpoint_every:                    # resumable: leave the exact state
+                    self.wall_offset = time.time() - start
+                    self.save_checkpoint()
                 break
         else:
             self.status = "finished"
         bar.close()
         summary = self.write_json(time.time() - start) if self.rank == 0 else None
         return summary
+
+    def _exploded(self, loss: float) -> bool:
+        """Smoothed loss a full nat above its running minimum for ``stop_after_explosion`` steps."""
+        cfg = self.cfg
+        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        self.ema_min = min(self.ema_min, self.ema)
+        self.exploded_for = self.exploded_for + cfg.log_every if self.ema > self.ema_min + 1.0 else 0
+        return bool(cfg.stop_after_explosion and self.exploded_for >= cfg.stop_after_explosion)
 
     def _mean_over_ranks(self, loss) -> float:
         if self.world > 1:
@@ -266,11 +291,22 @@ class Trainer:
             h[key].append(val)
         if self.rank == 0:
             path = self.out_dir / f"{self.cfg.name}.csv"
-            new = not path.exists() or step == 0
-            with open(path, "w" if new else "a") as f:
-                if new:
-                    f.write("step,loss,lr,grad_norm,wall_s\n")
-                f.write(f"{step},{loss:.6g},{h['lr'][-1]:.6g},{grad_norm:.6g},{wall:.3f}\n")
+            if not path.exists() or step == 0:
+                self._write_csv()
+            else:
+                with open(path, "a") as f:
+                    f.write(self._csv_row(-1))
+
+    def _csv_row(self, i: int) -> str:
+        h = self.history
+        return (f"{h['step'][i]},{h['loss'][i]:.6g},{h['lr'][i]:.6g},{h['grad_norm'][i]:.6g},"
+                f"{h['wall_s'][i]:.3f}\n")
+
+    def _write_csv(self):
+        """The whole log so far (on resume: drops rows a killed call wrote after its checkpoint)."""
+        with open(self.out_dir / f"{self.cfg.name}.csv", "w") as f:
+            f.write("step,loss,lr,grad_norm,wall_s\n")
+            f.writelines(self._csv_row(i) for i in range(len(self.history["step"])))
 
     def summary(self, wall) -> dict:
         h = self.history
@@ -298,24 +334,73 @@ class Trainer:
     def checkpoint_path(self) -> Path:
         return self.out_dir / f"{self.cfg.name}.ckpt.pt"
 
+    # options that may change between the calls of one resumable run; every other option must
+    # match the checkpoint
+    RESUMABLE_OPTIONS = ("resume", "max_minutes", "stop_at", "progress", "out_dir",
+                         "checkpoint_every", "device", "batch_order")
+
+    def _rng_state(self) -> dict:
+        state = {"python": random.getstate(), "numpy": np.random.get_state(),
+                 "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @staticmethod
+    def _set_rng_state(state: dict):
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+    def _rank_rng_path(self) -> Path:
+        return self.out_dir / f"{self.cfg.name}.rng{self.rank}.pt"
+
     def save_checkpoint(self):
+        """Everything the next step depends on, written atomically (a kill leaves the old one)."""
+        if self.world > 1:                             # each rank's own generators
+            torch.save(self._rng_state(), self._rank_rng_path())
         if self.rank != 0:
             return
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "history": self.history, "monitor": self.monitor, "evals": self.evals,
-                    "delta_running": self.delta_running, "wall_offset": self.wall_offset,
-                    "config": dataclasses.asdict(self.cfg)}, self.checkpoint_path())
+        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                 "history": self.history, "monitor": self.monitor, "evals": self.evals,
+                 "delta_running": self.delta_running, "wall_offset": self.wall_offset,
+                 "detector": (self.ema, self.ema_min, self.exploded_for),
+                 "probes": [b.attn.probe.prev_rank1 for b in self.model.blocks],
+                 "rng": self._rng_state(), "order": self.order.fingerprint(),
+                 "config": dataclasses.asdict(self.cfg)}
+        path = self.checkpoint_path()
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
 
     def load_checkpoint(self):
         path = self.checkpoint_path()
         if not path.exists():
             raise FileNotFoundError(f"--resume given but there is no checkpoint {path}")
         state = torch.load(path, map_location=self.device, weights_only=False)
+        mine, saved = dataclasses.asdict(self.cfg), state["config"]
+        changed = [k for k in mine if k not in self.RESUMABLE_OPTIONS and saved.get(k) != mine[k]]
+        if changed:
+            raise ValueError(f"checkpoint {path} was made with other options: "
+                             + ", ".join(f"{k}={saved.get(k)!r} (now {mine[k]!r})" for k in changed))
+        if state["order"] != self.order.fingerprint():
+            raise ValueError(f"checkpoint {path} was made with another batch order")
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
         self.step, self.history, self.monitor = state["step"], state["history"], state["monitor"]
         self.evals, self.delta_running = state["evals"], state["delta_running"]
         self.wall_offset = state["wall_offset"]
+        self.ema, self.ema_min, self.exploded_for = state["detector"]
+        for block, prev in zip(self.model.blocks, state["probes"]):
+            block.attn.probe.prev_rank1 = None if prev is None else prev.to(self.device)
+        rng = state["rng"]
+        if self.world > 1 and self._rank_rng_path().exists():
+            rng = torch.load(self._rank_rng_path(), weights_only=False)
+        self._set_rng_state(rng)
+        if self.rank == 0:
+            self._write_csv()
 
 
 def run_training(cfg: TrainConfig, corpus=None) -> dict:

@@ -294,7 +294,8 @@ def test_find_explosion():
 
 
 # ----------------------------------------------------------------------------- search plans and report
-@pytest.mark.parametrize("name", ["tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final"])
+@pytest.mark.parametrize("name", ["tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final",
+                                  "bf16_long", "amp_bits", "controls", "amp_fixes"])
 def test_every_plan_builds_valid_runs(name):
     from kernels.gpt2.plans import plan
     runs = plan(name)
@@ -309,6 +310,23 @@ def test_every_plan_builds_valid_runs(name):
             assert any(s.oround == "sr" for s in specs)
         if "-L-" in run_name:
             assert specs[0].delta == "o" and all(s.delta == "o_fp32" for s in specs[1:])
+        if "-B-" in run_name or "-N-" in run_name:      # F plus a δ control in every layer
+            assert all(s.delta == "o_fp32" and s.controlled and s.obits == 4 for s in specs)
+        if name in ("bf16_long", "amp_bits", "controls", "amp_fixes"):
+            assert opts["checkpoint_every"] > 0, "GPU plans of the chapter must be resumable"
+
+
+def test_matched_controls_use_the_stored_failing_runs():
+    from kernels.gpt2 import report
+    from kernels.gpt2.plans import MATCHED_K4, variant_options
+    stats = report.matched_delta_stats(report.load_search("amp_seeds")["data"]["runs"])
+    for key in ("mean", "mean_abs"):
+        assert stats[key] == pytest.approx(MATCHED_K4[key], rel=1e-3), key
+    assert all(m > 0 for m in stats["mean"])          # the failing runs' δ error leans positive
+    layers = variant_options("B", 4)["layer_attn"].split(";")
+    assert len(layers) == 4 and all("dshift=" in item for item in layers)
+    with pytest.raises(ValueError, match="obits=4"):
+        variant_options("N", 5)
 
 
 def test_variants_and_gpu_dealing():
