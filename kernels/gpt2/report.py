@@ -11,11 +11,19 @@ from ..results import load
 from .diagnostics import find_explosion
 from .plans import VARIANTS
 
-VARIANT_NAMES = {"U": "paper bf16 (δ from bf16 O)", "F": "fp32 O for δ (control)",
-                 "S": "stabilised (β=2)", "P": "δ = rowsum(dP∘P)", "A": "torch SDPA",
-                 "R": "U, Ō rounded stochastically", "T": "U in tiles of 64", "L": "U in layer 0 only"}
+VARIANT_NAMES = {"U": "failing path (δ from rounded O)", "F": "control (δ from fp32 O)",
+                 "S": "fix: β = 2 rule", "P": "δ from rowsum(dP∘P)", "A": "torch SDPA",
+                 "R": "failing path, Ō rounded stochastically", "T": "failing path, tiles of 64",
+                 "L": "failing path in layer 0 only",
+                 "B": "control + constant δ bias", "N": "control + δ noise",
+                 "M": "failing path, δ error → its mean", "G": "failing path, δ error ± at random",
+                 "X": "failing path, exact O passed on", "C": "fix: β = 2, offset capped",
+                 "K": "fix: β = 2, ℓ clamped", "D": "fix: β = 2, capped and clamped"}
 VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray",
-                   "R": "tab:orange", "T": "tab:brown", "L": "tab:pink"}
+                   "R": "tab:orange", "T": "tab:brown", "L": "tab:pink", "B": "tab:olive",
+                   "N": "tab:cyan", "M": "darkred", "G": "salmon", "X": "indigo",
+                   "C": "darkgreen", "K": "limegreen", "D": "seagreen"}
+FONT = 9        # smallest font size in the chapter's figures (points): legible at 720 px
 
 # Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
 # from memory bandwidth, not a measurement).
@@ -87,7 +95,7 @@ def plot_losses(ax, runs: dict, config: str, seeds=None, width: int = 10):
         ax.plot(*smooth(h["step"], h["loss"], width), color=VARIANT_COLOURS[variant], lw=1.2,
                 label=f"{VARIANT_NAMES[variant]} {seed}")
     ax.set(xlabel="training step", ylabel="loss (nats / byte)", title=config)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=FONT)
 
 
 def plot_diagnostic(ax, runs: dict, config: str, key: str, ylabel: str, layer=None, log=False):
@@ -121,7 +129,7 @@ def plot_gap(ax, runs: dict, config: str, a: str = "U", b: str = "F", width: int
                 label=f"{b}: seed {seeds[0][1:]} − seed {seeds[1][1:]}")
     ax.axhline(0, color="k", lw=0.5)
     ax.set(xlabel="training step", ylabel="loss difference (nats / byte)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=FONT)
 
 
 def obits_of(run: dict) -> int:
@@ -172,7 +180,7 @@ def plot_steps_to_failure(ax, table, variants=("U", "R", "F", "S")):
                        s=40, marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
     ax.set(yscale="log", xlabel="mantissa bits of Ō (7 = bf16)", ylabel="training steps",
            title="steps to loss explosion or NaN")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
@@ -196,7 +204,8 @@ __all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagn
 # same seed, batch order, schedule and mantissa bits of Ō. ``k5-U-s0`` (plan amplify) and
 # ``k5-F-s0`` (plan amp_final) were made by two calls of the same code and options.
 PAIRS = (("k3-U-s0", "k3-F-s0"), ("k4-U-s1", "k4-F-s1"), ("k4-U-s2", "k4-F-s2"),
-         ("k4-U-s3", "k4-F-s3"), ("k5-U-s0", "k5-F-s0"), ("k7long-U-s0", "k7long-F-s0"))
+         ("k4-U-s3", "k4-F-s3"), ("k5-U-s0", "k5-F-s0"), ("k7-U-s0", "k7-F-s0"),
+         ("k7long-U-s0", "k7long-F-s0"))
 # How far above the control, and smoothed over how many monitoring points, counts as "left":
 # ‖W_Q‖ is smooth (25 % above, no smoothing); the tie share and the rank-1 cosines are noisy
 # from step to step (10 % and 25 % above the control, over 5 points = 500 steps).
@@ -227,11 +236,12 @@ def departure(steps_a, a, steps_b, b, ratio: float, width: int = 1):
     return int(common[first]) if first < len(common) - 1 else None
 
 
-def pair_departures(failing: dict, control: dict, layer: int = 0) -> dict:
-    """The step at which each diagnostic of ``DEPARTURE_RULES`` of the failing run leaves the
-    control's (layer ``layer``), and the failing run's explosion step (None: not within its run)."""
+def pair_departures(failing: dict, control: dict, layer: int = 0, rules=None) -> dict:
+    """The step at which each diagnostic of ``rules`` (default :data:`DEPARTURE_RULES`) of the
+    failing run leaves the control's (layer ``layer``), and the failing run's explosion step
+    (None: not within its run)."""
     out = {}
-    for key, (ratio, width) in DEPARTURE_RULES.items():
+    for key, (ratio, width) in (rules or DEPARTURE_RULES).items():
         sa, va = monitor_series(failing, key, layer)
         sb, vb = monitor_series(control, key, layer)
         out[key] = departure(sa, va, sb, vb, ratio, width)
@@ -239,7 +249,7 @@ def pair_departures(failing: dict, control: dict, layer: int = 0) -> dict:
     return out
 
 
-def departure_table(runs: dict, pairs=PAIRS, layer: int = 0):
+def departure_table(runs: dict, pairs=PAIRS, layer: int = 0, rules=None):
     """A pandas table of :func:`pair_departures`, one row per pair present in ``runs``."""
     import pandas as pd
     rows = []
@@ -247,7 +257,8 @@ def departure_table(runs: dict, pairs=PAIRS, layer: int = 0):
         if fail in runs and ctrl in runs:
             rows.append({"failing": fail, "control": ctrl, "obits": obits_of(runs[fail]),
                          "steps": runs[fail]["summary"]["steps_done"],
-                         **pair_departures(runs[fail], runs[ctrl], layer)})
+                         "schedule": runs[fail]["config"]["steps"],
+                         **pair_departures(runs[fail], runs[ctrl], layer, rules)})
     return pd.DataFrame(rows)
 
 
@@ -281,3 +292,136 @@ def matched_delta_stats(runs: dict, seeds=("s1", "s2", "s3"), first_step: int = 
                 abss.append(st["delta_abs"] / rows)
     return {"mean": tuple(float(np.mean(m)) for m, _ in per_layer),
             "mean_abs": tuple(float(np.mean(a)) for _, a in per_layer)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The chapter's figures of stored runs (each one message; fonts >= FONT points at 7.2 inches)
+# ------------------------------------------------------------------------------------------------
+def _schedule_label(run: dict) -> str:
+    bits = obits_of(run)
+    name = "bf16" if bits == 7 else f"{bits} bits"
+    steps = run["config"]["steps"]
+    return name if steps == 20_000 else f"{name}, {steps // 1000}k-step schedule"
+
+
+def outcome_rows(runs: dict, order="UTLPRSF"):
+    """One row per (Ō width and schedule, variant): label in words and the runs it holds, in
+    the order a reader scans them (narrowest Ō first, the failing path first)."""
+    groups = {}
+    for name, run in runs.items():
+        variant = parse_name(name)[1]
+        key = (obits_of(run), run["config"]["steps"], variant)
+        groups.setdefault(key, []).append(name)
+    keys = sorted(groups, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99))
+    return [(f"{_schedule_label(runs[groups[k][0]])}: {VARIANT_NAMES[k[2]]}", k[2], groups[k])
+            for k in keys]
+
+
+OUTCOME_MARKERS = {"explosion": dict(marker="o", s=36), "NaN": dict(marker="X", s=46),
+                   None: dict(marker=">", s=40)}
+OUTCOME_WORDS = {"explosion": "loss exploded", "NaN": "went NaN",
+                 None: "still training when its time ran out"}
+
+
+def plot_outcomes(ax, runs: dict, departures: dict | None = None):
+    """Every run as a dot: where its loss exploded (filled circle), where it went NaN (cross), or
+    the last step it reached while still training (open triangle). One row per Ō width,
+    schedule and variant; seeds share a row. Colour = variant, shape = outcome.
+    ``departures`` {run name: step} adds a bar where a run's ‖W_Q‖ left its control's."""
+    from matplotlib.lines import Line2D
+    rows = outcome_rows(runs)
+    departures = departures or {}
+    for y, (_, variant, names) in enumerate(rows):
+        colour = VARIANT_COLOURS[variant]
+        for name in names:
+            o = outcome(runs[name])
+            x = o["step"] if o["step"] is not None else o["steps"]
+            style = dict(OUTCOME_MARKERS[o["event"]])
+            if o["event"] is None:
+                style.update(facecolor="none", edgecolor=colour)
+            else:
+                style.update(color=colour)
+            ax.scatter(x, y, zorder=3, **style)
+            if departures.get(name) is not None:
+                ax.scatter(departures[name], y, marker="|", s=120, lw=2, color="0.25", zorder=2)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=FONT)
+    ax.invert_yaxis()
+    ax.set(xscale="log", xlim=(700, 5e4))
+    ax.set_xlabel("training step (log scale)", fontsize=FONT)
+    proxies = [Line2D([], [], ls="", marker=OUTCOME_MARKERS[e]["marker"], ms=7,
+                      markerfacecolor="none" if e is None else "0.35", markeredgecolor="0.35",
+                      label=OUTCOME_WORDS[e]) for e in OUTCOME_MARKERS]
+    if departures:
+        proxies.append(Line2D([], [], ls="", marker="|", ms=10, mew=2, color="0.25",
+                              label="‖W_Q‖ left the control's"))
+    ax.legend(handles=proxies, fontsize=FONT, loc="upper center", ncol=2,
+              bbox_to_anchor=(0.3, -0.09))
+
+
+def _mark(ax, step, colour, style):
+    if step is not None:
+        ax.axvline(step, color=colour, ls=style, lw=1.2)
+
+
+def departure_legend(ax, keys=("rows_tied_bf16", "wq"), **kw):
+    """A legend for the vertical lines that mark departures (added to the existing entries)."""
+    from matplotlib.lines import Line2D
+    words = {"rows_tied_bf16": ("--", "tie share leaves the control's"),
+             "wq": (":", "‖W_Q‖ leaves the control's"),
+             "rank1_token_cos": ("-.", "similarity leaves the control's")}
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], color="0.3", ls=words[k][0], label=words[k][1]) for k in keys]
+    ax.legend(handles=handles, fontsize=FONT, **kw)
+
+
+def plot_precondition(axes, failing: dict, control: dict, layer: int = 0, width: int = 25):
+    """Three stacked panels over training steps, failing run (red) and its control (blue): the
+    loss, the share of rows with repeated maxima (exactly tied maxima of a bf16 S, the paper's
+    App. E.1 count), and ‖W_Q‖₂; dashed: where the tie share leaves the control's, dotted: where
+    ‖W_Q‖ does (:data:`DEPARTURE_RULES`)."""
+    dep = pair_departures(failing, control, layer)
+    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
+                             (control, VARIANT_COLOURS["F"], "control")):
+        h = run["history"]
+        axes[0].plot(*smooth(h["step"], h["loss"], width), color=colour, lw=1.2, label=who)
+        steps, ties = monitor_series(run, "rows_tied_bf16", layer)
+        axes[1].plot(steps, rolling_mean(ties, 5), color=colour, lw=1.2)
+        steps, wq = monitor_series(run, "wq", layer)
+        axes[2].plot(steps, wq, color=colour, lw=1.2)
+    for ax in axes:
+        _mark(ax, dep["rows_tied_bf16"], "0.3", "--")
+        _mark(ax, dep["wq"], "0.3", ":")
+    axes[0].set_ylabel("loss (nats/byte)", fontsize=FONT)
+    axes[1].set_ylabel(f"rows with tied\nmaxima, layer {layer} (%)", fontsize=FONT)
+    axes[2].set(yscale="log")
+    axes[2].set_ylabel(f"‖W_Q‖₂, layer {layer}", fontsize=FONT)
+    axes[2].set_xlabel("training step", fontsize=FONT)
+    return dep
+
+
+def plot_similarity(ax, failing: dict, control: dict, layer: int = 0):
+    """The mean cosine similarity of the rank-1 terms (PK)[T]ᵀX[T] over pairs of tokens (Eq. 2,
+    the paper's Fig. 4), failing run and control, with the two departure steps marked."""
+    dep = pair_departures(failing, control, layer)
+    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
+                             (control, VARIANT_COLOURS["F"], "control")):
+        steps, cos = monitor_series(run, "rank1_token_cos", layer)
+        ax.plot(steps, rolling_mean(cos, 5), color=colour, lw=1.2, label=who)
+    _mark(ax, dep["rank1_token_cos"], "0.3", "-.")
+    _mark(ax, dep["wq"], "0.3", ":")
+    ax.set_xlabel("training step", fontsize=FONT)
+    ax.set_ylim(0, 1)
+    return dep
+
+
+def plot_bias_shares(ax, groups: dict):
+    """Dot plot of Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| per run, one row per group {label: values}."""
+    rng = np.random.default_rng(0)
+    for y, (label, (values, colour)) in enumerate(groups.items()):
+        values = np.asarray(values, dtype=float)
+        ax.scatter(100 * values, y + rng.uniform(-0.15, 0.15, len(values)), color=colour, s=24,
+                   alpha=0.8)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(groups)), list(groups), fontsize=FONT)
+    ax.invert_yaxis()
+    ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)

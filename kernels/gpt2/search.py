@@ -13,7 +13,7 @@ Resumable plans (runs with ``checkpoint_every``) are split into calls: every cal
 for ``--minutes``, leaves a checkpoint in ``--work`` and writes ``gpt2_<plan>.json`` (every log
 so far) to ``--out``; the *same command again* resumes each unfinished run where it stopped,
 bit-identically, and skips runs that finished, exploded or went NaN. ``--work`` must survive
-between calls: one device machine keeps its disk while it is held (the checkpoints, 38 MB per run
+between calls: one device machine keeps its disk while it is held (the checkpoints, about 40 MB per run
 of this model, are too large to carry between machines). With ``--minutes 8`` a call ends within
 8 min 40 s, inside a 10-minute device-call limit. ``--only`` picks runs by name.
 
@@ -49,12 +49,15 @@ from pathlib import Path
 from .plans import PLANS, plan, variant_options
 
 
-def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, out_dir="/tmp/gpt2_inline",
+def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, out_dir=None,
                progress: bool = True, obits: int = 7, prefix: str = "cpu") -> dict:
     """Train the variants of one configuration one after another in this process (same seed, same
-    batch order) and return {name: log record} like a stored search. For small CPU demos."""
+    batch order) and return {name: log record} like a stored search. For small CPU demos.
+    ``out_dir`` None: a fresh temporary folder (two notebooks running at once do not collide)."""
+    import tempfile
     from .data import load_corpus
     from .train import TrainConfig, Trainer
+    out_dir = out_dir or tempfile.mkdtemp(prefix="gpt2_inline_")
     corpus = corpus or load_corpus("stdlib", max_bytes=base.get("max_bytes") or None)
     records = {}
     for variant in variants:
