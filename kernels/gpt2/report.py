@@ -363,15 +363,16 @@ def _mark(ax, step, colour, style):
         ax.axvline(step, color=colour, ls=style, lw=1.2)
 
 
-def departure_legend(ax, keys=("rows_tied_bf16", "wq"), **kw):
-    """A legend for the vertical lines that mark departures (added to the existing entries)."""
+def departure_legend(ax, keys=("rows_tied_bf16", "wq"), target=None, **kw):
+    """A legend for the vertical lines that mark departures, added to ``ax``'s own entries and
+    drawn on ``target`` (an axis or a figure; default ``ax``)."""
     from matplotlib.lines import Line2D
     words = {"rows_tied_bf16": ("--", "tie share leaves the control's"),
              "wq": (":", "‖W_Q‖ leaves the control's"),
              "rank1_token_cos": ("-.", "similarity leaves the control's")}
     handles, _ = ax.get_legend_handles_labels()
     handles += [Line2D([], [], color="0.3", ls=words[k][0], label=words[k][1]) for k in keys]
-    ax.legend(handles=handles, fontsize=FONT, **kw)
+    (target or ax).legend(handles=handles, fontsize=FONT, **kw)
 
 
 def plot_precondition(axes, failing: dict, control: dict, layer: int = 0, width: int = 25):
