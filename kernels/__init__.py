@@ -8,7 +8,8 @@ The layers, each importing only from the ones above it:
 * :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance
 * :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
 * :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
-* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them
+* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them (siblings:
+  only the lab's GPU script borrows :mod:`kernels.gpu.bench`'s timing helpers; no cycles)
 * :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart
 * :mod:`kernels.triton_intro`  chapter 2's first kernels
 
