@@ -8,7 +8,8 @@ The layers, each importing only from the ones above it:
 * :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance
 * :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
 * :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
-* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them
+* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them (siblings:
+  only the lab's GPU script borrows :mod:`kernels.gpu.bench`'s timing helpers; no cycles)
 * :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart
 * :mod:`kernels.triton_intro`  chapter 2's first kernels
 
@@ -16,7 +17,14 @@ Why this shape: the numbers (numerics) are defined once and everything else roun
 the attention package is the numerics contract (kernel and emulator side by side, one options
 object); the experiments sit on top and can change without touching the kernels.
 """
-from .env import configure_triton as _configure_triton
+import os as _os
+
+# OpenMP threads that spin while they wait thrash a busy machine: on 2 cores shared with one
+# other busy process, a torch loop took 1.52 s with spinning threads and 0.29 s without. This
+# must be set before torch (and its OpenMP runtime) loads; a reader's own setting wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .env import configure_triton as _configure_triton  # noqa: E402
 
 _configure_triton()
 

@@ -147,3 +147,15 @@ def test_setup_pins_torch_threads_to_the_available_cores():
     torch.set_num_threads(max(2, kenv.cores_available() * 4))   # a thrashing default
     kernels.setup(seed=fresh_seed(), quiet=True)
     assert torch.get_num_threads() == kenv.cores_available()
+
+
+def test_import_sets_a_passive_openmp_wait_policy_unless_the_reader_chose_one():
+    code = "import kernels, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    default = subprocess.run([sys.executable, "-c", code], cwd=kenv.REPO_ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert default.stdout.strip() == "PASSIVE", default.stderr[-500:]
+    chosen = subprocess.run([sys.executable, "-c", code], cwd=kenv.REPO_ROOT,
+                            env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                            capture_output=True, text=True, timeout=120)
+    assert chosen.stdout.strip() == "ACTIVE", chosen.stderr[-500:]
