@@ -1,9 +1,12 @@
-"""A small GPT-2 for reproducing the BF16 flash-attention training failure (chapter 6).
+"""A small GPT-2 for reproducing the BF16 flash-attention training failure (chapter 7).
 
 model.py (the network, attention chosen per layer), attention.py (attention specs: which
-implementation each layer uses), data.py (offline corpus, recorded batch order), train.py (the training loop,
-DDP via torchrun), diagnostics.py (what is watched), plans.py (the variants and named plans of runs),
-search.py (many runs at once, dealt over the visible GPUs), report.py (reading stored runs).
+implementation each layer uses), controls.py (δ controls that tell a biased error from a large
+one), data.py (offline corpus, recorded batch order), train.py (the training loop, resumable
+bit-identically, DDP via torchrun), diagnostics.py (what is watched), plans.py (the variants and
+named plans of runs), search.py (many runs at once, dealt over the visible GPUs, resumed across
+calls), report.py (reading stored runs and the chapter's figures), exercises.py (the chapter's
+exercise checks).
 """
 from ..attention.emulator import EmulatedAttention
 from .attention import AttnSpec, attend, exact_attention, parse_spec

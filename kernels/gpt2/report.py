@@ -194,7 +194,10 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
 
 __all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagnostic", "monitor_series",
            "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
-           "plot_steps_to_failure", "obits_of"]
+           "plot_steps_to_failure", "obits_of", "PAIRS", "DEPARTURE_RULES", "rolling_mean",
+           "departure", "pair_departures", "departure_table", "delta_bias_share",
+           "matched_delta_stats", "outcome_rows", "plot_outcomes", "departure_legend",
+           "plot_precondition", "plot_similarity", "plot_bias_shares", "FONT"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -246,7 +246,7 @@ class Trainer:
                     break
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self.evals.append({"step": step, "val_loss": self.evaluate()})
-            if cfg.monitor_every and step % cfg.monitor_every == 0 and self.rank == 0:
+            if cfg.monitor_every and step % (5 * cfg.monitor_every) == 0 and self.rank == 0:
                 self.write_json(time.time() - start)       # a killed run still leaves its log
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.wall_offset = time.time() - start
