@@ -202,7 +202,5 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
 
 def _style_plots() -> None:
     """A readable default look for every figure in the book."""
-    import matplotlib as mpl
-    mpl.rcParams.update({"figure.dpi": 100, "savefig.dpi": 120, "axes.grid": True,
-                         "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-                         "figure.figsize": (7.0, 3.6)})
+    from .tools import style
+    style.install()

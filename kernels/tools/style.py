@@ -1,0 +1,121 @@
+"""One look for every figure in the book, and a record that lets the site test check legibility.
+
+The site shows a figure at most as wide as its text column (about 730 CSS px at a 1280 px window).
+A font of ``s`` points in a figure saved at ``dpi`` is ``s·dpi/72`` pixels in the image, and the
+browser scales the image by ``shown width / image width``. So a label is legible only if
+
+    s · dpi/72 · (shown width / image width)  ≥  12 CSS px   (9 pt)
+
+which a 14-inch, four-panel figure squeezed into one column fails however large its fonts look in
+Jupyter. :func:`apply` sets the book's sizes (nothing under :data:`MIN_FONT_PT`), and
+:func:`install` makes every figure a notebook displays carry, in its PNG, the smallest font it
+uses and how many heatmaps lack a colour bar; ``tests/test_site.py`` reads both back from the
+built site and computes the inequality above for every image, as it is really displayed.
+"""
+from __future__ import annotations
+
+import io
+
+MIN_FONT_PT = 9.0      # the smallest text a figure may use, in points
+DPI = 100              # the PNG resolution of figures shown in a notebook (pixels per inch)
+WIDTH_IN = 7.2         # the default figure width: 720 px, about the site's text column
+PNG_KEY_FONT = "min_font_pt"
+PNG_KEY_DPI = "dpi"
+PNG_KEY_NO_COLORBAR = "heatmaps_without_colorbar"
+
+RC = {
+    "figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (WIDTH_IN, 3.6),
+    "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
+    "ytick.labelsize": 9.5, "legend.fontsize": 9, "legend.title_fontsize": 9,
+    "figure.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False,
+}
+
+
+def apply() -> None:
+    """Set the book's matplotlib defaults (sizes in points, nothing under MIN_FONT_PT)."""
+    import matplotlib as mpl
+    mpl.rcParams.update(RC)
+
+
+def visible_texts(fig):
+    """Every piece of text the reader will see: titles, labels, tick labels, legends, annotations."""
+    from matplotlib.text import Text
+    seen = []
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        if text.axes is not None and not text.axes.get_visible():
+            continue
+        seen.append(text)
+    return seen
+
+
+def smallest_font_pt(fig) -> float:
+    """The smallest font size (points) among the visible texts of a drawn figure; inf if none."""
+    sizes = [t.get_fontsize() for t in visible_texts(fig)]
+    return min(sizes) if sizes else float("inf")
+
+
+def heatmaps_without_colorbar(fig) -> int:
+    """Images and colour meshes (heatmaps) that have no colour bar to read their values from."""
+    from matplotlib.collections import QuadMesh
+    from matplotlib.image import AxesImage
+    count = 0
+    for ax in fig.axes:
+        for artist in ax.get_children():
+            if isinstance(artist, (AxesImage, QuadMesh)) and getattr(artist, "colorbar", None) is None:
+                if not getattr(artist, "_book_no_colorbar", False):
+                    count += 1
+    return count
+
+
+def png_with_record(fig) -> bytes:
+    """The figure as PNG bytes (tight box, book DPI) with its legibility record in text chunks."""
+    buffer = io.BytesIO()
+    fig.canvas.draw()   # ticks and legends exist only after a draw
+    metadata = {PNG_KEY_FONT: f"{smallest_font_pt(fig):.2f}", PNG_KEY_DPI: str(DPI),
+                PNG_KEY_NO_COLORBAR: str(heatmaps_without_colorbar(fig))}
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white",
+                metadata=metadata)
+    return buffer.getvalue()
+
+
+def read_record(png: bytes) -> dict:
+    """The legibility record :func:`png_with_record` wrote (empty dict if the PNG has none)."""
+    import struct
+    record, position = {}, 8
+    while position + 8 <= len(png):
+        length, kind = struct.unpack(">I4s", png[position:position + 8])
+        if kind == b"tEXt":
+            key, _, value = png[position + 8:position + 8 + length].partition(b"\0")
+            record[key.decode("latin-1")] = value.decode("latin-1")
+        position += 12 + length
+    return record
+
+
+def install() -> bool:
+    """In IPython, show every matplotlib figure through :func:`png_with_record`; False elsewhere."""
+    apply()
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    import matplotlib.pyplot  # noqa: F401  (activates the inline backend before we override it)
+    from matplotlib.figure import Figure
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, _base64_png)
+    return True
+
+
+def _base64_png(fig) -> str:
+    import base64
+    return base64.b64encode(png_with_record(fig)).decode("ascii")
+
+
+def rendered_font_px(font_pt: float, dpi: float, shown_width: float, image_width: float) -> float:
+    """The CSS pixel height of a ``font_pt`` font in a ``dpi`` image shown ``shown_width`` wide."""
+    return font_pt * dpi / 72.0 * shown_width / image_width
