@@ -207,6 +207,10 @@ def clipped_elements(browser) -> list[str]:
         "  .map(el => (el.textContent || '').trim().slice(0, 60));", CLIPPABLE)
 
 
+# 'None' where a value belongs ("measured on None", "= None"), not the English "None of them".
+NONE_AS_VALUE = re.compile(r"(?:[=:(]\s*|\b(?:on|is|was|were|are|by|with|at|from|to)\s+)None\b")
+
+
 def internal_words(browser) -> list[str]:
     """Internal words anywhere in the article, and 'None' or 'nan' standing in prose as a value
     (outside code, where `None` is a legitimate Python name)."""
@@ -219,7 +223,7 @@ def internal_words(browser) -> list[str]:
         "  if (!n.parentElement.closest(skip)) parts.push(n.textContent); }"
         "return parts.join(' ');")
     found = [word for word in INTERNAL_WORDS if word in text]
-    found += [f"'{m.group(0)}' in prose" for m in re.finditer(r"\bNone\b", prose)]
+    found += [f"'{m.group(0)}' in prose" for m in NONE_AS_VALUE.finditer(prose)]
     return found
 
 
@@ -264,6 +268,33 @@ def illegible_figures(browser) -> list[str]:
 
 
 MIN_TEXT_PX = style.MIN_FONT_PT * 96 / 72 - 0.05   # 9 pt = 12 CSS px
+
+
+TABLE_LINE = re.compile(r"(\S {2,}\S.*){2,}")   # a row of a printed table: columns apart by spaces
+MAX_TABLE_WIDTH, MAX_TABLE_ROWS = 88, 13          # characters; 12 rows and a header
+
+
+def unreadable_tables(browser) -> list[str]:
+    """Printed tables a reader would have to scan: a row wider than the column (it wraps and its
+    columns fall apart) or more than 12 rows (a figure says it better)."""
+    outputs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article div.cell_output pre'))"
+        "  .map(el => el.textContent);")
+    return [problem for text in outputs for problem in table_problems(text)]
+
+
+def table_problems(text: str) -> list[str]:
+    problems, run = [], []
+    for line in text.splitlines() + [""]:
+        if TABLE_LINE.search(line):
+            run.append(line)
+            continue
+        if any(len(row) > MAX_TABLE_WIDTH for row in run):
+            problems.append(f"table rows up to {max(map(len, run))} characters: {run[0][:50]!r}")
+        if len(run) > MAX_TABLE_ROWS:
+            problems.append(f"table of {len(run)} rows: {run[0][:50]!r}")
+        run = []
+    return problems
 
 
 def page_url(site_url: str, chapter: str) -> str:
@@ -356,7 +387,8 @@ def test_chapter_page(browser, site_url, chapter):
     assert repo_url in links, f"{chapter}: no repository button"
     assert any(link.startswith(f"{repo_url}/issues/new") for link in links), f"{chapter}: no issue button"
 
-    # Legible figures, plain words, nothing fetched from elsewhere.
+    # Legible figures and tables, plain words, nothing fetched from elsewhere.
+    assert unreadable_tables(browser) == [], f"{chapter}: {unreadable_tables(browser)}"
     assert illegible_figures(browser) == [], f"{chapter}: {illegible_figures(browser)}"
     assert internal_words(browser) == [], f"{chapter}: internal words {internal_words(browser)}"
     assert external_resources(browser) == [], f"{chapter}: loads {external_resources(browser)}"
@@ -414,6 +446,21 @@ def check_interactive_figure(browser, site_url, chapter):
     WebDriverWait(browser, 10).until(lambda b: b.execute_script(state) != before)
     after = browser.execute_script(state)
     assert after[0] != before[0] and after[1] != before[1], (before, after)
+
+
+def test_none_as_a_value_is_caught_but_not_the_english_word():
+    assert NONE_AS_VALUE.search("measured on None (torch 2.11)")
+    assert NONE_AS_VALUE.search("bias = None ulp")
+    assert not NONE_AS_VALUE.search("None of the 32 runs failed")
+
+
+def test_the_table_rule_tells_tables_from_prose():
+    row = "  β rule across tiles            191871.8   553.63   +2.136"
+    assert table_problems("\n".join([row] * 8)) == []
+    assert len(table_problems("\n".join([row] * 20))) == 1
+    assert len(table_problems(row + " " * 3 + "x" * 40)) == 1
+    prose = "The tie share left the control's before ‖W_Q‖ did in 6 of 6 pairs, " * 3
+    assert table_problems(prose) == []
 
 
 def test_forgiven_log_entries_are_narrow():

@@ -61,14 +61,18 @@ def heatmaps_without_colorbar(fig) -> int:
     """Images and colour meshes (heatmaps) that have no colour bar to read their values from."""
     from matplotlib.collections import QuadMesh
     from matplotlib.image import AxesImage
+    def scale(mappable):
+        return mappable.get_cmap().name, tuple(mappable.get_clim())
+
+    bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
+    shared = {scale(bar.mappable) for bar in bars}   # one bar may serve several panels
     count = 0
     for ax in fig.axes:
         if getattr(ax, "_colorbar", None) is not None:   # a colour bar draws itself as a mesh
             continue
         for artist in ax.get_children():
-            if isinstance(artist, (AxesImage, QuadMesh)) and getattr(artist, "colorbar", None) is None:
-                if not getattr(artist, "_book_no_colorbar", False):
-                    count += 1
+            if isinstance(artist, (AxesImage, QuadMesh)) and scale(artist) not in shared:
+                count += 1
     return count
 
 

@@ -25,6 +25,12 @@ def test_record_holds_the_smallest_font_and_bare_heatmaps():
     assert record[style.PNG_KEY_NO_COLORBAR] == "1"
     fig.colorbar(right.images[0], ax=right)
     assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_NO_COLORBAR] == "0"
+    # a second heatmap on the same scale shares the bar; one on another scale does not
+    left.imshow(np.random.rand(3, 3), vmin=right.images[0].get_clim()[0],
+                vmax=right.images[0].get_clim()[1])
+    assert style.heatmaps_without_colorbar(fig) == 0
+    left.images[0].set_clim(-5, 5)
+    assert style.heatmaps_without_colorbar(fig) == 1
     plt.close(fig)
 
 
