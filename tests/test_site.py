@@ -399,15 +399,22 @@ def test_chapter_page(browser, site_url, chapter):
 
 
 def save_screenshot(browser, page: str) -> None:
-    """The whole page as a reader sees it at 1280 px, kept by CI for review."""
+    """The whole page as a reader sees it at 1280 px, kept by CI for review: one image per
+    4,000 px of page (a browser window cannot be made as tall as a long chapter)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOTS / f"{Path(page).name}.png"
-    height = browser.execute_script("return document.documentElement.scrollHeight;")
-    browser.set_window_size(1280, min(max(height, 1600), 16000))
+    for old in SCREENSHOTS.glob(f"{Path(page).name}_*.png"):
+        old.unlink()
+    step = 4000
+    browser.set_window_size(1280, step)
     try:
-        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        height = browser.execute_script("return document.documentElement.scrollHeight;")
+        for part, top in enumerate(range(0, height, step), start=1):
+            browser.execute_script("window.scrollTo(0, arguments[0]);", top)
+            shot = SCREENSHOTS / f"{Path(page).name}_{part:02d}.png"
+            assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 5_000
     finally:
         browser.set_window_size(1280, 1600)
+        browser.execute_script("window.scrollTo(0, 0);")
 
 
 def chapters_with_interactive_figures() -> list[str]:
