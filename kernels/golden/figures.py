@@ -11,7 +11,11 @@ from .microbench import one, pick
 COLOURS = {"baseline": "0.45", "baseline_fp32": "0.75", "ideal": "k", "fa2": "tab:blue",
            "paper": "tab:red", "fa1": "tab:orange", "triton": "tab:cyan",
            "sdpa_flash": "tab:green", "torch_math": "tab:brown"}
-PAIR_COLOURS = ("tab:blue", "tab:red", "k", "tab:purple", "tab:green", "tab:orange")
+PAIR_COLOURS = {"attention: fused SDPA vs exact": "tab:blue",
+                "attention: all-BF16 flash vs exact": "tab:red", "initialisation seed": "k",
+                "precision: BF16 vs fp32": "tab:purple", "one weight, one BF16 ulp": "tab:green",
+                "failing path vs its control": "tab:red",
+                "initialisation seed (control)": "k"}
 FORMAT_ORDER = ("bf16", "fp16", "fp32", "fp64")
 
 
@@ -35,22 +39,23 @@ def plot_precision(ax, records, inputs="gaussian", measure="max_abs",
     ax.set_xticks(range(len(formats)), formats)
     word = {"max_abs": "max |O − O_golden|", "rel_norm": "‖O − O_golden‖ / ‖O_golden‖"}[measure]
     ax.set(xlabel="number format of inputs and intermediates", ylabel=word)
-    ax.legend(ncol=3, loc="upper right")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 def plot_bias_vs_size(ax, records, settings, impls=("baseline", "fa2", "paper", "fa1")):
     """Sink rows: Golden's measure (max |O − O_golden| relative to the ideal's) against the
     mean signed error beyond the ideal (ulps), one marker per implementation and setting."""
     markers = "osD^v"
+    sizes = {"paper": 110, "fa1": 35}        # the two all-low paths often coincide
     for k, setting in enumerate(settings):
         best = one(records, inputs=setting, impl="ideal", format="bf16")["vs_golden"]["max_abs"]
         for name in impls:
             r = one(records, inputs=setting, impl=name, format="bf16")
-            ax.scatter(r["vs_golden"]["max_abs"] / best, r["bias_beyond_ideal_ulps"], s=45,
-                       color=COLOURS[name], marker=markers[k % len(markers)],
-                       label=SHORT[name] if k == 0 else None)
+            ax.scatter(r["vs_golden"]["max_abs"] / best, r["bias_beyond_ideal_ulps"],
+                       s=sizes.get(name, 55), color=COLOURS[name],
+                       marker=markers[k % len(markers)], label=SHORT[name] if k == 0 else None)
     for k, setting in enumerate(settings):
-        ax.scatter([], [], color="0.5", marker=markers[k % len(markers)],
+        ax.scatter([], [], facecolor="none", edgecolor="k", marker=markers[k % len(markers)],
                    label=setting.replace("sink: ", ""))
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xlabel="max |O − O_golden| / the ideal's (Golden's measure)",
@@ -116,7 +121,7 @@ def plot_rescalings(axes, records, by_count):
 def plot_tiles(ax, records, fmt="bf16", marks=None):
     """Golden et al.'s Fig. 6: max |O − O_golden| against the block area B_r·B_c for FA1 (one
     colour per B_c, every B_r), with the FA2 emulator per B_c as horizontal lines; ``marks``
-    {label: area} draws vertical lines where a kernel's tile sits."""
+    {label: area or list of areas} draws vertical lines where a kernel's tiles sit."""
     fa1 = pick(records, impl="fa1", format=fmt)
     widths = sorted({r["block_n"] for r in fa1})
     cmap = __import__("matplotlib").colormaps["viridis"]
@@ -125,20 +130,20 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
         colour = cmap(i / max(1, len(widths) - 1))
         ax.plot([r["area"] for r in rows], [r["vs_golden"]["max_abs"] for r in rows], "o-",
                 color=colour, label=f"FA1, B_c = {bc}")
-        for r in rows:
+        for j, r in enumerate(rows):
             ax.annotate(f"{r['block_m']}×{bc}", (r["area"], r["vs_golden"]["max_abs"]),
-                        textcoords="offset points", xytext=(3, 3), fontsize=9, color=colour)
+                        textcoords="offset points", xytext=(3, 4 if j % 2 == 0 else -12),
+                        fontsize=9, color=colour)
     for r in pick(records, impl="fa2", format=fmt):
         ax.axhline(r["vs_golden"]["max_abs"], color=COLOURS["fa2"], lw=0.8, ls="-")
     ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label="FA2 (every B_c)")
-    for label, area in (marks or {}).items():
-        ax.axvline(area, color="0.3", ls=":", lw=1.2)
-        ax.annotate(label, (area, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                    va="top", ha="right", fontsize=9, color="0.3")
+    for (label, areas), style in zip((marks or {}).items(), (":", "--", "-.")):
+        for i, area in enumerate(np.atleast_1d(areas)):
+            ax.axvline(area, color="0.3", ls=style, lw=1.2, label=label if i == 0 else None)
     ax.set(xscale="log", yscale="log", xlabel="block area B_r × B_c (elements)",
            ylabel="max |O − O_golden|")
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
 def plot_weight_distance(ax, record, metric="wasserstein", matrices="median", labels=None,
@@ -146,7 +151,8 @@ def plot_weight_distance(ax, record, metric="wasserstein", matrices="median", la
     """Golden et al.'s Figs. 7–8: one pair's weight distance over training per curve (median
     over the weight matrices, the largest, or one matrix by name)."""
     labels = labels or [c["label"] for c in record["pairs"]]
-    for colour, label in zip(PAIR_COLOURS, labels):
+    for label in labels:
+        colour = PAIR_COLOURS.get(label)
         steps, values = training.curve(record, label, metric, matrices)
         keep = values > 0
         ax.plot(steps[keep], values[keep], marker=".", color=colour, label=label)
@@ -166,13 +172,14 @@ def plot_weight_distance(ax, record, metric="wasserstein", matrices="median", la
 
 def plot_stored_band(ax, steps, dist, band, explosion=None, departures=None, label=""):
     """The failing run's W₁ from its control (line) over the controls' seed band (shaded), with
-    its explosion (dashed) and the GPT-2 chapter's departure steps (dotted) marked."""
+    its explosion (dashed) and the GPT-2 chapter's departure steps marked."""
     ax.fill_between(steps, 0, band, color="0.8", label="seed noise (controls, 3 seeds)")
     ax.plot(steps, dist, color="tab:red", lw=1.3, label=label or "failing path vs its control")
     if explosion is not None:
         ax.axvline(explosion, color="k", ls="--", lw=1.2, label="loss explodes")
     for (name, step), style in zip((departures or {}).items(), (":", "-.")):
-        if step is not None:
+        if step is not None and np.isfinite(step):
             ax.axvline(step, color="0.3", ls=style, lw=1.2, label=name)
-    ax.set(yscale="symlog", xlabel="training step")
     ax.set_yscale("symlog", linthresh=0.01)
+    top = max(float(np.nanmax(dist)), float(np.nanmax(band)))
+    ax.set_ylim(0, top * 2)

@@ -74,20 +74,24 @@ def against_band(runs: dict, failing: str, control: str, band_names, layer: int 
 
 
 def lead_table(runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=range(4)):
-    """One row per (seed, layer): the step from which W₁(failing, control) of the layer's head
-    norms stays above the seed band of the controls, the GPT-2 chapter's departure steps (‖W_Q‖
-    25 % above the control's; tie share 10 % above) and the failing run's explosion step."""
+    """One row per seed: for each layer, the step from which W₁(failing, control) of the
+    layer's head norms stays above the seed band of the controls (None: not before the run
+    ended); the GPT-2 chapter's departure steps of layer 0 (‖W_Q‖ 25 % above the control's, tie
+    share 10 % above); and the failing run's explosion step."""
     import pandas as pd
     controls = [f"{prefix}-F-{s}" for s in seeds]
     rows = []
     for seed in seeds:
         fail, ctrl = f"{prefix}-U-{seed}", f"{prefix}-F-{seed}"
         dep = report.pair_departures(runs[fail], runs[ctrl])
+        row = {"seed": seed}
         for layer in layers:
             steps, dist, band = against_band(runs, fail, ctrl, controls, layer)
-            rows.append({"seed": seed, "layer": layer,
-                         "w1_leaves_band": first_above_for_good(steps, dist, band),
-                         "wq_departs": dep["wq"] if layer == 0 else None,
-                         "ties_depart": dep["rows_tied_bf16"] if layer == 0 else None,
-                         "explosion": report.outcome(runs[fail])["step"]})
-    return pd.DataFrame(rows)
+            row[f"W1 layer {layer}"] = first_above_for_good(steps, dist, band)
+        row.update({"ties 10%": dep["rows_tied_bf16"], "W_Q 25%": dep["wq"],
+                    "explosion": report.outcome(runs[fail])["step"]})
+        rows.append({k: (np.nan if v is None else v) for k, v in row.items()})
+    table = pd.DataFrame(rows)
+    numbers = [c for c in table.columns if c != "seed"]
+    table[numbers] = table[numbers].astype(float)
+    return table

@@ -100,7 +100,7 @@ def weight_matrices(model) -> dict:
         out[f"{i}.attn_out"] = block.attn.c_proj.weight
         out[f"{i}.mlp_in"] = block.mlp.c_fc.weight
         out[f"{i}.mlp_out"] = block.mlp.c_proj.weight
-    return {name: w.detach().float() for name, w in out.items()}
+    return {name: w.detach().float().clone() for name, w in out.items()}
 
 
 def wasserstein_1d(a: torch.Tensor, b: torch.Tensor) -> float:
