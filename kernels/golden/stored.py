@@ -1,16 +1,17 @@
 """Golden et al.'s weight measures applied to the GPT-2 chapter's stored GPU runs.
 
-The stored runs (``results/gpt2_*.json``) hold logs, not checkpoints: every 100 steps, each
-layer's ‖W_Q‖₂ per head, the loss and the attention diagnostics. So the weight measure here is
-the one the logs allow: per layer, the *distribution of the heads' ‖W_Q‖₂*, compared between two
-runs with ``scipy.stats.wasserstein_distance`` (heads are not matched one to one, which is right
-across seeds, where head h of one run has no counterpart in the other).
+The stored runs (``results/gpt2_*.json``) hold logs, not checkpoints: every 100 steps,
+each layer's ‖W_Q‖₂ per head, the loss and the attention diagnostics. So the weight
+measure here is the one the logs allow: per layer, the *distribution of the heads'
+‖W_Q‖₂*, compared between two runs with ``scipy.stats.wasserstein_distance`` (heads are
+not matched one to one, which is right across seeds, where head h of one run has no
+counterpart in the other).
 
-The question: the failing path and its control share seed and batches; the controls of three
-seeds give the size of seed-to-seed noise (they differ in initialisation *and* batch order). From
-which step does the failing run's distance from its control stay above that noise band, and how
-long is that before its loss explodes?
-"""
+The question: the failing path and its control share seed and batches; the controls of
+three seeds give the size of seed-to-seed noise (they differ in initialisation *and*
+batch order). From which step does the failing run's distance from its control stay
+above that noise band, and how long is that before its loss explodes?"""
+
 from __future__ import annotations
 
 import itertools
@@ -35,7 +36,8 @@ def load_runs(plans=PLANS, directory=None) -> dict:
 
 
 def head_norms(run: dict, layer: int = 0):
-    """(steps, array (steps, heads)) of ‖W_Q‖₂ per head of one layer, finite checks only."""
+    """(steps, array (steps, heads)) of ‖W_Q‖₂ per head of one layer, finite checks
+    only."""
     steps, norms = [], []
     for m in run["monitor"]:
         row = np.asarray(m["wq_norms"][layer], dtype=float)
@@ -46,8 +48,8 @@ def head_norms(run: dict, layer: int = 0):
 
 
 def head_norm_distance(run_a: dict, run_b: dict, layer: int = 0):
-    """(steps, W₁) between the two runs' distributions of per-head ‖W_Q‖₂ at the steps both
-    logged."""
+    """(steps, W₁) between the two runs' distributions of per-head ‖W_Q‖₂ at the steps
+    both logged."""
     sa, na = head_norms(run_a, layer)
     sb, nb = head_norms(run_b, layer)
     common = np.intersect1d(sa, sb)
@@ -57,9 +59,12 @@ def head_norm_distance(run_a: dict, run_b: dict, layer: int = 0):
 
 
 def seed_band(runs: dict, names, layer: int = 0):
-    """(steps, largest W₁ over every pair of ``names``) at the steps all of them logged."""
-    curves = [dict(zip(*head_norm_distance(runs[a], runs[b], layer)))
-              for a, b in itertools.combinations(names, 2)]
+    """(steps, largest W₁ over every pair of ``names``) at the steps all of them
+    logged."""
+    curves = [
+        dict(zip(*head_norm_distance(runs[a], runs[b], layer)))
+        for a, b in itertools.combinations(names, 2)
+    ]
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     return np.asarray(steps), np.asarray([max(c[s] for c in curves) for s in steps])
 
@@ -73,12 +78,15 @@ def against_band(runs: dict, failing: str, control: str, band_names, layer: int 
     return common, pick(steps, dist), pick(band_steps, band)
 
 
-def lead_table(runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=range(4)):
+def lead_table(
+    runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=range(4)
+):
     """One row per seed: for each layer, the step from which W₁(failing, control) of the
-    layer's head norms stays above the seed band of the controls (None: not before the run
-    ended); the GPT-2 chapter's departure steps of layer 0 (‖W_Q‖ 25 % above the control's, tie
-    share 10 % above); and the failing run's explosion step."""
+    layer's head norms stays above the seed band of the controls (None: not before the
+    run ended); the GPT-2 chapter's departure steps of layer 0 (‖W_Q‖ 25 % above the
+    control's, tie share 10 % above); and the failing run's explosion step."""
     import pandas as pd
+
     controls = [f"{prefix}-F-{s}" for s in seeds]
     rows = []
     for seed in seeds:
@@ -88,8 +96,13 @@ def lead_table(runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=
         for layer in layers:
             steps, dist, band = against_band(runs, fail, ctrl, controls, layer)
             row[f"W1 layer {layer}"] = first_above_for_good(steps, dist, band)
-        row.update({"ties 10%": dep["rows_tied_bf16"], "W_Q 25%": dep["wq"],
-                    "explosion": report.outcome(runs[fail])["step"]})
+        row.update(
+            {
+                "ties 10%": dep["rows_tied_bf16"],
+                "W_Q 25%": dep["wq"],
+                "explosion": report.outcome(runs[fail])["step"],
+            }
+        )
         rows.append({k: (np.nan if v is None else v) for k, v in row.items()})
     table = pd.DataFrame(rows)
     numbers = [c for c in table.columns if c != "seed"]

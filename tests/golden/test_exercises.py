@@ -1,5 +1,6 @@
-"""Chapter 8's exercise checks fail on a blank and on plausible wrong answers, with hints that
-do not contain the answer, and accept the right one."""
+"""Chapter 8's exercise checks fail on a blank and on plausible wrong answers, with
+hints that do not contain the answer, and accept the right one."""
+
 import math
 
 import numpy as np
@@ -15,7 +16,9 @@ def _fails(check, answer, hint, secret=None):
         check(answer)
     assert hint in str(err.value)
     if secret is not None:
-        assert secret not in str(err.value), f"the hint gives the answer away: {err.value}"
+        assert secret not in str(
+            err.value
+        ), f"the hint gives the answer away: {err.value}"
 
 
 def test_growths():
@@ -34,5 +37,9 @@ def test_w1():
     _fails(ex.check_w1, None, "no answer")
     _fails(ex.check_w1, lambda a, b: np.mean(np.abs(a - b)), "whatever their order")
     _fails(ex.check_w1, lambda a, b: abs(a.mean() - b.mean()), "only the means")
-    _fails(ex.check_w1, lambda a, b: np.max(np.abs(np.sort(a) - np.sort(b))), "not the Wasserstein")
+    _fails(
+        ex.check_w1,
+        lambda a, b: np.max(np.abs(np.sort(a) - np.sort(b))),
+        "not the Wasserstein",
+    )
     ex.check_w1(lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b)))))

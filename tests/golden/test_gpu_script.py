@@ -1,5 +1,6 @@
-"""The GPU script's logic at tiny sizes on the CPU (``--small``), and the chapter's stored-result
-path on the files it writes (a temporary folder, never results/)."""
+"""The GPU script's logic at tiny sizes on the CPU (``--small``), and the chapter's
+stored-result path on the files it writes (a temporary folder, never results/)."""
+
 import json
 
 import matplotlib
@@ -21,7 +22,10 @@ def written(tmp_path_factory):
 def test_every_stage_writes_a_file_with_provenance(written):
     for stage in gpu.STAGES:
         record = json.loads((written / f"golden_{stage}.json").read_text())
-        assert record["provenance"]["command"] == f"python -m kernels.golden.gpu --small --out {written}"
+        assert (
+            record["provenance"]["command"]
+            == f"python -m kernels.golden.gpu --small --out {written}"
+        )
         assert record["data"]["small"] is True
     precision = json.loads((written / "golden_precision.json").read_text())["data"]
     impls = {r["impl"] for r in precision["records"]}
@@ -33,6 +37,7 @@ def test_every_stage_writes_a_file_with_provenance(written):
 
 def test_the_chapter_plots_the_stored_files(written, capsys):
     import matplotlib.pyplot as plt
+
     for stage in report.STAGE_FILES:
         assert getattr(report, f"show_stored_{stage}")(written) is True
         assert plt.get_fignums(), f"{stage}: nothing drawn"
@@ -44,7 +49,9 @@ def test_the_chapter_plots_the_stored_files(written, capsys):
 def test_the_chapter_says_when_nothing_is_stored(tmp_path, capsys):
     for stage in report.STAGE_FILES:
         assert getattr(report, f"show_stored_{stage}")(tmp_path) is False
-    assert capsys.readouterr().out.count("python -m kernels.golden.gpu") == len(report.STAGE_FILES)
+    assert capsys.readouterr().out.count("python -m kernels.golden.gpu") == len(
+        report.STAGE_FILES
+    )
 
 
 def test_one_stage_only(tmp_path):

@@ -1,6 +1,8 @@
-"""The implementations of chapter 8 (kernels/golden/implementations.py): fp64 agreement with the
-golden value, the baseline against torch, FA1's structure (one tile = the paper's path, B_r
-changes no bit), and the emulator's rescaling counter. Fresh random inputs each run."""
+"""The implementations of chapter 8 (kernels/golden/implementations.py): fp64 agreement
+with the golden value, the baseline against torch, FA1's structure (one tile = the
+paper's path, B_r changes no bit), and the emulator's rescaling counter. Fresh random
+inputs each run."""
+
 import random
 
 import pytest
@@ -36,7 +38,7 @@ def test_outputs_are_values_of_the_format_and_close_to_golden(name, fmt):
     q, k, v = inputs()
     out = impl.run(name, q, k, v, low, block_n=32)
     assert out.dtype == torch.float32
-    assert torch.equal(out.to(low).float(), out)              # representable in the format
+    assert torch.equal(out.to(low).float(), out)  # representable in the format
     gold = impl.golden(q, k, v, low)
     tol = {"bf16": 0.1, "fp16": 0.02, "fp32": 1e-4}[fmt]
     assert (out.double() - gold).abs().max() < tol
@@ -68,8 +70,9 @@ def test_fa1_query_block_changes_no_bit(block_n):
     q, k, v = inputs(n=96)
     whole = impl.fa1(q, k, v, torch.bfloat16, block_n=block_n)
     for block_m in (1, 16, 40):
-        assert torch.equal(impl.fa1(q, k, v, torch.bfloat16, block_m=block_m,
-                                    block_n=block_n), whole)
+        assert torch.equal(
+            impl.fa1(q, k, v, torch.bfloat16, block_m=block_m, block_n=block_n), whole
+        )
 
 
 def test_fa1_counts_equal_the_emulators_in_fp32():
@@ -81,20 +84,24 @@ def test_fa1_counts_equal_the_emulators_in_fp32():
 
 
 def test_counter_counts_each_growth_and_leaves_the_emulator_unchanged():
-    # q = e1 makes S = the first column of K: tile maxima 1, 2, 3, 4 (growths: 3) in row 0
+    # q = e1 makes S = the first column of K: tile maxima 1, 2, 3, 4 (growths: 3) in row
+    # 0
     n, d, bn = 64, 16, 16
     k = torch.zeros(1, 1, n, d)
-    k[0, 0, :, 0] = torch.arange(n) / bn            # rising scores: every tile raises m
+    k[0, 0, :, 0] = torch.arange(n) / bn  # rising scores: every tile raises m
     q = torch.zeros(1, 1, 2, d)
     q[0, 0, 0, 0] = 1.0
-    q[0, 0, 1, 0] = -1.0                            # falling scores: the first tile holds m
+    q[0, 0, 1, 0] = -1.0  # falling scores: the first tile holds m
     v = torch.randn(1, 1, n, d)
     plain = emulator.flash_forward(q, k, v, scale=1.0, block_n=bn).out
     with impl.count_offset_changes() as counter:
         counted = emulator.flash_forward(q, k, v, scale=1.0, block_n=bn).out
     assert torch.equal(plain, counted)
     assert counter.total().flatten().tolist() == [3.0, 0.0]
-    assert emulator.offset_update is not None and "counting" not in emulator.offset_update.__name__
+    assert (
+        emulator.offset_update is not None
+        and "counting" not in emulator.offset_update.__name__
+    )
 
 
 def test_expected_record_count():

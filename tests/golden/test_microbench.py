@@ -1,5 +1,6 @@
-"""Chapter 8's sweeps (kernels/golden/microbench.py) at small sizes: records, measures, sink
-rows, rescaling counts, tiles."""
+"""Chapter 8's sweeps (kernels/golden/microbench.py) at small sizes: records, measures,
+sink rows, rescaling counts, tiles."""
+
 import math
 import random
 
@@ -20,7 +21,9 @@ def test_deviation_on_known_numbers():
     out = torch.tensor([1.5, -2.0, 2.0, -0.5])
     d = mb.deviation(out, ref)
     assert d["max_abs"] == 0.5 and d["mean_abs"] == 0.25
-    assert d["std_abs"] == pytest.approx(torch.tensor([0.5, 0, 0, 0.5]).double().std().item())
+    assert d["std_abs"] == pytest.approx(
+        torch.tensor([0.5, 0, 0, 0.5]).double().std().item()
+    )
     assert d["rel_norm"] == pytest.approx(math.sqrt(0.5) / 3)
 
 
@@ -32,19 +35,34 @@ def test_precision_sweep_records_and_their_anchors():
         best = mb.one(records, format=fmt, impl="ideal")
         low = impl.format_dtype(fmt)
         assert best["same_as_ideal"] == 1.0 and best["bias_beyond_ideal_ulps"] == 0.0
-        # the ideal is within half an ulp of the golden value (ulp at 1: 2^-fraction bits)
+        # the ideal is within half an ulp of the golden value (ulp at 1: 2^-fraction
+        # bits)
         assert best["vs_golden"]["max_abs"] <= 0.5 * torch.finfo(low).eps
-    assert mb.one(records, format="fp64", impl="baseline")["vs_golden"]["max_abs"] == 0.0
+    assert (
+        mb.one(records, format="fp64", impl="baseline")["vs_golden"]["max_abs"] == 0.0
+    )
     assert mb.one(records, format="fp64", impl="fa1")["bias_ulps"] is None
     fa2 = mb.one(records, format="bf16", impl="fa2")
     assert fa2["vs_baseline"]["max_abs"] > 0
 
 
 def test_ratio_table_divides_flash_by_baseline():
-    records = [{"inputs": "x", "format": "bf16", "impl": name,
-                "vs_golden": {"max_abs": err, "rel_norm": 2 * err}}
-               for name, err in (("fa2", 1.0), ("paper", 4.0), ("fa1", 8.0), ("baseline", 2.0),
-                                 ("baseline_fp32", 0.5), ("ideal", 0.5))]
+    records = [
+        {
+            "inputs": "x",
+            "format": "bf16",
+            "impl": name,
+            "vs_golden": {"max_abs": err, "rel_norm": 2 * err},
+        }
+        for name, err in (
+            ("fa2", 1.0),
+            ("paper", 4.0),
+            ("fa1", 8.0),
+            ("baseline", 2.0),
+            ("baseline_fp32", 0.5),
+            ("ideal", 0.5),
+        )
+    ]
     rows = mb.ratio_table(records, inputs="x")
     got = {(r["flash"], r["baseline"], r["measure"]): r["ratio"] for r in rows}
     assert got["fa1", "baseline", "max_abs"] == 4.0
@@ -73,7 +91,9 @@ def test_seqlen_sweep_counts_rescalings_like_iid_records():
     assert {r["impl"] for r in records} == {"ideal", "fa2", "paper", "fa1"}
     for r in mb.pick(records, impl="fa2"):
         assert r["tiles"] == r["n"] // 64
-        assert r["rescalings_expected"] == pytest.approx(impl.expected_record_count(r["tiles"]))
+        assert r["rescalings_expected"] == pytest.approx(
+            impl.expected_record_count(r["tiles"])
+        )
         assert abs(r["rescalings_mean"] - r["rescalings_expected"]) < 0.15
 
 

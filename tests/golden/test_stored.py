@@ -1,4 +1,6 @@
-"""Golden et al.'s weight measure on the GPT-2 chapter's stored logs (kernels/golden/stored.py)."""
+"""Golden et al.'s weight measure on the GPT-2 chapter's stored logs
+(kernels/golden/stored.py)."""
+
 import numpy as np
 import pytest
 
