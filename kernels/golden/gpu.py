@@ -9,7 +9,7 @@ Stages, each bounded in time and saved as soon as it ends
    flash backend, torch's math attention);
 2. ``seqlen``     their Fig. 5: N = 256 … 16,384 with 64-key tiles, the rescaling
    counts, and each row's error against its count at the largest N;
-3. ``tiles``      their Fig. 6: (B_r, B_c) tiles at N = 2,048, and the tile the Triton
+3. ``tiles``      their Fig. 6: (B_r, B_c) tiles at N = 1,024, and the tile the Triton
    kernel's autotuner picks;
 4. ``training``   their Figs. 7–8 at the GPT-2 chapter's model size: the ``golden`` set
    (exact, fused SDPA, all-BF16 flash, another seed, fp32, one weight moved one ulp) and
@@ -46,7 +46,7 @@ FULL = dict(
     seqlen_ns=(256, 512, 1024, 2048, 4096, 8192, 16384),
     seqlen_heads=2,
     rescaling_n=16384,
-    tile_n=2048,
+    tile_n=1024,
     tile_heads=2,
     tiles=(
         (16, 16),
@@ -90,7 +90,7 @@ SMALL = dict(
     early_every=1,
     stop_after_explosion=3,
 )
-MINUTES = dict(seqlen=1.2, tiles=0.8, golden=2.0, failure=3.3)
+MINUTES = dict(seqlen=1.0, tiles=0.8, golden=1.8, failure=3.2)
 
 
 def kernel_extras(device: str, block_n=None) -> dict:
