@@ -1,0 +1,271 @@
+"""The attention implementations Golden et al. compare, in every number format, with
+the rounding points written out.
+
+Golden et al. compare "Flash Attention" with "Baseline Attention" in BF16, FP16, FP32
+and FP64, against a golden value (Baseline Attention in FP64). Which flash and which
+baseline is meant decides the answer, so this module has every candidate, each a
+function ``(q, k, v, low, ...)`` that returns O as a tensor of the working dtype (fp32,
+or fp64 when ``low`` is fp64) holding ``low`` values. ``rnd(x)`` rounds to the nearest ``low``
+value, ties to even; every other operation is exact in the working dtype (as PyTorch
+does when it computes a bf16 op in fp32 and rounds the result once).
+
+``baseline``
+    standard attention with S and P *stored* in the format (PyTorch's math path on
+    low-precision tensors): O = rnd(rnd(softmax(rnd(rnd(Q Kᵀ)·scale))) V)
+``baseline_fp32``
+    the same formula computed in fp32 from the format's inputs, O rounded once (a math
+    path that upcasts; within fp32 rounding of the ideal rnd(O_exact))
+``fa2``
+    FlashAttention-2 with fp32 accumulation: the book's Triton kernel, through its
+    emulator (:mod:`kernels.attention.emulator`, ``numerics="fa2"``)
+``paper``
+    FlashAttention-2 with every tensor held in the format (Qiu & Yao's released PyTorch
+    code): the emulator with ``numerics="paper"``
+``fa1``
+    FlashAttention (Dao et al. 2022, Algorithm 1) re-implemented with every tensor held
+    in the format, as Golden et al. describe their microbenchmark: the output of a row
+    block is *normalised after every key tile* and stored,
+    O ← rnd(rnd(rnd(rnd(ℓ·α)·O) + rnd(β·rnd(P̃V))) / ℓ_new)
+
+The golden value (:func:`golden`) is softmax(QKᵀ·scale)V in fp64 of the *same* rounded
+inputs, so every error below is the implementation's own; :func:`ideal` is that value
+rounded once to the format, the best any stored output can be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from ..attention import emulator
+from ..attention.options import AttentionOptions
+from ..attention.reference import attention_fp64
+from ..numerics.rounding import round_to
+
+FORMATS = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
+IMPLEMENTATIONS = ("baseline", "baseline_fp32", "fa2", "paper", "fa1")
+LABELS = {
+    "baseline": "baseline, S and P stored in the format",
+    "baseline_fp32": "baseline computed in fp32, O rounded once",
+    "fa2": "FA2, fp32 accumulation (book kernel)",
+    "paper": "FA2, every tensor in the format",
+    "fa1": "FA1, every tensor in the format",
+    "ideal": "ideal: exact O rounded once",
+    "triton": "book's Triton kernel (run)",
+    "sdpa_flash": "torch SDPA flash backend (run)",
+    "torch_math": "torch math attention (run)",
+}
+SHORT = {
+    "baseline": "baseline",
+    "baseline_fp32": "base fp32",
+    "fa2": "FA2",
+    "paper": "FA2 all-low",
+    "fa1": "FA1 all-low",
+    "ideal": "ideal",
+    "triton": "Triton",
+    "sdpa_flash": "SDPA flash",
+    "torch_math": "torch math",
+}
+
+
+def format_dtype(fmt) -> torch.dtype:
+    """A torch dtype from a format name ("bf16", "fp16", "fp32", "fp64") or a dtype."""
+    if isinstance(fmt, torch.dtype) and fmt in FORMATS.values():
+        return fmt
+    if fmt in FORMATS:
+        return FORMATS[fmt]
+    raise ValueError(f"format must be one of {tuple(FORMATS)}, got {fmt!r}")
+
+
+def format_name(low: torch.dtype) -> str:
+    """ "bf16", "fp16", "fp32" or "fp64" for a dtype."""
+    for name, dtype in FORMATS.items():
+        if dtype == low:
+            return name
+    raise ValueError(f"no format name for {low}")
+
+
+def work_dtype(low: torch.dtype) -> torch.dtype:
+    return torch.float64 if low == torch.float64 else torch.float32
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _inputs(q, k, v, low):
+    work = work_dtype(low)
+    return tuple(round_to(t.to(work), low) for t in (q, k, v))
+
+
+def golden(q, k, v, low=torch.bfloat16, scale=None) -> torch.Tensor:
+    """softmax(Q Kᵀ·scale) V in fp64 of the inputs rounded to ``low`` (the golden
+    value)."""
+    q, k, v = _inputs(q, k, v, low)
+    return attention_fp64(q, k, v, scale=_scale(q, scale))
+
+
+def ideal(gold: torch.Tensor, low=torch.bfloat16) -> torch.Tensor:
+    """The golden value rounded once to ``low`` (fp64 stays as it is)."""
+    return gold if low == torch.float64 else round_to(gold.to(torch.float64), low)
+
+
+def baseline(q, k, v, low=torch.bfloat16, scale=None, **_) -> torch.Tensor:
+    """Standard attention with S, P and O stored in ``low``."""
+    rnd = lambda x: round_to(x, low)  # noqa: E731
+    q, k, v = _inputs(q, k, v, low)
+    s = rnd(rnd(q @ k.transpose(-1, -2)) * _scale(q, scale))
+    return rnd(rnd(torch.softmax(s, dim=-1)) @ v)
+
+
+def baseline_fp32(q, k, v, low=torch.bfloat16, scale=None, **_) -> torch.Tensor:
+    """Standard attention computed in fp32 (fp64 for fp64) from ``low`` inputs; O
+    rounded once."""
+    q, k, v = _inputs(q, k, v, low)
+    s = (q @ k.transpose(-1, -2)) * _scale(q, scale)
+    return round_to(torch.softmax(s, dim=-1) @ v, low)
+
+
+def _emulated(numerics):
+    def run(q, k, v, low=torch.bfloat16, scale=None, block_n=64, **_):
+        opts = AttentionOptions(numerics=numerics, scale=scale, block_n=block_n)
+        return emulator.flash_forward(q, k, v, opts, low=low).out.to(work_dtype(low))
+
+    run.__name__ = numerics
+    run.__doc__ = f"The emulator with numerics={numerics!r}, key tiles of ``block_n``."
+    return run
+
+
+fa2 = _emulated("fa2")
+paper = _emulated("paper")
+
+
+def fa1(
+    q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False
+):
+    """FlashAttention's Algorithm 1 with every tensor held in ``low``.
+
+    The outer loop runs over key/value tiles of ``block_n`` (B_c), the inner over query
+    blocks of ``block_m`` (B_r; None: all rows at once). Each step normalises and stores
+    the row block's output, so O is rounded once per key tile. ``with_counts=True`` also
+    returns, per row, how many times the running maximum grew after the first tile (the
+    rescalings that change m)."""
+    if block_n < 1 or (block_m is not None and block_m < 1):
+        raise ValueError(
+            f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}"
+        )
+    rnd = lambda x: round_to(x, low)  # noqa: E731
+    q, k, v = _inputs(q, k, v, low)
+    scale = _scale(q, scale)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    block_m = n_q if block_m is None else block_m
+    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
+    ell = torch.zeros_like(m)
+    out = torch.zeros_like(q)
+    grew = torch.zeros_like(m)
+    for start in range(0, n_k, block_n):  # B_c: key tiles (outer loop)
+        k_j, v_j = (
+            k[..., start : start + block_n, :],
+            v[..., start : start + block_n, :],
+        )
+        for row in range(0, n_q, block_m):  # B_r: query blocks (inner loop)
+            rows = slice(row, row + block_m)
+            q_i, m_i, ell_i, o_i = (
+                q[..., rows, :],
+                m[..., rows],
+                ell[..., rows],
+                out[..., rows, :],
+            )
+            s = rnd(rnd(q_i @ k_j.transpose(-1, -2)) * scale)
+            m_tile = s.amax(-1)
+            p = rnd(torch.exp(rnd(s - m_tile.unsqueeze(-1))))
+            ell_tile = rnd(p.sum(-1))
+            m_new = torch.maximum(m_i, m_tile)
+            alpha = rnd(torch.exp(rnd(m_i - m_new)))  # rescales the old O and ℓ
+            beta = rnd(torch.exp(rnd(m_tile - m_new)))  # rescales this tile
+            ell_new = rnd(rnd(alpha * ell_i) + rnd(beta * ell_tile))
+            old = rnd(rnd(ell_i * alpha).unsqueeze(-1) * o_i)
+            new = rnd(beta.unsqueeze(-1) * rnd(p @ v_j))
+            out[..., rows, :] = rnd(rnd(old + new) / ell_new.unsqueeze(-1))
+            if start > 0:
+                grew[..., rows] += (m_tile > m_i).to(grew.dtype)
+            m[..., rows], ell[..., rows] = m_new, ell_new
+    return (out, grew) if with_counts else out
+
+
+RUNNERS = {
+    "baseline": baseline,
+    "baseline_fp32": baseline_fp32,
+    "fa2": fa2,
+    "paper": paper,
+    "fa1": fa1,
+}
+
+
+def run(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
+    """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype."""
+    if impl not in RUNNERS:
+        raise ValueError(
+            f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}"
+        )
+    low = format_dtype(low)
+    return RUNNERS[impl](
+        q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n
+    )
+
+
+class OffsetCounter:
+    """Per-row counts of running-maximum growth, one tensor per emulator call (see
+    :func:`count_offset_changes`)."""
+
+    def __init__(self):
+        self.calls: list[torch.Tensor] = []
+
+    def total(self, dim: int = -2) -> torch.Tensor:
+        """The calls' counts side by side along ``dim`` (default: the head axis of
+        (B, H, N))."""
+        if not self.calls:
+            raise RuntimeError("no emulator call was counted")
+        return torch.cat(self.calls, dim=dim)
+
+
+@contextlib.contextmanager
+def count_offset_changes():
+    """Count, inside the emulator, how often each row's running maximum grows after its
+    first key tile (each growth rescales ℓ and Ō by α = e^(m_old − m_new) < 1).
+
+    ``with count_offset_changes() as counter: emulator.flash_forward(...)``; then
+    ``counter.calls[i]`` holds the per-row counts of call i (shaped like L) and
+    ``counter.total()`` all of them. It wraps the emulator's own offset step, so it
+    counts what the emulator did."""
+    original = emulator.offset_update
+    counter = OffsetCounter()
+
+    def counting(s, m, rm, rs, opts, r):
+        m_new, rm_new, rs_new, ties = original(s, m, rm, rs, opts, r)
+        if torch.isinf(m).all():  # the first tile of a new call
+            counter.calls.append(torch.zeros_like(m))
+        counter.calls[-1] += (torch.isfinite(m) & (m_new > m)).to(m.dtype)
+        return m_new, rm_new, rs_new, ties
+
+    emulator.offset_update = counting
+    try:
+        yield counter
+    finally:
+        emulator.offset_update = original
+
+
+def expected_record_count(tiles: int) -> float:
+    """For i.i.d. continuous tile maxima, the expected number of times a running maximum
+    grows after the first of ``tiles`` tiles: H_T − 1 = Σ_{t=2..T} 1/t (tile t holds the
+    largest of the first t with probability 1/t)."""
+    if tiles < 1:
+        raise ValueError(f"tiles must be >= 1, got {tiles}")
+    return sum(1.0 / t for t in range(2, tiles + 1))

@@ -1,0 +1,370 @@
+"""Tables the chapter prints, and the stored GPU measurements
+(``results/golden_*.json``) shown with the same figures as the live CPU cells. Every
+``show_stored_*`` returns False (and says so) when the file is not there yet, so the
+chapter runs before and after the GPU script."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .. import results
+from . import figures, training
+from .implementations import SHORT
+from .microbench import block_m_identical, one, pick, ratio_table
+
+STAGE_FILES = {
+    "precision": "golden_precision",
+    "seqlen": "golden_seqlen",
+    "tiles": "golden_tiles",
+    "training": "golden_training",
+}
+GPU_COMMAND = "python -m kernels.golden.gpu"
+
+
+def stored(stage: str, directory=None) -> dict | None:
+    """The stored record of one stage of the GPU script, or None if it has not been
+    made."""
+    if stage not in STAGE_FILES:
+        raise ValueError(f"stage must be one of {tuple(STAGE_FILES)}, got {stage!r}")
+    try:
+        return results.load(STAGE_FILES[stage], directory)
+    except FileNotFoundError:
+        return None
+
+
+def _missing(stage: str) -> bool:
+    print(f"No stored GPU measurement of this section yet (results/{STAGE_FILES[stage]}"
+          ".json);")
+    print(f"`{GPU_COMMAND}` on a GPU makes it.")
+    return False
+
+
+def _fmt(x) -> str:
+    return (
+        "   n/a  "
+        if x is None or (isinstance(x, float) and math.isnan(x))
+        else f"{x:8.1e}"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------
+def print_precision(records, inputs="gaussian", fmt="bf16", impls=None):
+    """One line per implementation: deviation from the golden value (max, relative norm)
+    and from the baseline in the same format (max, Golden et al.'s Fig. 3)."""
+    rows = pick(records, inputs=inputs, format=fmt)
+    names = impls or [r["impl"] for r in rows]
+    print(f"{inputs} inputs, {fmt}, N = {rows[0]['n']:,}")
+    print(
+        f"{'':22s}{'max|O-O_golden|':>16s}{'rel. norm':>11s}{'max|O-O_baseline|':>19s}"
+    )
+    for name in names:
+        r = one(rows, impl=name)
+        print(
+            f"  {SHORT.get(name, name):20s}{r['vs_golden']['max_abs']:16.1e}"
+            f"{r['vs_golden']['rel_norm']:11.1e}{r['vs_baseline']['max_abs']:19.1e}"
+        )
+
+
+def print_ratios(records, inputs="gaussian", fmt="bf16"):
+    """Flash's deviation from the golden value over the baseline's, for every flash,
+    baseline and measure: the quantity Golden et al. report as about 10 at BF16."""
+    rows = ratio_table(records, fmt, inputs)
+    print(f"flash error / baseline error ({inputs}, {fmt}):")
+    print(f"{'flash':14s}{'baseline':12s}{'max |dO|':>10s}{'rel. norm':>11s}")
+    for f in ("fa2", "paper", "fa1"):
+        for b in ("baseline", "baseline_fp32"):
+            got = {
+                r["measure"]: r["ratio"]
+                for r in rows
+                if r["flash"] == f and r["baseline"] == b
+            }
+            print(
+                f"  {SHORT[f]:12s}{SHORT[b]:12s}"
+                f"{got['max_abs']:10.2f}{got['rel_norm']:11.2f}"
+            )
+    return rows
+
+
+def print_ratio_grid(
+    records,
+    inputs,
+    formats=("bf16", "fp16", "fp32"),
+    measure="max_abs",
+    pairs=(("fa1", "baseline"), ("fa2", "baseline")),
+):
+    """Flash's deviation from the golden value over the baseline's, one row per format
+    and pair, one column per kind of inputs (sink settings numbered, named below the
+    table)."""
+    heads, legend, k = [], [], 0
+    for inp in inputs:
+        if inp.startswith("sink: "):
+            k += 1
+            heads.append(f"sink {k}")
+            legend.append(f"sink {k} = {inp[6:]}")
+        else:
+            heads.append(inp)
+    print(f"{'ratio of ' + measure:28s}" + "".join(f"{h:>10s}" for h in heads))
+    for fmt in formats:
+        for flash, base in pairs:
+            cells = []
+            for inp in inputs:
+                f = one(records, inputs=inp, format=fmt, impl=flash)["vs_golden"][
+                    measure
+                ]
+                b = one(records, inputs=inp, format=fmt, impl=base)["vs_golden"][
+                    measure
+                ]
+                cells.append(f"{f / b:10.2f}" if b else f"{'inf':>10s}")
+            print(f"  {fmt} {SHORT[flash] + ' / ' + SHORT[base]:21s}" + "".join(cells))
+    for line in legend:
+        print("  " + line)
+
+
+def print_sink(records, settings, impls=("baseline", "fa2", "paper", "fa1")):
+    """Sink rows, BF16: Golden's two measures relative to the ideal's, the mean error
+    beyond the ideal's (ulp) and the share of outputs equal to the ideal."""
+    print(
+        f"{'sink rows, bf16':20s}{'max/ideal':>10s}{'rel/ideal':>10s}"
+        f"{'bias>ideal':>11s}{'= ideal':>9s}"
+    )
+    for setting in settings:
+        best = one(records, inputs=setting, impl="ideal", format="bf16")["vs_golden"]
+        print(f"  {setting.replace('sink: ', '')}")
+        for name in impls:
+            r = one(records, inputs=setting, impl=name, format="bf16")
+            print(
+                f"    {SHORT[name]:16s}"
+                f"{r['vs_golden']['max_abs'] / best['max_abs']:10.2f}"
+                f"{r['vs_golden']['rel_norm'] / best['rel_norm']:10.2f}"
+                f"{r['bias_beyond_ideal_ulps']:+11.3f}{r['same_as_ideal']:9.2%}"
+            )
+
+
+def print_seqlen(records, impls=("fa2", "fa1")):
+    """Per N: |O_flash − O_baseline| (max, mean ± std) and the relative error vs
+    golden."""
+    print(
+        f"{'N':>6s}  {'impl':11s}{'max|dO|':>9s}{'mean|dO| ± std':>20s}"
+        f"{'rel. vs golden':>16s}{'÷ ideal':>9s}{'rms O':>7s}"
+    )
+    for n in sorted({r["n"] for r in records}):
+        best = pick(records, n=n, impl="ideal")
+        for name in impls:
+            found = pick(records, n=n, impl=name)
+            if not found:
+                continue
+            r = found[0]
+            b = r["vs_baseline"]
+            rel = r["vs_golden"]["rel_norm"]
+            ratio = rel / best[0]["vs_golden"]["rel_norm"] if best else math.nan
+            print(
+                f"{n:6d}  {SHORT[name]:11s}{b['max_abs']:9.1e}{b['mean_abs']:11.1e} ± "
+                f"{b['std_abs']:.1e}{rel:16.2e}{ratio:9.2f}{r['o_rms']:7.3f}"
+            )
+
+
+def print_rescalings(records, by_count):
+    """Measured growths of the running maximum per row (mean) against H_T − 1, and the
+    spread of per-row errors across rows with different counts."""
+    print(f"{'N':>6s}{'tiles':>7s}{'growths/row':>13s}{'H_T - 1':>9s}")
+    for r in sorted(pick(records, impl="fa2"), key=lambda r: r["n"]):
+        print(
+            f"{r['n']:6d}{r['tiles']:7d}{r['rescalings_mean']:13.2f}"
+            f"{r['rescalings_expected']:9.2f}"
+        )
+    for name, table in by_count.items():
+        keep = {int(c): v for c, v in table.items() if v[0] >= 20}
+        errs = [v[1] for v in keep.values()]
+        print(
+            f"{SHORT[name]:12s} rows with {min(keep)}–{max(keep)} growths: rel. error "
+            f"{min(errs):.2e} to {max(errs):.2e} (max/min {max(errs) / min(errs):.2f})"
+        )
+
+
+def print_tiles(records, fmt="bf16"):
+    """B_r changes nothing; B_c decides: swapped pairs and equal areas side by side."""
+    same = block_m_identical(records)
+    print(
+        "FA1 outputs bit-identical for every B_r at each B_c:",
+        all(v for (f, _), v in same.items()),
+        f"({len(same)} (format, B_c) groups)",
+    )
+    fa1 = {
+        (r["block_m"], r["block_n"]): r["vs_golden"]["max_abs"]
+        for r in pick(records, impl="fa1", format=fmt)
+    }
+    print(f"FA1, {fmt}, max |O − O_golden| by tile B_r × B_c:")
+    for area in sorted({br * bc for br, bc in fa1}):
+        cells = [
+            f"{br}×{bc}: {fa1[(br, bc)]:.1e}"
+            for br, bc in sorted(fa1)
+            if br * bc == area
+        ]
+        print(f"  area {area:6d}: " + ",  ".join(cells))
+    fa2 = {
+        r["block_n"]: r["vs_golden"]["max_abs"]
+        for r in pick(records, impl="fa2", format=fmt)
+    }
+    print(
+        "FA2 by B_c: " + ",  ".join(f"{bc}: {e:.1e}" for bc, e in sorted(fa2.items()))
+    )
+
+
+def print_weights(record, labels=None, steps=None, matrices="median"):
+    """W₁ and max difference (median over matrices) of each pair at a few snapshot
+    steps."""
+    labels = labels or [c["label"] for c in record["pairs"]]
+    all_steps = record["snapshot_steps"]
+    steps = steps or [
+        s
+        for s in (
+            all_steps[len(all_steps) // 4],
+            all_steps[len(all_steps) // 2],
+            all_steps[-1],
+        )
+    ]
+    which = {"median": "median over matrices", "max": "largest over matrices"}.get(
+        matrices, matrices
+    )
+    print(
+        f"{'W1 (max diff), ' + which:38s}"
+        + "".join(f"{'step ' + str(s):>16s}" for s in steps)
+    )
+    for label in labels:
+        s_w, w = training.curve(record, label, "wasserstein", matrices)
+        _, m = training.curve(record, label, "max_diff", matrices)
+        cells = []
+        for s in steps:
+            i = int(np.flatnonzero(s_w == s)[0])
+            cells.append(f"{w[i]:.1e} ({m[i]:.0e})")
+        print(f"  {label:36s}" + "".join(f"{c:>16s}" for c in cells))
+
+
+# --------------------------------------------------------------------------------------
+# stored GPU measurements, drawn with the live cells' figures
+# --------------------------------------------------------------------------------------
+def show_stored_precision(directory=None) -> bool:
+    rec = stored("precision", directory)
+    if rec is None:
+        return _missing("precision")
+    data = rec["data"]
+    fig, ax = plt.subplots(figsize=(7.2, 3.4))
+    impls = (
+        "baseline",
+        "baseline_fp32",
+        "fa2",
+        "paper",
+        "fa1",
+        "triton",
+        "sdpa_flash",
+        "torch_math",
+    )
+    figures.plot_precision(ax, data["records"], impls=impls)
+    ax.set_title(f"stored GPU measurement, Gaussian inputs, N = {data['n']:,}")
+    plt.show()
+    print_precision(
+        data["records"],
+        impls=[i for i in impls if pick(data["records"], impl=i, format="bf16")],
+    )
+    print_ratios(data["records"])
+    print("stored:", results.describe(rec))
+    return True
+
+
+def show_stored_seqlen(directory=None) -> bool:
+    rec = stored("seqlen", directory)
+    if rec is None:
+        return _missing("seqlen")
+    data = rec["data"]
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2), layout="constrained")
+    figures.plot_seqlen(
+        axes,
+        data["records"],
+        impls=[
+            i
+            for i in ("fa2", "paper", "fa1", "triton", "sdpa_flash")
+            if pick(data["records"], impl=i)
+        ],
+    )
+    fig.suptitle("stored GPU measurement, 64-key tiles")
+    plt.show()
+    print_seqlen(data["records"], impls=("fa2", "fa1", "triton"))
+    print_rescalings(data["records"], data["by_count"])
+    if data.get("stopped"):
+        print("the sweep stopped early:", data["stopped"])
+    print("stored:", results.describe(rec))
+    return True
+
+
+def show_stored_tiles(directory=None) -> bool:
+    rec = stored("tiles", directory)
+    if rec is None:
+        return _missing("tiles")
+    data = rec["data"]
+    picked = sorted({(bm, bn) for bm, bn in data["autotuned"].values()})
+    marks = {"Triton kernel, CPU / explicit path (64×64)": 64 * 64}
+    if picked:
+        marks["Triton autotuner's pick on this GPU"] = [bm * bn for bm, bn in picked]
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), layout="constrained")
+    figures.plot_tiles(ax, data["records"], marks=marks)
+    ax.set_title(f"stored GPU measurement, N = {data['n']:,}")
+    plt.show()
+    print_tiles(data["records"])
+    if data.get("stopped"):
+        print("the sweep stopped early:", data["stopped"])
+    print(
+        "the Triton kernel's autotuner picked (B_r × B_c) at N:",
+        ", ".join(f"{n}: {bm}×{bn}" for n, (bm, bn) in data["autotuned"].items())
+        or "none",
+    )
+    print("stored:", results.describe(rec))
+    return True
+
+
+def show_stored_training(directory=None) -> bool:
+    rec = stored("training", directory)
+    if rec is None:
+        return _missing("training")
+    data = rec["data"]
+    fig, axes = plt.subplots(2, 1, figsize=(7.2, 6.4), layout="constrained")
+    figures.plot_weight_distance(axes[0], data["golden"], mark_explosion=False)
+    axes[0].set_title(
+        f"stored GPU measurement: one change per pair, "
+        f"{data['golden']['steps_done']:,} steps"
+    )
+    figures.plot_weight_distance(axes[1], data["failure"], matrices="0.W_Q")
+    axes[1].set_title("the failing path and its control, layer 0's W_Q")
+    plt.show()
+    print_weights(data["golden"])
+    print_weights(data["failure"], matrices="0.W_Q")
+    summarise_failure(data["failure"])
+    print("stored:", results.describe(rec))
+    return True
+
+
+def summarise_failure(record, matrices=("0.W_Q", "median")):
+    """When the failing run's distance from its control leaves the seed pair's for good,
+    against the step its loss exploded."""
+    boom = record["explosion"].get("failing")
+    print(
+        "the failing run's loss exploded at step "
+        f"{boom if boom is not None else 'never'}"
+        f" ({record['steps_done']:,} steps trained; {record['stopped']})"
+    )
+    for m in matrices:
+        steps, fail = training.curve(
+            record, "failing path vs its control", "wasserstein", m
+        )
+        _, seed = training.curve(
+            record, "initialisation seed (control)", "wasserstein", m
+        )
+        leaves = training.first_above_for_good(steps[1:], fail[1:], seed[1:])
+        print(
+            f"  {m:7s}: W1(failing, control) stays above W1(seed, control) from step "
+            f"{leaves if leaves is not None else 'never'}"
+        )
