@@ -1,0 +1,69 @@
+"""Reading the monitor: what it costs a training step, and when a number should worry you.
+
+* :func:`time_steps` times forward + backward passes of a model with and without a monitor on
+  steps it does not read (interleaved, so a busy machine slows both alike), and on steps it reads.
+* :func:`ceiling_and_lead` turns stored runs into a threshold: the largest value a metric ever
+  took in runs that trained normally (the *ceiling*), and, for runs that failed, how many steps
+  before the failure the metric first passed that ceiling (the *lead*).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _one_step(model, loss_fn):
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    loss_fn().backward()
+    return time.perf_counter() - start
+
+
+def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2) -> dict:
+    """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed batch):
+    ``off`` without calling the monitor, ``between`` with ``monitor.step`` on steps it does not
+    read, ``reading`` on steps it reads. Medians and interquartile ranges over ``repeats``."""
+    if repeats < 3:
+        raise ValueError(f"need at least 3 repeats for a median and quartiles, got {repeats}")
+    every = monitor.every
+    if every < 2:
+        raise ValueError("a monitor with every=1 reads every step: nothing to time between")
+    times = {"off": [], "between": [], "reading": []}
+    for i in range(warmup + repeats):
+        t_off = _one_step(model, loss_fn)
+        start = time.perf_counter()
+        monitor.step(every * i + 1)                             # a step it does not read
+        t_between = time.perf_counter() - start + _one_step(model, loss_fn)
+        start = time.perf_counter()
+        monitor.step(every * (i + 1))                           # a step it reads
+        t_reading = time.perf_counter() - start + _one_step(model, loss_fn)
+        if i >= warmup:
+            for key, value in zip(times, (t_off, t_between, t_reading)):
+                times[key].append(value)
+    monitor.step(every * (warmup + repeats) + 1)                # write the last one
+    out = {}
+    for key, values in times.items():
+        q1, med, q3 = np.percentile(values, [25, 50, 75])
+        out[key] = {"median": float(med), "iqr": float(q3 - q1)}
+    return out
+
+
+def ceiling_and_lead(healthy, failing) -> dict:
+    """``healthy``: (steps, values) series of runs that trained normally; ``failing``: (steps,
+    values, failure step) of runs that failed. Returns the ceiling (largest finite healthy
+    value), how many failing runs passed it before they failed, and the leads in steps."""
+    finite = [np.asarray(v, dtype=float) for _, v in healthy]
+    finite = [v[np.isfinite(v)] for v in finite]
+    if not any(len(v) for v in finite):
+        raise ValueError("the healthy runs hold no finite value: no ceiling can be drawn")
+    ceiling = float(max(v.max() for v in finite if len(v)))
+    leads = []
+    for steps, values, failed_at in failing:
+        steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+        over = (values > ceiling) & (steps < failed_at)
+        if over.any():
+            leads.append(int(failed_at - steps[np.argmax(over)]))
+    return {"ceiling": ceiling, "crossed": len(leads), "failing": len(failing),
+            "lead_min": min(leads) if leads else None, "lead_max": max(leads) if leads else None,
+            "leads": leads}
