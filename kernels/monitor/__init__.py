@@ -19,10 +19,10 @@ readings.py (the cost of a step, thresholds from stored runs). It imports only
 from .metrics import (causal_scores, delta_error, exact_output, head_readings, max_logit,
                       rows_rounding_to_one, rows_with_tied_max, spectral_norm, wq_head_norms)
 from .monitor import METRICS, AttentionMonitor, find_attention, query_weight
-from .readings import ceiling_and_lead, time_steps
+from .readings import LAYER_RULES, ceiling_and_lead, layer_table, time_steps
 from .sinks import COLUMNS, read_rows
 
 __all__ = ["AttentionMonitor", "METRICS", "COLUMNS", "find_attention", "query_weight",
-           "read_rows", "time_steps", "ceiling_and_lead", "causal_scores", "delta_error",
+           "read_rows", "time_steps", "ceiling_and_lead", "layer_table", "LAYER_RULES", "causal_scores", "delta_error",
            "exact_output", "head_readings", "max_logit", "rows_rounding_to_one",
            "rows_with_tied_max", "spectral_norm", "wq_head_norms"]

@@ -23,7 +23,9 @@ def _one_step(model, loss_fn):
 def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2) -> dict:
     """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed batch):
     ``off`` without calling the monitor, ``between`` with ``monitor.step`` on steps it does not
-    read, ``reading`` on steps it reads. Medians and interquartile ranges over ``repeats``."""
+    read, ``reading`` on steps it reads. Medians and interquartile ranges over ``repeats``.
+    ``call``: one ``monitor.step`` call on a step it does not read, timed alone (1,000 calls),
+    which is all the monitor adds between reading steps: it leaves no hook there."""
     if repeats < 3:
         raise ValueError(f"need at least 3 repeats for a median and quartiles, got {repeats}")
     every = monitor.every
@@ -42,6 +44,12 @@ def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2) -> d
             for key, value in zip(times, (t_off, t_between, t_reading)):
                 times[key].append(value)
     monitor.step(every * (warmup + repeats) + 1)                # write the last one
+    calls = []
+    for i in range(1000):
+        start = time.perf_counter()
+        monitor.step(every * i + 1)
+        calls.append(time.perf_counter() - start)
+    times["call"] = calls
     out = {}
     for key, values in times.items():
         q1, med, q3 = np.percentile(values, [25, 50, 75])
@@ -67,3 +75,26 @@ def ceiling_and_lead(healthy, failing) -> dict:
     return {"ceiling": ceiling, "crossed": len(leads), "failing": len(failing),
             "lead_min": min(leads) if leads else None, "lead_max": max(leads) if leads else None,
             "leads": leads}
+
+
+# How a layer's heads combine into one number per layer, as the book's stored GPT-2 runs hold
+# them: shares over all rows of the layer (every head has as many rows), the largest head's
+# ‖W_Q‖ and logit, and δ errors summed over heads.
+LAYER_RULES = {"ties_bf16": "mean", "p1_fa2": "mean", "wq_norm": "max", "max_logit": "max",
+               "delta_err": "sum", "delta_abs": "sum"}
+
+
+def layer_table(rows):
+    """One row per (step, layer), one column per metric, heads combined by
+    :data:`LAYER_RULES`. ``rows``: a monitor, its rows, a table of them or a file path."""
+    import pandas as pd
+    from .sinks import COLUMNS, read_rows
+    if hasattr(rows, "rows"):
+        rows = rows.rows
+    if isinstance(rows, (str, bytes)) or hasattr(rows, "suffix"):
+        rows = read_rows(rows)
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=COLUMNS)
+    tables = [frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how)
+              .rename(metric) for metric, how in LAYER_RULES.items()
+              if (frame.metric == metric).any()]
+    return pd.concat(tables, axis=1)

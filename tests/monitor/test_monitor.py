@@ -16,8 +16,8 @@ import torch.nn as nn
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.gpt2 import GPT, GPTConfig
 from kernels.gpt2 import diagnostics as dg
-from kernels.monitor import (COLUMNS, METRICS, AttentionMonitor, ceiling_and_lead, metrics,
-                             read_rows, time_steps)
+from kernels.monitor import (COLUMNS, METRICS, AttentionMonitor, ceiling_and_lead,
+                             layer_table, metrics, read_rows, time_steps)
 
 FORWARD_METRICS = ("ties_bf16", "p1_fa2", "wq_norm", "max_logit")
 
@@ -503,14 +503,15 @@ def test_delta_with_attention_dropout_warns():
 
 
 # ----------------------------------------------------------------------------- readings
-def test_time_steps_reports_three_medians():
+def test_time_steps_reports_medians():
     model = book_model(attn="sdpa")
     idx = torch.randint(0, 256, (2, 24))
     mon = AttentionMonitor.attach(model, every=10)
     out = time_steps(model, lambda: book_loss(model, idx)[1], mon, repeats=3, warmup=0)
-    assert set(out) == {"off", "between", "reading"}
+    assert set(out) == {"off", "between", "reading", "call"}
+    assert out["call"]["median"] < out["off"]["median"]
     assert all(v["median"] > 0 and v["iqr"] >= 0 for v in out.values())
-    assert sorted({row[0] for row in mon.rows}) == [10, 20, 30]
+    assert sorted({row[0] for row in mon.rows}) == [10, 20, 30]      # calls read nothing
     with pytest.raises(ValueError, match="every=1"):
         time_steps(model, lambda: book_loss(model, idx)[1],
                    AttentionMonitor.attach(model, every=1))
@@ -527,3 +528,18 @@ def test_ceiling_and_lead():
     assert out["leads"] == [600] and out["lead_min"] == out["lead_max"] == 600
     with pytest.raises(ValueError, match="no finite value"):
         ceiling_and_lead([(steps, np.full(10, np.nan))], [])
+
+
+def test_layer_table_combines_heads():
+    model = book_model(attn="paper:delta=o")
+    mon = AttentionMonitor.attach(model, every=1, delta=True)
+    mon.step(4)
+    book_loss(model, torch.randint(0, 256, (2, 24)))[1].backward()
+    got, per_layer = table(mon, 4), layer_table(mon)
+    assert list(per_layer.index) == [(4, 0), (4, 1)]
+    for layer in range(2):
+        row = per_layer.loc[(4, layer)]
+        heads = {m: [got[(layer, h, m)] for h in range(2)] for m in METRICS}
+        assert row.ties_bf16 == pytest.approx(np.mean(heads["ties_bf16"]))
+        assert row.wq_norm == max(heads["wq_norm"]) and row.max_logit == max(heads["max_logit"])
+        assert row.delta_err == pytest.approx(sum(heads["delta_err"]))
