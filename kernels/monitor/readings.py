@@ -8,22 +8,34 @@
 """
 from __future__ import annotations
 
+import random
 import time
 
 import numpy as np
 
 
-def _one_step(model, loss_fn):
+def _one_step(model, loss_fn, before=None):
+    """Seconds for ``before()`` (a monitor.step call, if any) and one forward + backward."""
     model.zero_grad(set_to_none=True)
     start = time.perf_counter()
+    if before is not None:
+        before()
     loss_fn().backward()
     return time.perf_counter() - start
 
 
-def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2) -> dict:
+def _summary(values) -> dict:
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    return {"median": float(med), "iqr": float(q3 - q1)}
+
+
+def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
+               seed: int = 0) -> dict:
     """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed batch):
     ``off`` without calling the monitor, ``between`` with ``monitor.step`` on steps it does not
-    read, ``reading`` on steps it reads. Medians and interquartile ranges over ``repeats``.
+    read, ``reading`` on steps it reads; each round runs the three once, in a random order, so
+    that a busy machine slows all three alike. Medians and interquartile ranges over
+    ``repeats`` rounds; ``paired``: the same of ``between / off − 1`` within each round.
     ``call``: one ``monitor.step`` call on a step it does not read, timed alone (1,000 calls),
     which is all the monitor adds between reading steps: it leaves no hook there."""
     if repeats < 3:
@@ -31,29 +43,27 @@ def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2) -> d
     every = monitor.every
     if every < 2:
         raise ValueError("a monitor with every=1 reads every step: nothing to time between")
+    rng = random.Random(seed)
     times = {"off": [], "between": [], "reading": []}
     for i in range(warmup + repeats):
-        t_off = _one_step(model, loss_fn)
-        start = time.perf_counter()
-        monitor.step(every * i + 1)                             # a step it does not read
-        t_between = time.perf_counter() - start + _one_step(model, loss_fn)
-        start = time.perf_counter()
-        monitor.step(every * (i + 1))                           # a step it reads
-        t_reading = time.perf_counter() - start + _one_step(model, loss_fn)
+        before = {"off": None,
+                  "between": lambda: monitor.step(every * i + 1),    # a step it does not read
+                  "reading": lambda: monitor.step(every * (i + 1))}  # a step it reads
+        kinds = list(times)
+        rng.shuffle(kinds)
+        got = {kind: _one_step(model, loss_fn, before[kind]) for kind in kinds}
         if i >= warmup:
-            for key, value in zip(times, (t_off, t_between, t_reading)):
-                times[key].append(value)
+            for kind, value in got.items():
+                times[kind].append(value)
     monitor.step(every * (warmup + repeats) + 1)                # write the last one
     calls = []
     for i in range(1000):
         start = time.perf_counter()
         monitor.step(every * i + 1)
         calls.append(time.perf_counter() - start)
-    times["call"] = calls
-    out = {}
-    for key, values in times.items():
-        q1, med, q3 = np.percentile(values, [25, 50, 75])
-        out[key] = {"median": float(med), "iqr": float(q3 - q1)}
+    out = {kind: _summary(values) for kind, values in times.items()}
+    out["call"] = _summary(calls)
+    out["paired"] = _summary(np.array(times["between"]) / np.array(times["off"]) - 1)
     return out
 
 
