@@ -1,8 +1,8 @@
 """What the GPT-2 chapter watches while it trains (the paper's Figs. 3-5, 11 and 13).
 
-Pure functions on tensors (each tested on inputs with a known answer; those the attention monitor
-shares live in :mod:`kernels.monitor.metrics`) plus :class:`AttentionProbe`, which an attention
-layer fills on monitoring steps:
+Pure functions on tensors (each tested on inputs with a known answer; those the
+attention monitor shares live in :mod:`kernels.monitor.metrics`) plus
+:class:`AttentionProbe`, which an attention layer fills on monitoring steps:
 
 * ‖W_Q‖₂ per layer and head (spectral norm of each head's query projection; Figs. 3, 11)
 * the largest attention logit per layer (logit growth: the *other* way small models fail)
@@ -12,6 +12,11 @@ layer fills on monitoring steps:
 * a shadow high-precision pass: Σ_T (δ_lp − δ_hp)[T] with δ = rowsum(dO ∘ O), O_lp the output the
   layer really produced and O_hp = softmax(S)V in fp32 from the same inputs (Fig. 5a)
 * how alike the rank-1 terms (PK)[T]ᵀ X[T] of Eq. (2) are across tokens and across steps (Fig. 4)
+
+The probe is called inside the model's forward pass, so under bf16 autocast its fp32
+products (QKᵀ for the FA2 count and the largest logit, PV for O_hp) run in bf16 too;
+:class:`kernels.monitor.AttentionMonitor` switches autocast off for its own arithmetic
+(chapter 9 compares the two).
 """
 from __future__ import annotations
 
@@ -20,8 +25,9 @@ import torch
 
 # The pure functions of the monitor live once, in kernels.monitor.metrics; the trainer's
 # diagnostics are computed by that code (re-exported here for the chapter and the tests).
-from ..monitor.metrics import (causal_scores, delta_error, max_logit, rows_rounding_to_one,
-                               rows_with_tied_max, spectral_norm, wq_head_norms)
+from ..monitor.metrics import (causal_scores, delta_error, max_logit,
+                               rows_rounding_to_one, rows_with_tied_max, spectral_norm,
+                               wq_head_norms)
 
 
 def pairwise_rank1_cosine(u: torch.Tensor, x: torch.Tensor) -> float:

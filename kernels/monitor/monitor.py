@@ -1,4 +1,4 @@
-"""The attention monitor: hooks that read a transformer's attention on chosen training steps.
+"""The attention monitor: hooks that read a transformer's attention on chosen steps.
 
     monitor = AttentionMonitor.attach(model, every=100, path="runs/monitor.csv")
     for step in range(steps):
@@ -6,26 +6,28 @@
         loss = ...; loss.backward(); optimizer.step()
     monitor.close()
 
-What it finds. Every module with a ``c_attn`` child (the projection to [Q; K; V]) and a ``c_proj``
-child (the output projection) and a head count (``n_head``, ``num_heads`` or the ``n_head=``
-argument) is an attention layer, numbered from 0 in the model's module order: nanoGPT's and the
-book's ``CausalSelfAttention`` (``c_attn`` an ``nn.Linear`` with a (3C, C) weight) and Hugging
-Face's ``GPT2Attention`` (``c_attn`` a ``Conv1D`` with the transposed (C, 3C) weight). The layer
-must be causal self-attention with 1/√d scaling (or a ``scaling`` attribute, as Hugging Face's
-has) and no padding mask; optional ``q_norm``/``k_norm`` modules (the book's qk-norm) are applied
-as the layer applies them. Rotary position embeddings are not.
+What it finds. Every module with a ``c_attn`` child (the projection to [Q; K; V]), a
+``c_proj`` child (the output projection) and a head count (``n_head``, ``num_heads`` or
+the ``n_head=`` argument) is an attention layer, numbered from 0 in module order:
+nanoGPT's and the book's ``CausalSelfAttention`` (``c_attn`` an ``nn.Linear`` with a
+(3C, C) weight) and Hugging Face's ``GPT2Attention`` (``c_attn`` a ``Conv1D`` with the
+transposed (C, 3C) weight). The layer must be causal self-attention with 1/√d scaling
+(or a ``scaling`` attribute, as Hugging Face's has) and no padding mask; optional
+``q_norm``/``k_norm`` modules (the book's qk-norm) are applied as the layer applies
+them. Rotary position embeddings are not.
 
-How it reads. On a monitoring step it hooks each layer's ``c_attn`` (its output holds q, k, v)
-and ``c_proj`` (its input is the output O the layer really produced, heads side by side). From
-q and k it forms S; with ``delta=True`` it also computes O_hp = softmax(S)V in fp32 and hooks
-the gradient dO of O. Only the first training forward pass of an armed step (grad enabled) is
-read; its hooks are removed as soon as it has been read, so between monitoring steps the model
-carries no hook at all. The monitor only reads: outputs and gradients are bit-identical with and
-without it (tests/monitor).
+How it reads. On a reading step it hooks each layer's ``c_attn`` (its output holds q,
+k, v) and ``c_proj`` (its input is the output O the layer really produced, heads side
+by side). From q and k it forms S; with ``delta=True`` it also computes O_hp =
+softmax(S)V in fp32 and hooks the gradient dO of O. Its own arithmetic runs with
+autocast switched off. Only the first training forward pass of an armed step (gradients
+on) is read; the hooks are removed as soon as it has been read, so between reading
+steps the model carries no hook at all. The monitor only reads: outputs and gradients
+are bit-identical with and without it (tests/monitor).
 
-What it writes, per step, layer and head (``metric`` column, see :data:`METRICS`).
-Under DistributedDataParallel only rank 0 reads and writes. Under ``torch.compile`` the hooks
-are not seen, so the monitor warns and switches itself off.
+What it writes: one row per step, layer, head and metric (:data:`METRICS`). Under
+DistributedDataParallel only rank 0 reads and writes. Under ``torch.compile`` the hooks
+are never called, so the monitor warns and switches itself off.
 """
 from __future__ import annotations
 
@@ -37,19 +39,23 @@ from .metrics import delta_error, exact_output, head_readings, wq_head_norms
 from .sinks import FileSink, TensorBoardSink
 
 METRICS = {
-    "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
-    "p1_fa2": "share of rows (0-1) with >= 2 entries whose exp(S - rowmax) rounds to 1.0 "
-              "in bf16 (S in fp32: the FA2 rule)",
+    "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row "
+                 "max",
+    "p1_fa2": "share of rows (0-1) with >= 2 entries whose exp(S - rowmax) rounds to "
+              "1.0 in bf16 (S in fp32: the FA2 rule)",
     "wq_norm": "spectral norm of the head's query weights ||W_Q||_2",
     "max_logit": "largest |S| of the head (fp32 S = q k^T * scale)",
-    "delta_err": "sum over tokens of (delta_lp - delta_hp), mean over sequences (delta=True)",
-    "delta_abs": "sum over tokens of |delta_lp - delta_hp|, mean over sequences (delta=True)",
+    "delta_err": "sum over tokens of (delta_lp - delta_hp), mean over sequences "
+                 "(delta=True)",
+    "delta_abs": "sum over tokens of |delta_lp - delta_hp|, mean over sequences "
+                 "(delta=True)",
 }
 HEAD_COUNT_NAMES = ("n_head", "num_heads", "n_heads", "num_attention_heads")
 
 
 def _compiled(module) -> bool:
-    """True for a torch.compile wrapper or a module compiled in place (``module.compile()``)."""
+    """True for a torch.compile wrapper or a module compiled in place
+    (``module.compile()``)."""
     return hasattr(module, "_orig_mod") or any(
         getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
 
@@ -66,18 +72,18 @@ def _head_count(module, name: str, n_head) -> int:
 
 
 def query_weight(c_attn: torch.nn.Module, width: int) -> torch.Tensor:
-    """The (3C, C) weight that makes [Q; K; V]: nn.Linear's as it is, Conv1D's transposed."""
+    """The (3C, C) weight making [Q; K; V]: nn.Linear's as is, Conv1D's transposed."""
     w = c_attn.weight
     if tuple(w.shape) == (3 * width, width):
         return w
     if tuple(w.shape) == (width, 3 * width):
         return w.T
-    raise ValueError(f"c_attn weight of shape {tuple(w.shape)} is neither (3C, C) nor (C, 3C) "
-                     f"for a width C = {width}")
+    raise ValueError(f"c_attn weight of shape {tuple(w.shape)} is neither (3C, C) nor "
+                     f"(C, 3C) for a width C = {width}")
 
 
 def find_attention(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """(name, module) of every self-attention layer the monitor can read, in module order."""
+    """(name, module) of each self-attention layer the monitor can read, in order."""
     found = []
     for name, module in model.named_modules():
         children = dict(module.named_children())
@@ -88,7 +94,7 @@ def find_attention(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def _writes() -> bool:
-    """Rank 0 of a process group, or no process group: this process reads and writes."""
+    """Rank 0 of a process group, or no process group: this process reads, writes."""
     dist = torch.distributed
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
@@ -109,8 +115,8 @@ class _Layer:
         self.scale = float(scale) if isinstance(scale, (int, float)) else None
 
     def split(self, qkv: torch.Tensor):
-        """(B, N, 3C) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if it has
-        them (applied under the autocast state of the layer's own forward pass)."""
+        """(B, N, 3C) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if it
+        has them (applied under the autocast state of the layer's own forward pass)."""
         b, n, _ = qkv.shape
         q, k, v = (t.reshape(b, n, self.n_head, -1).transpose(1, 2)
                    for t in qkv.split(self.width, dim=-1))
@@ -126,7 +132,7 @@ class _Layer:
 
 
 class AttentionMonitor:
-    """Reads the attention of a model on every ``every``-th step; see the module docstring.
+    """Reads a model's attention on every ``every``-th step (see the module docstring).
 
     Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl), to a
     TensorBoard log directory (``tensorboard=``), and to :attr:`rows` in memory.
@@ -135,9 +141,11 @@ class AttentionMonitor:
     def __init__(self, model, every=100, path=None, delta=False, tensorboard=None,
                  layers=None, n_head=None, sequences=None, append=False):
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
+            raise ValueError(f"every must be a positive whole number of steps, got "
+                             f"{every!r}")
         if sequences is not None and (not isinstance(sequences, int) or sequences < 1):
-            raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
+            raise ValueError(f"sequences must be a positive number or None, got "
+                             f"{sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
         self.enabled, self.rows = True, []
         self._pending, self._handles, self._counter = None, [], 0
@@ -149,16 +157,17 @@ class AttentionMonitor:
         found = find_attention(model)
         if not found:
             raise ValueError(
-                f"found no attention layer in {type(model).__name__}: the monitor looks for "
-                "modules with a c_attn child (the [Q; K; V] projection) and a c_proj child "
-                "(nanoGPT's CausalSelfAttention, Hugging Face's GPT2Attention)")
+                f"found no attention layer in {type(model).__name__}: the monitor "
+                "looks for modules with a c_attn child (the [Q; K; V] projection) and "
+                "a c_proj child (nanoGPT's CausalSelfAttention, Hugging Face's "
+                "GPT2Attention)")
         picked = range(len(found)) if layers is None else list(layers)
         for i in picked:
             if not isinstance(i, int) or not 0 <= i < len(found):
                 names = ", ".join(name for name, _ in found)
                 raise ValueError(f"layer index {i!r} does not exist: the model has "
-                                 f"{len(found)} attention layers, 0 to {len(found) - 1} "
-                                 f"({names})")
+                                 f"{len(found)} attention layers, 0 to "
+                                 f"{len(found) - 1} ({names})")
         self.layers = [_Layer(i, *found[i], n_head) for i in picked]
         if self.delta:
             self._warn_about_dropout()
@@ -169,12 +178,13 @@ class AttentionMonitor:
             self._sinks.append(TensorBoardSink(tensorboard))
 
     @classmethod
-    def attach(cls, model, every=100, path=None, delta=False, tensorboard=None, **options):
-        """Attach a monitor to ``model``: ``every`` steps, rows to ``path`` (.csv/.jsonl) and/or
-        ``tensorboard`` (a log directory), Σ(δ_lp − δ_hp) when ``delta``. Options: ``layers``
-        (indices of the attention layers to read, default all), ``n_head`` (if the layers do
-        not say), ``sequences`` (read only the first few sequences of a batch: less memory),
-        ``append`` (add to an existing file)."""
+    def attach(cls, model, every=100, path=None, delta=False, tensorboard=None,
+               **options):
+        """Attach a monitor to ``model``: every ``every`` steps, rows to ``path``
+        (.csv/.jsonl) and/or ``tensorboard`` (a log directory), Σ(δ_lp − δ_hp) when
+        ``delta``. Options: ``layers`` (indices of the attention layers to read, default
+        all), ``n_head`` (if the layers do not say), ``sequences`` (read only the first
+        few sequences of a batch: less memory), ``append`` (add to an existing file)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard,
                    **options)
 
@@ -182,11 +192,12 @@ class AttentionMonitor:
     def layer_names(self) -> list[str]:
         return [layer.name for layer in self.layers]
 
-    # ------------------------------------------------------------------ the training loop's side
+    # ------------------------------------------------------ the training loop's side
     def step(self, step=None) -> bool:
-        """Call once per training step, before its forward pass. Arms the hooks when ``step``
-        (or, without it, the count of calls so far) is a multiple of ``every``; returns whether
-        this step is read. First writes what the previous armed step left unwritten."""
+        """Call once per training step, before its forward pass. Arms the hooks when
+        ``step`` (or, without it, the count of calls so far) is a multiple of ``every``;
+        returns whether this step is read. First writes what the previous armed step
+        left unwritten."""
         if step is None:
             step = self._counter
         self._counter = step + 1
@@ -194,11 +205,11 @@ class AttentionMonitor:
         if not self.enabled or step % self.every or not _writes():
             return False
         if _compiled(self._model):
-            self._disable("the model was compiled with torch.compile after the monitor was "
-                          "attached")
+            self._disable("the model was compiled with torch.compile after the monitor "
+                          "was attached")
             return False
-        self._pending = {"step": step, "qkv": {}, "forward": {}, "expect": set(), "delta": {},
-                         "seen": False}
+        self._pending = {"step": step, "qkv": {}, "forward": {}, "expect": set(),
+                         "delta": {}, "seen": False}
         for layer in self.layers:
             self._handles.append(layer.module.c_attn.register_forward_hook(
                 self._qkv_hook(layer)))
@@ -219,16 +230,17 @@ class AttentionMonitor:
         self.close()
 
     def frame(self):
-        """The rows read so far as a pandas table (columns step, layer, head, metric, value)."""
+        """The rows read so far as a pandas table (step, layer, head, metric, value)."""
         import pandas as pd
         from .sinks import COLUMNS
         return pd.DataFrame(self.rows, columns=list(COLUMNS))
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------ hooks
     def _qkv_hook(self, layer):
         def hook(module, inputs, output):
             pending = self._pending
-            if pending is None or layer.index in pending["qkv"] or not torch.is_grad_enabled():
+            if (pending is None or layer.index in pending["qkv"]
+                    or not torch.is_grad_enabled()):
                 return
             pending["qkv"][layer.index] = output.detach()
         return hook
@@ -237,7 +249,8 @@ class AttentionMonitor:
         def hook(module, inputs):
             pending = self._pending
             if (pending is None or layer.index in pending["forward"]
-                    or layer.index not in pending["qkv"] or not torch.is_grad_enabled()):
+                    or layer.index not in pending["qkv"]
+                    or not torch.is_grad_enabled()):
                 return
             pending["seen"] = True
             out = inputs[0]
@@ -299,9 +312,10 @@ class AttentionMonitor:
             return
         if not p["seen"]:
             warnings.warn(
-                f"monitor: step {p['step']} was armed but no training forward pass reached the "
-                "attention layers (was the model compiled after the monitor was attached, or "
-                "run without gradients?); nothing was read", RuntimeWarning, stacklevel=3)
+                f"monitor: step {p['step']} was armed but no training forward pass "
+                "reached the attention layers (was the model compiled after the "
+                "monitor was attached, or run without gradients?); nothing was read",
+                RuntimeWarning, stacklevel=3)
             return
         rows = []
         for layer in self.layers:
@@ -314,12 +328,12 @@ class AttentionMonitor:
         for sink in self._sinks:
             sink.write(rows)
 
-    # ------------------------------------------------------------------ checks
+    # ------------------------------------------------------------ checks
     def _disable(self, why: str):
-        warnings.warn(f"AttentionMonitor disables itself: {why}, and compiled code never "
-                      "calls the hooks it reads through. To read the attention, train the "
-                      "uncompiled model (attach the monitor to it and do not compile it).",
-                      UserWarning, stacklevel=3)
+        warnings.warn(f"AttentionMonitor disables itself: {why}, and compiled code "
+                      "never calls the hooks it reads through. To read the attention, "
+                      "train the uncompiled model (attach the monitor to it and do not "
+                      "compile it).", UserWarning, stacklevel=3)
         self.enabled = False
         for handle in self._handles:
             handle.remove()
@@ -329,15 +343,15 @@ class AttentionMonitor:
         for layer in self.layers:
             drop = getattr(layer.module, "attn_dropout", None)
             p = drop.p if isinstance(drop, torch.nn.Dropout) else 0.0
-            rate = getattr(layer.module, "dropout", 0.0)     # nanoGPT: the sdpa dropout_p
+            rate = getattr(layer.module, "dropout", 0.0)   # nanoGPT: sdpa's dropout_p
             if isinstance(rate, (int, float)):
                 p = max(p, float(rate))
             if p > 0:
                 warnings.warn(
-                    f"layer {layer.name!r} applies attention dropout (p = {p:g}); O_hp has "
-                    "none, so delta_err would measure the dropout as well as the rounding: "
-                    "set the attention dropout to 0 while reading delta", UserWarning,
-                    stacklevel=3)
+                    f"layer {layer.name!r} applies attention dropout (p = {p:g}); O_hp "
+                    "has none, so delta_err would measure the dropout as well as the "
+                    "rounding: set the attention dropout to 0 while reading delta",
+                    UserWarning, stacklevel=3)
 
 
 __all__ = ["AttentionMonitor", "METRICS", "find_attention", "query_weight"]

@@ -1,9 +1,9 @@
-"""Where the monitor's rows go: a CSV file, a JSON-lines file, TensorBoard, or memory only.
+"""Where the monitor's rows go: a CSV file, a JSON-lines file, TensorBoard, or memory.
 
-Every row is ``(step, layer, head, metric, value)``; the CSV file has exactly these columns (a
-header line, then one line per row) and the JSON-lines file one object with these keys per line.
-Files are opened on the first row written, so a process that never writes (a DDP rank other than
-0) never creates one.
+Every row is ``(step, layer, head, metric, value)``; the CSV file has exactly these
+columns (a header line, then one line per row) and the JSON-lines file one object with
+these keys per line. Files are opened on the first row written, so a process that never
+writes (a DDP rank other than 0) never creates one.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ COLUMNS = ("step", "layer", "head", "metric", "value")
 
 
 class FileSink:
-    """Rows appended to ``path``: CSV if it ends in ``.csv``, JSON lines if ``.jsonl``."""
+    """Rows appended to ``path``: CSV if it ends in ``.csv``, JSON lines if
+    ``.jsonl``."""
 
     def __init__(self, path, append: bool = False):
         self.path = Path(path)
@@ -50,14 +51,14 @@ class FileSink:
 
 
 def tensorboard_writer_class():
-    """torch's SummaryWriter, imported only when asked for; a clear error if it cannot be."""
+    """torch's SummaryWriter, imported only when asked for (clear error if missing)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
         raise ImportError(
-            "the monitor's tensorboard= option needs the 'tensorboard' package, which is not "
-            "installed (pip install tensorboard), or pass tensorboard=None and read the "
-            f"CSV or JSON-lines file instead ({err})") from None
+            "the monitor's tensorboard= option needs the 'tensorboard' package, which "
+            "is not installed (pip install tensorboard), or pass tensorboard=None and "
+            f"read the CSV or JSON-lines file instead ({err})") from None
     return SummaryWriter
 
 
@@ -65,7 +66,8 @@ class TensorBoardSink:
     """Rows as scalars ``<metric>/layer<l>/head<h>`` in a TensorBoard log directory."""
 
     def __init__(self, logdir):
-        self.logdir, self._cls, self._writer = str(logdir), tensorboard_writer_class(), None
+        self.logdir, self._writer = str(logdir), None
+        self._cls = tensorboard_writer_class()
 
     def write(self, rows):
         if self._writer is None:

@@ -1,5 +1,5 @@
-"""The monitor chapter's exercise checks fail on a blank and on plausible wrong answers, with
-hints that do not contain the answer, and accept the right one."""
+"""The monitor chapter's exercise checks fail on a blank and on plausible wrong answers,
+with hints that do not contain the answer, and accept the right one."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,7 +16,7 @@ def _fails(check, answer, *args, hint=None, secret=None):
     if hint:
         assert hint in message, message
     if secret is not None:
-        assert f"{secret:g}" not in message, f"the hint gives the answer away: {message}"
+        assert f"{secret:g}" not in message, f"the hint gives it away: {message}"
 
 
 def _timing():
@@ -32,15 +32,16 @@ def test_slowdown():
     per_read = 100 * (timing["reading"]["median"] / timing["off"]["median"] - 1)
     _fails(ex.check_slowdown, None, timing, every, hint="no answer")
     _fails(ex.check_slowdown, "1", timing, every, hint="should be a number")
-    _fails(ex.check_slowdown, per_read, timing, every, hint="one reading step", secret=want)
+    _fails(ex.check_slowdown, per_read, timing, every, hint="one reading step",
+           secret=want)
     _fails(ex.check_slowdown, want / 100, timing, every, hint="percent", secret=want)
     _fails(ex.check_slowdown, 2 * want, timing, every, hint="within 5 %", secret=want)
     ex.check_slowdown(want, timing, every)
-    ex.check_slowdown(100 * (per_read / 100) / every, timing, every)   # without the call cost
+    ex.check_slowdown(per_read / every, timing, every)     # without the call's cost
 
 
 def _runs():
-    """Rows of a failing run and a control: 1 layer, 2 heads, ‖W_Q‖ growing faster in one."""
+    """Rows of a failing run and a control: 1 layer, 2 heads, ‖W_Q‖ faster in one."""
     steps = np.arange(0, 800, 50)
     first = int(np.random.randint(4, 12))
     rows_f, rows_c = [], []
@@ -51,7 +52,8 @@ def _runs():
             rows_f.append((int(step), 0, head, "wq_norm", failing * scale))
             rows_c.append((int(step), 0, head, "wq_norm", control * scale))
     cols = ["step", "layer", "head", "metric", "value"]
-    return pd.DataFrame(rows_f, columns=cols), pd.DataFrame(rows_c, columns=cols), steps, first
+    failing, control = (pd.DataFrame(r, columns=cols) for r in (rows_f, rows_c))
+    return failing, control, steps, first
 
 
 def test_wq_ratio_step():
