@@ -552,3 +552,35 @@ def test_layer_table_combines_heads():
         assert row.wq_norm == max(heads["wq_norm"])
         assert row.max_logit == max(heads["max_logit"])
         assert row.delta_err == pytest.approx(sum(heads["delta_err"]))
+
+
+@pytest.mark.parametrize("implementation", [None, "eager"])
+def test_hugging_face_gpt2_as_configured_by_default(implementation):
+    """The model exactly as a reader builds it (default dropout 0.1, SDPA or eager
+    attention): found, read against fp64, and its gradients unchanged by the monitor."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    extra = {} if implementation is None else {"attn_implementation": implementation}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")           # token ids outside the tiny vocabulary
+        plain = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
+                                           n_positions=64, **extra))
+    watched = copy.deepcopy(plain)
+    mon = AttentionMonitor.attach(watched, every=1)
+    ref = Reference([(b.attn, 2) for b in watched.transformer.h])
+    idx = torch.randint(0, 64, (2, 30))
+    grads = []
+    for model in (plain, watched):
+        if model is watched:
+            mon.step(0)
+        torch.manual_seed(1)                          # the same dropout masks
+        model(idx, labels=idx).loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    got = table(mon, 0)
+    assert len(got) == 2 * 2 * len(FORWARD_METRICS)
+    for i in range(2):
+        q, k, _ = (ref.heads(i, t) for t in ref.qkv[i].split(32, dim=-1))
+        s = fp64_scores(q, k, 16 ** -0.5)
+        for h in range(2):
+            assert got[(i, h, "max_logit")] == pytest.approx(
+                float(s[:, h][s[:, h].isfinite()].abs().max()), rel=1e-5)
