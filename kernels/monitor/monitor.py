@@ -248,7 +248,7 @@ class AttentionMonitor:
     def _output_hook(self, layer):
         def hook(module, inputs):
             pending = self._pending
-            if (pending is None or layer.index in pending["forward"]
+            if (pending is None or layer.index in pending["forward"] or not inputs
                     or layer.index not in pending["qkv"]
                     or not torch.is_grad_enabled()):
                 return

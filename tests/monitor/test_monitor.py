@@ -561,9 +561,9 @@ def test_hugging_face_gpt2_as_configured_by_default(implementation):
     from transformers import GPT2Config, GPT2LMHeadModel
     extra = {} if implementation is None else {"attn_implementation": implementation}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")           # token ids outside the tiny vocabulary
-        plain = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
-                                           n_positions=64, **extra))
+        warnings.simplefilter("ignore")          # token ids outside the tiny vocabulary
+        plain = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32,
+                                           vocab_size=64, n_positions=64, **extra))
     watched = copy.deepcopy(plain)
     mon = AttentionMonitor.attach(watched, every=1)
     ref = Reference([(b.attn, 2) for b in watched.transformer.h])
