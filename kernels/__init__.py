@@ -8,6 +8,8 @@ The layers, each importing only from the ones above it:
 * :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance
 * :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
 * :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
+* :mod:`kernels.monitor`    the attention monitor readers attach to their own training,
+  and the pure metrics it shares with the GPT-2 trainer (imports only numerics)
 * :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them (siblings:
   only the lab's GPU script borrows :mod:`kernels.gpu.bench`'s timing helpers; no cycles)
 * :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart

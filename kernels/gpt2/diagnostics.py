@@ -1,7 +1,8 @@
 """What the GPT-2 chapter watches while it trains (the paper's Figs. 3-5, 11 and 13).
 
-Pure functions on tensors (each tested on inputs with a known answer) plus :class:`AttentionProbe`,
-which an attention layer fills on monitoring steps:
+Pure functions on tensors (each tested on inputs with a known answer; those the
+attention monitor shares live in :mod:`kernels.monitor.metrics`) plus
+:class:`AttentionProbe`, which an attention layer fills on monitoring steps:
 
 * ‖W_Q‖₂ per layer and head (spectral norm of each head's query projection; Figs. 3, 11)
 * the largest attention logit per layer (logit growth: the *other* way small models fail)
@@ -11,68 +12,22 @@ which an attention layer fills on monitoring steps:
 * a shadow high-precision pass: Σ_T (δ_lp − δ_hp)[T] with δ = rowsum(dO ∘ O), O_lp the output the
   layer really produced and O_hp = softmax(S)V in fp32 from the same inputs (Fig. 5a)
 * how alike the rank-1 terms (PK)[T]ᵀ X[T] of Eq. (2) are across tokens and across steps (Fig. 4)
+
+The probe is called inside the model's forward pass, so under bf16 autocast its fp32
+products (QKᵀ for the FA2 count and the largest logit, PV for O_hp) run in bf16 too;
+:class:`kernels.monitor.AttentionMonitor` switches autocast off for its own arithmetic
+(chapter 9 compares the two).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 
-from ..numerics.rounding import round_to
-
-
-def spectral_norm(matrix: torch.Tensor) -> float:
-    """Largest singular value ‖A‖₂."""
-    return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2))
-
-
-def wq_head_norms(c_attn_weight: torch.Tensor, n_head: int) -> list[float]:
-    """‖W_Q‖₂ of each head. ``c_attn_weight`` is the (3C, C) weight that makes [Q; K; V]."""
-    width = c_attn_weight.shape[1]
-    if c_attn_weight.shape[0] != 3 * width or width % n_head:
-        raise ValueError(f"expected a (3C, C) weight with C divisible by {n_head}, got {tuple(c_attn_weight.shape)}")
-    hd = width // n_head
-    return [spectral_norm(c_attn_weight[h * hd:(h + 1) * hd]) for h in range(n_head)]
-
-
-def causal_scores(q: torch.Tensor, k: torch.Tensor, low=None) -> torch.Tensor:
-    """S = QKᵀ/√d with the causal mask (−inf above the diagonal). fp32, or formed as the paper's
-    bf16 code does (rnd(rnd(QKᵀ)·scale)) when ``low`` is given."""
-    q, k = q.float(), k.float()
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    if low is None:
-        s = q @ k.transpose(-1, -2) * scale
-    else:
-        s = round_to(round_to(q @ k.transpose(-1, -2), low) * scale, low)
-    n = q.shape[-2]
-    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-    return s.masked_fill(mask, -math.inf)
-
-
-def rows_rounding_to_one(scores: torch.Tensor, low=torch.bfloat16) -> int:
-    """Rows with ≥ 2 entries whose P̄ = exp(S − rowmax) is exactly 1.0 after rounding to ``low``."""
-    p_bar = torch.exp(scores - scores.amax(-1, keepdim=True))
-    ones = (round_to(p_bar, low) == 1.0).sum(-1)
-    return int((ones >= 2).sum())
-
-
-def rows_with_tied_max(scores: torch.Tensor) -> int:
-    """Rows with ≥ 2 entries exactly equal to the row maximum."""
-    ties = (scores == scores.amax(-1, keepdim=True)).sum(-1)
-    return int((ties >= 2).sum())
-
-
-def max_logit(scores: torch.Tensor) -> float:
-    """Largest finite |S| (the masked −inf entries are ignored)."""
-    finite = scores[torch.isfinite(scores)]
-    return float(finite.abs().max()) if finite.numel() else 0.0
-
-
-def delta_error(d_out: torch.Tensor, out_low: torch.Tensor, out_high: torch.Tensor) -> torch.Tensor:
-    """(δ_lp − δ_hp) per row, δ = rowsum(dO ∘ O). Shapes (..., N, D) → (..., N)."""
-    d_out = d_out.float()
-    return (d_out * (out_low.float() - out_high.float())).sum(-1)
+# The pure functions of the monitor live once, in kernels.monitor.metrics; the trainer's
+# diagnostics are computed by that code (re-exported here for the chapter and the tests).
+from ..monitor.metrics import (causal_scores, delta_error, max_logit,
+                               rows_rounding_to_one, rows_with_tied_max, spectral_norm,
+                               wq_head_norms)
 
 
 def pairwise_rank1_cosine(u: torch.Tensor, x: torch.Tensor) -> float:
@@ -168,3 +123,8 @@ class AttentionProbe:
             self.stats["delta_abs"] = float(err.abs().sum(-1).mean(0).sum())
             self.stats["delta_sq"] = float((err * err).sum(-1).mean(0).sum())  # for matched noise
         self._out_low = self._out_high = None
+
+
+__all__ = ["spectral_norm", "wq_head_norms", "causal_scores", "rows_rounding_to_one",
+           "rows_with_tied_max", "max_logit", "delta_error", "pairwise_rank1_cosine",
+           "matrix_cosine", "find_explosion", "AttentionProbe"]

@@ -1,0 +1,119 @@
+"""Reading the monitor: what a training step costs, and when a number should worry you.
+
+* :func:`time_steps` times forward + backward passes of a model without the monitor,
+  with it on steps it does not read and on steps it reads (in a random order each round,
+  so a busy machine slows all three alike), and one ``monitor.step`` call alone.
+* :func:`ceiling_and_lead` turns stored runs into a threshold: the largest value a
+  metric took in runs that trained normally (the *ceiling*) and, for runs that failed,
+  how many steps before the failure the metric first passed that ceiling (the *lead*).
+* :func:`layer_table` combines the heads of a layer as the book's stored runs hold them.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+
+def _one_step(model, loss_fn, before=None):
+    """Seconds for ``before()`` (a monitor.step call, if any) and a forward +
+    backward."""
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    if before is not None:
+        before()
+    loss_fn().backward()
+    return time.perf_counter() - start
+
+
+def _summary(values) -> dict:
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    return {"median": float(med), "iqr": float(q3 - q1)}
+
+
+def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
+               seed: int = 0) -> dict:
+    """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed
+    batch): ``off`` without calling the monitor, ``between`` with ``monitor.step`` on
+    steps it does not read, ``reading`` on steps it reads; each round runs the three
+    once, in a random order. Medians and interquartile ranges over ``repeats`` rounds;
+    ``paired``: the same of ``between / off − 1`` within each round. ``call``: one
+    ``monitor.step`` call on a step it does not read, timed alone (1,000 calls), which
+    is all the monitor adds between reading steps: it leaves no hook there."""
+    if repeats < 3:
+        raise ValueError(f"need at least 3 repeats for a median and quartiles, got "
+                         f"{repeats}")
+    every = monitor.every
+    if every < 2:
+        raise ValueError("a monitor with every=1 reads every step: nothing to time "
+                         "between")
+    rng = random.Random(seed)
+    times = {"off": [], "between": [], "reading": []}
+    for i in range(warmup + repeats):
+        before = {"off": None,
+                  "between": lambda: monitor.step(every * i + 1),    # not read
+                  "reading": lambda: monitor.step(every * (i + 1))}  # read
+        kinds = list(times)
+        rng.shuffle(kinds)
+        got = {kind: _one_step(model, loss_fn, before[kind]) for kind in kinds}
+        if i >= warmup:
+            for kind, value in got.items():
+                times[kind].append(value)
+    monitor.step(every * (warmup + repeats) + 1)               # writes the last one
+    calls = []
+    for i in range(1000):
+        start = time.perf_counter()
+        monitor.step(every * i + 1)
+        calls.append(time.perf_counter() - start)
+    out = {kind: _summary(values) for kind, values in times.items()}
+    out["call"] = _summary(calls)
+    out["paired"] = _summary(np.array(times["between"]) / np.array(times["off"]) - 1)
+    return out
+
+
+def ceiling_and_lead(healthy, failing) -> dict:
+    """``healthy``: (steps, values) series of runs that trained normally; ``failing``:
+    (steps, values, failure step) of runs that failed. Returns the ceiling (the largest
+    finite healthy value), how many failing runs passed it before they failed, and those
+    leads in steps."""
+    finite = [np.asarray(v, dtype=float) for _, v in healthy]
+    finite = [v[np.isfinite(v)] for v in finite]
+    if not any(len(v) for v in finite):
+        raise ValueError("the healthy runs hold no finite value: no ceiling can be "
+                         "drawn")
+    ceiling = float(max(v.max() for v in finite if len(v)))
+    leads = []
+    for steps, values, failed_at in failing:
+        steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+        over = (values > ceiling) & (steps < failed_at)
+        if over.any():
+            leads.append(int(failed_at - steps[np.argmax(over)]))
+    return {"ceiling": ceiling, "crossed": len(leads), "failing": len(failing),
+            "lead_min": min(leads) if leads else None,
+            "lead_max": max(leads) if leads else None, "leads": leads}
+
+
+# How a layer's heads combine into one number per layer, as the book's stored GPT-2 runs
+# hold them: shares over all rows of the layer (every head has as many rows), the
+# largest head's ‖W_Q‖ and logit, and δ errors summed over heads.
+LAYER_RULES = {"ties_bf16": "mean", "p1_fa2": "mean", "wq_norm": "max",
+               "max_logit": "max", "delta_err": "sum", "delta_abs": "sum"}
+
+
+def layer_table(rows):
+    """One row per (step, layer), one column per metric, heads combined by
+    :data:`LAYER_RULES`. ``rows``: a monitor, its rows, a table of them or a file
+    path."""
+    import pandas as pd
+    from .sinks import COLUMNS, read_rows
+    if hasattr(rows, "rows"):
+        rows = rows.rows
+    if isinstance(rows, (str, bytes)) or hasattr(rows, "suffix"):
+        rows = read_rows(rows)
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(
+        rows, columns=list(COLUMNS))
+    tables = [frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how)
+              .rename(metric) for metric, how in LAYER_RULES.items()
+              if (frame.metric == metric).any()]
+    return pd.concat(tables, axis=1)
