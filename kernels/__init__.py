@@ -27,6 +27,10 @@ import os as _os
 # other busy process, a torch loop took 1.52 s with spinning threads and 0.29 s without. This
 # must be set before torch (and its OpenMP runtime) loads; a reader's own setting wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Progress bars print text (tqdm.std), redrawn at most every 5 s: an executed notebook keeps
+# every redraw as a line of its output, and 5 s keeps that to a start and an end for short work.
+# tqdm reads TQDM_* settings when it is first imported, so this too must come first.
+_os.environ.setdefault("TQDM_MININTERVAL", "5")
 
 from .env import configure_triton as _configure_triton  # noqa: E402
 

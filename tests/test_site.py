@@ -11,8 +11,12 @@ they need ``_build/html`` and a browser; without a built site they FAIL, they ne
 Per chapter page we check that it loads, that the browser logged no error, that every figure
 decoded (``naturalWidth > 0``) and there is at least one, that MathJax typeset every formula
 without a TeX error, and that the Colab launch button opens this chapter's notebook in the
-repository named in ``_config.yml`` (the repository and issue buttons too). A screenshot of
-chapter 1 is kept under ``_build/screenshots``. One more test builds a one-chapter book with the
+repository named in ``_config.yml`` (the repository and issue buttons too); that no code,
+output or display equation is cut off at the column edge; that every figure's smallest text is at
+least 9 pt (12 CSS px) as displayed and every heatmap has a colour bar; that no internal word
+(``INTERNAL_WORDS``, or ``None`` standing in prose) reaches the reader; and that the page fetches
+nothing from another host. A full-page screenshot of every page is kept under
+``_build/screenshots`` for review. One more test builds a one-chapter book with the
 real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
@@ -24,6 +28,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,7 +39,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from kernels.tools import booktools
+from kernels.tools import booktools, style
 from kernels.env import REPO_ROOT
 
 pytestmark = pytest.mark.site
@@ -46,13 +51,22 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 LOCAL_HOST = "127.0.0.1"
 
 
-def toc_chapters() -> list[str]:
-    """Chapter files listed in _toc.yml, e.g. 'book/01_bf16_bits' (the root page excluded)."""
+def toc_pages() -> list[str]:
+    """Pages listed in _toc.yml, e.g. 'book/01_bf16_bits' (the root page excluded)."""
     toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
     return [entry["file"] for part in toc.get("parts", []) for entry in part["chapters"]]
 
 
-CHAPTERS = toc_chapters()
+PAGES = toc_pages()
+# Chapters are notebooks (they execute, have figures and a Colab button); the other pages
+# (references, the instructor's page) are Markdown.
+CHAPTERS = [p for p in PAGES if (REPO_ROOT / f"{p}.ipynb").is_file()]
+TEXT_PAGES = [p for p in PAGES if p not in CHAPTERS]
+
+# Words from the authors' workshop that must never reach a reader: names of internal notes, a
+# placeholder, a debugging prefix, a missing value printed into a sentence.
+INTERNAL_WORDS = ("GUIDE", "seed paper", "seeds/", "TODO", "[local]", "FIXME", "XXX",
+                  "measured on None", "computed on None", "a bug to find")
 
 
 # ---------------------------------------------------------------- fixtures: server and browser
@@ -193,6 +207,96 @@ def clipped_elements(browser) -> list[str]:
         "  .map(el => (el.textContent || '').trim().slice(0, 60));", CLIPPABLE)
 
 
+# 'None' where a value belongs ("measured on None", "= None"), not the English "None of them".
+NONE_AS_VALUE = re.compile(r"(?:[=:(]\s*|\b(?:on|is|was|were|are|by|with|at|from|to)\s+)None\b")
+
+
+def internal_words(browser) -> list[str]:
+    """Internal words anywhere in the article, and 'None' or 'nan' standing in prose as a value
+    (outside code, where `None` is a legitimate Python name)."""
+    text = browser.execute_script("return document.querySelector('article').innerText;")
+    prose = browser.execute_script(
+        "const skip = 'pre, code, script, style, mjx-container, .math';"
+        "const walk = document.createTreeWalker(document.querySelector('article'), NodeFilter.SHOW_TEXT);"
+        "const parts = [];"
+        "for (let n = walk.nextNode(); n; n = walk.nextNode()) {"
+        "  if (!n.parentElement.closest(skip)) parts.push(n.textContent); }"
+        "return parts.join(' ');")
+    found = [word for word in INTERNAL_WORDS if word in text]
+    found += [f"'{m.group(0)}' in prose" for m in NONE_AS_VALUE.finditer(prose)]
+    return found
+
+
+def external_resources(browser) -> list[str]:
+    """Scripts, stylesheets, images and frames the page loads from anywhere but the site itself
+    (a CDN, say): on an offline copy of the site they would be missing."""
+    return browser.execute_script(
+        "const urls = [];"
+        "for (const el of document.querySelectorAll('script[src], link[rel=stylesheet][href], "
+        "    img[src], iframe[src]')) urls.push(el.src || el.href);"
+        "for (const r of performance.getEntriesByType('resource')) urls.push(r.name);"
+        "return urls.filter(u => { try { const h = new URL(u, location.href).hostname;"
+        "  return h !== location.hostname; } catch (e) { return true; } });")
+
+
+def illegible_figures(browser) -> list[str]:
+    """Figures whose smallest text is under 12 CSS px (9 pt) as displayed, or that show a heatmap
+    without a colour bar. Each PNG made by the book carries its smallest font (points), its dpi and
+    its bare-heatmap count (kernels.tools.style); the browser says how wide it is displayed."""
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article img')).map("
+        "  im => [new URL(im.currentSrc).pathname, im.getBoundingClientRect().width, im.naturalWidth]);")
+    problems = []
+    for path, shown_width, image_width in shown:
+        file = SITE / path.lstrip("/")
+        if not file.is_file() or file.suffix.lower() != ".png":
+            problems.append(f"{path}: not a PNG the site serves")
+            continue
+        record = style.read_record(file.read_bytes())
+        if style.PNG_KEY_FONT not in record:
+            problems.append(f"{path}: made without kernels.tools.style (no legibility record)")
+            continue
+        px = style.rendered_font_px(float(record[style.PNG_KEY_FONT]), float(record[style.PNG_KEY_DPI]),
+                                    shown_width, image_width)
+        if px < MIN_TEXT_PX:
+            problems.append(f"{path}: smallest text {px:.1f} px as shown "
+                            f"({record[style.PNG_KEY_FONT]} pt, image {image_width} px shown "
+                            f"{shown_width:.0f} px wide)")
+        if int(record.get(style.PNG_KEY_NO_COLORBAR, "0")):
+            problems.append(f"{path}: {record[style.PNG_KEY_NO_COLORBAR]} heatmap(s) without a colour bar")
+    return problems
+
+
+MIN_TEXT_PX = style.MIN_FONT_PT * 96 / 72 - 0.05   # 9 pt = 12 CSS px
+
+
+TABLE_LINE = re.compile(r"(\S {2,}\S.*){2,}")   # a row of a printed table: columns apart by spaces
+MAX_TABLE_WIDTH, MAX_TABLE_ROWS = 88, 13          # characters; 12 rows and a header
+
+
+def unreadable_tables(browser) -> list[str]:
+    """Printed tables a reader would have to scan: a row wider than the column (it wraps and its
+    columns fall apart) or more than 12 rows (a figure says it better)."""
+    outputs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article div.cell_output pre'))"
+        "  .map(el => el.textContent);")
+    return [problem for text in outputs for problem in table_problems(text)]
+
+
+def table_problems(text: str) -> list[str]:
+    problems, run = [], []
+    for line in text.splitlines() + [""]:
+        if TABLE_LINE.search(line):
+            run.append(line)
+            continue
+        if any(len(row) > MAX_TABLE_WIDTH for row in run):
+            problems.append(f"table rows up to {max(map(len, run))} characters: {run[0][:50]!r}")
+        if len(run) > MAX_TABLE_ROWS:
+            problems.append(f"table of {len(run)} rows: {run[0][:50]!r}")
+        run = []
+    return problems
+
+
 def page_url(site_url: str, chapter: str) -> str:
     return f"{site_url}/{chapter}.html"
 
@@ -200,9 +304,39 @@ def page_url(site_url: str, chapter: str) -> str:
 # ---------------------------------------------------------------- the tests
 def test_toc_lists_the_chapters_and_they_were_built():
     assert CHAPTERS, "_toc.yml lists no chapters"
-    for chapter in CHAPTERS:
-        assert (REPO_ROOT / f"{chapter}.ipynb").is_file(), f"{chapter}.ipynb listed in _toc.yml is missing"
-        assert (SITE / f"{chapter}.html").is_file(), f"{chapter}.html was not built"
+    for page in PAGES:
+        assert (REPO_ROOT / f"{page}.ipynb").is_file() or (REPO_ROOT / f"{page}.md").is_file(), \
+            f"{page} listed in _toc.yml is missing"
+        assert (SITE / f"{page}.html").is_file(), f"{page}.html was not built"
+    assert "book/references" in TEXT_PAGES, "the book has no references page"
+
+
+@pytest.mark.parametrize("page", TEXT_PAGES)
+def test_text_page(browser, site_url, page):
+    """The pages that are not chapters: they load cleanly, nothing clipped, nothing internal."""
+    severe = open_page(browser, page_url(site_url, page))
+    assert browser.find_element("css selector", "article h1").text.strip(), f"{page}: no title"
+    assert [e for e in severe if not forgivable(e)] == [], f"{page}: browser errors"
+    assert clipped_elements(browser) == [], f"{page}: clipped {clipped_elements(browser)}"
+    assert internal_words(browser) == [], f"{page}: internal words {internal_words(browser)}"
+    assert external_resources(browser) == [], f"{page}: loads {external_resources(browser)}"
+    save_screenshot(browser, page)
+
+
+def test_references_are_cited_and_linked(browser, site_url):
+    """Each chapter cites the literature through the references page, whose entries link out."""
+    open_page(browser, page_url(site_url, "book/references"))
+    entries = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article .citation, article dl.citation > dt'"
+        ")).length;")
+    links = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article a.reference.external'))"
+        "  .map(a => a.href).filter(h => h.startsWith('https://'));")
+    assert entries >= 5 and len(links) >= 5, (entries, links)
+    citing = [c for c in CHAPTERS
+              if "references.html#id" in (SITE / f"{c}.html").read_text(errors="replace")
+              or "references.html#" in (SITE / f"{c}.html").read_text(errors="replace")]
+    assert len(citing) >= len(CHAPTERS) // 2, f"only {citing} cite the references page"
 
 
 def test_front_page_loads(browser, site_url):
@@ -253,10 +387,27 @@ def test_chapter_page(browser, site_url, chapter):
     assert repo_url in links, f"{chapter}: no repository button"
     assert any(link.startswith(f"{repo_url}/issues/new") for link in links), f"{chapter}: no issue button"
 
-    if name.startswith("01_"):
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shot = SCREENSHOTS / f"{name}.png"
+    # Legible figures and tables, plain words, nothing fetched from elsewhere.
+    assert unreadable_tables(browser) == [], f"{chapter}: {unreadable_tables(browser)}"
+    assert illegible_figures(browser) == [], f"{chapter}: {illegible_figures(browser)}"
+    assert internal_words(browser) == [], f"{chapter}: internal words {internal_words(browser)}"
+    assert external_resources(browser) == [], f"{chapter}: loads {external_resources(browser)}"
+    widgets = browser.find_elements("css selector", "script[type='application/vnd.jupyter.widget-view+json']")
+    assert widgets == [], f"{chapter}: {len(widgets)} live widget(s), blank on a static site"
+
+    save_screenshot(browser, chapter)
+
+
+def save_screenshot(browser, page: str) -> None:
+    """The whole page as a reader sees it at 1280 px, kept by CI for review."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / f"{Path(page).name}.png"
+    height = browser.execute_script("return document.documentElement.scrollHeight;")
+    browser.set_window_size(1280, min(max(height, 1600), 16000))
+    try:
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        browser.set_window_size(1280, 1600)
 
 
 def chapters_with_interactive_figures() -> list[str]:
@@ -297,6 +448,21 @@ def check_interactive_figure(browser, site_url, chapter):
     assert after[0] != before[0] and after[1] != before[1], (before, after)
 
 
+def test_none_as_a_value_is_caught_but_not_the_english_word():
+    assert NONE_AS_VALUE.search("measured on None (torch 2.11)")
+    assert NONE_AS_VALUE.search("bias = None ulp")
+    assert not NONE_AS_VALUE.search("None of the 32 runs failed")
+
+
+def test_the_table_rule_tells_tables_from_prose():
+    row = "  β rule across tiles            191871.8   553.63   +2.136"
+    assert table_problems("\n".join([row] * 8)) == []
+    assert len(table_problems("\n".join([row] * 20))) == 1
+    assert len(table_problems(row + " " * 3 + "x" * 40)) == 1
+    prose = "The tie share left the control's before ‖W_Q‖ did in 6 of 6 pairs, " * 3
+    assert table_problems(prose) == []
+
+
 def test_forgiven_log_entries_are_narrow():
     """The rule above must not hide real errors."""
     def entry(source, message):
@@ -320,6 +486,7 @@ def build_mini_book(root: Path, intro: str, code: str) -> subprocess.CompletedPr
     """Build a one-chapter book with the repository's real _config.yml and the README's flags."""
     (root / "book").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO_ROOT / "_config.yml", root / "_config.yml")
+    shutil.copy(REPO_ROOT / "book" / "references.bib", root / "book" / "references.bib")
     for folder in ("_ext", "_static"):
         shutil.copytree(REPO_ROOT / "book" / folder, root / "book" / folder, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))

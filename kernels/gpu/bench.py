@@ -2,7 +2,7 @@
 
 GPU timings use ``triton.testing.do_bench`` (warm-up, then the median of many runs, the L2
 cache flushed between runs) on random inputs (never zeros: zeros make some hardware paths
-faster). A FLOP count turns a time into TFLOP/s, with the GUIDE's convention: the forward pass
+faster). A FLOP count turns a time into TFLOP/s, with the usual convention: the forward pass
 does 4·B·H·N²·D flops (two matmuls), half of that when causal, and forward + backward counts
 3.5 times the forward.
 
@@ -19,7 +19,7 @@ import torch
 
 from ..attention.reference import standard_attention
 
-GUIDE_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]   # (B, H, N, D)
+BENCH_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]   # (B, H, N, D)
 
 
 def attention_flops(batch, heads, n, d, causal=True, mode="fwd") -> float:

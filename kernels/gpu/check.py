@@ -6,7 +6,7 @@
    forward and backward (fraction of bit-identical elements, largest ulp difference), both
    against the fp64 golden output and next to torch SDPA;
 4. relative errors against fp64 for every dtype and head dim (ours, SDPA, standard attention);
-5. speed on the GUIDE's three shapes (bf16, causal): ours (offset fix off / cross) against SDPA
+5. speed on three standard shapes (GPT-2 size, long, wide heads) (bf16, causal): ours (offset fix off / cross) against SDPA
    flash and cuDNN, forward and forward+backward, TFLOP/s;
 6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²)).
 
@@ -32,7 +32,7 @@ from kernels.attention import flash_attention
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
 from kernels.env import REPO_ROOT
-from kernels.gpu.bench import GUIDE_SHAPES, flash_fn, measure_memory, measure_speed, sdpa_fn
+from kernels.gpu.bench import BENCH_SHAPES, flash_fn, measure_memory, measure_speed, sdpa_fn
 from kernels.numerics.rounding import ulp_distance
 from kernels.numerics.triton_rounding import round_tensor
 
@@ -215,7 +215,7 @@ def errors_per_dtype(n=512, batch=1, heads=4):
     return rows
 
 
-def speed(shapes=GUIDE_SHAPES):
+def speed(shapes=BENCH_SHAPES):
     rows = []
     impls = [("ours (stable off)", flash_fn(True)), ("ours (stable cross)", flash_fn(True, stable="cross")),
              ("SDPA flash", sdpa_fn("flash")), ("SDPA cuDNN", sdpa_fn("cudnn"))]

@@ -11,7 +11,7 @@ implementation gives them (the bias chapters).
 """
 from .cases import (EXP_ROUNDS_TO_ONE, PLACEMENTS, V_FAMILIES, Built, Case, VDist, build,
                     reference, residual_in_ulps, small_lab_case)
-from .figures import FA2_FAMILY, PAPER_FAMILY, plot_compare, plot_devices, plot_lab, plot_sweep
+from .figures import FA2_FAMILY, PAPER_FAMILY, plot_lab
 from .implementations import (EMULATED, GPU_ONLY, IMPLEMENTATIONS, fa2_fused_accumulation,
                               measure, parse_impl, run)
 from .interactive import (LabResult, lab, lab_text, largest_rm_rounding_to_one, p_bar_of_tied,

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from ..attention.emulator import offset_rule
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, fresh_seed, need, need_function
+from ..checking import (call, correct, fail, fresh_generator, fresh_rng, fresh_seed, need,
+                        need_function)
 from ..numerics.formats import round_to as round_np
 from .cases import EXP_ROUNDS_TO_ONE, VDist, small_lab_case
 from .implementations import measure
@@ -228,5 +229,4 @@ def check_offset(fn, thorough: bool = False) -> None:
         sign = "positive" if rm[r] > 0 else "negative"
         fail(f"wrong m for a row with {_ROW_KINDS[int(kinds[r])]} and a {sign} maximum: "
              "when does the rule count a score as a tie, and what does it choose in each case?")
-    correct("fresh rows of every kind (single, tied, within ε, just outside ε; positive and "
-            "negative maxima)")
+    correct("fresh rows: single, tied, within ε, just outside ε; maxima of both signs")

@@ -24,13 +24,14 @@ def plot_delta_bias(records, keys=tuple(FIXES)):
     import matplotlib.pyplot as plt
     cases = list(dict.fromkeys(r["case"] for r in records))
     by = {(r["case"], r["fix"]): r for r in records}
-    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
     _bars(ax, cases, keys, lambda c, k: by[(c, k)]["delta"]["bias"], cases)
     for i, case in enumerate(cases):
         ideal = by[(case, keys[0])]["delta_ideal"]["bias"]
         ax.axvline(ideal, color=f"C{i}", ls="--", lw=1.2)
     ax.axvline(0, color="black", lw=0.8)
-    ax.set(xlabel="mean error of δ = rowsum(dO ∘ O) [bf16 ulp of δ]; dashed: δ from bf16(O_exact)")
+    ax.set(xlabel="mean error of δ = rowsum(dO ∘ O)  [bf16 ulp of δ]")
+    ax.plot([], [], color="gray", ls="--", label="δ from bf16(O_exact)")
     ax.legend(title="V tied / other", loc="lower right")
     return fig
 
@@ -40,7 +41,7 @@ def plot_output_cost(records, keys=tuple(FIXES)):
     import matplotlib.pyplot as plt
     cases = list(dict.fromkeys(r["case"] for r in records))
     by = {(r["case"], r["fix"]): r for r in records}
-    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
     _bars(ax, cases, keys, lambda c, k: 100 * by[(c, k)]["out"]["same_as_ideal"], cases)
     ax.set(xlabel="outputs equal to the ideal bf16(O_exact) [%]", xlim=(50, 101))
     ax.legend(title="V tied / other", loc="lower left")
@@ -51,7 +52,7 @@ def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
     """Worst |error| of O per fix in the book's Triton kernel on the GPU, log scale."""
     import matplotlib.pyplot as plt
     rows = {r["impl"]: r for r in bias_records if (r["ties"], r["vmax"], r["vrest"]) == setting}
-    fig, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.8, 4.2), layout="constrained")
     worst = [rows[f"triton/{k}"]["out"]["worst"] for k in keys]
     y = np.arange(len(keys))
     ax.barh(y, worst, color=["tab:red" if w > 1 else "tab:blue" for w in worst])
@@ -74,7 +75,7 @@ def plot_fix_speed(rows, n=4096):
     import matplotlib.pyplot as plt
     table = speed_table(rows, n)
     mine = {k: v for k, v in table.items() if not k.startswith("SDPA")}
-    fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.8, 3.8), layout="constrained")
     y = np.arange(len(mine))
     ax.barh(y, list(mine.values()), color="tab:blue")
     for name, style in (("SDPA flash", "--"), ("SDPA cudnn", ":")):

@@ -24,7 +24,7 @@ def plot_ideal_bias(records, ax=None):
     V setting where it is largest (tied V ≈ −1, other V ≈ 0)."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+        _, ax = plt.subplots(figsize=(6.8, 3.6), layout="constrained")
     vt, vr = V_SETTINGS[0]
     for k in sorted({r["ties"] for r in records}):
         rows = sorted((r for r in records if r["impl"] == "ideal" and r["ties"] == k
@@ -54,7 +54,7 @@ def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
     """What each GPU kernel adds to the mean error beyond the ideal, per setting."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
+        _, ax = plt.subplots(figsize=(6.8, 3.8), layout="constrained")
     table = kernel_excess(bias_records, settings)
     width = 0.8 / len(impls)
     x = np.arange(len(settings))
@@ -73,7 +73,7 @@ def plot_paper_path(bias_records, settings, ax=None):
     """The paper's all-bf16 path next to the ideal, per setting."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+        _, ax = plt.subplots(figsize=(6.8, 3.6), layout="constrained")
     table = kernel_excess(bias_records, settings)
     x = np.arange(len(settings))
     for i, impl in enumerate(("ideal", "emulator/paper-untiled")):
@@ -113,7 +113,7 @@ def plot_source_map(records, kernel="sdpa-flash"):
     from matplotlib.colors import ListedColormap
     maps, ties, gaps = source_map(records, kernel)
     cmap = ListedColormap(["#e8e8e8", "#4c72b0", "#dd8452"])
-    fig, axes = plt.subplots(2, 2, figsize=(8, 5.6), layout="constrained", sharex=True,
+    fig, axes = plt.subplots(2, 2, figsize=(6.8, 5.6), layout="constrained", sharex=True,
                              sharey=True)
     for ax, ((vt, vr), grid) in zip(axes.flat, maps.items()):
         im = ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=2.5, aspect="auto", origin="lower")

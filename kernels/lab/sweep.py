@@ -42,7 +42,7 @@ def sweep(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, impls=SWEEP_IMPLS,
     and are built on the CPU, so every device sees identical inputs. ``pairs`` lists (a, b)
     implementation labels compared element by element on the same inputs. Returns records:
     one per cell × implementation, plus one per cell × pair (``impl`` = 'a vs b')."""
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
     cells = list(sweep_cases(ties, gaps, v_means, base))
     records = []
     for i, (case, key) in enumerate(tqdm(cells, desc="sweep", disable=not progress)):

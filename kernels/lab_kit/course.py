@@ -177,9 +177,10 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
 
 def _readme(built, commit: str) -> str:
     rows = "\n".join(f"| {name} | {n} | {p} |" for name, n, p in built)
+    made = f" at commit {commit}" if commit else ""
     return f"""# The lab kit (generated; do not edit, do not commit)
 
-Made by `python -m kernels.lab_kit build` from the book's chapters{f" at commit {commit}" if commit else ""}.
+Made by `python -m kernels.lab_kit build` from the book's chapters{made}.
 
 * `student/`: the notebooks to hand out (answers blank, checks kept, hidden tests held back).
 * `course/`: the autograder, an nbgrader course directory (`source/` holds the solutions,

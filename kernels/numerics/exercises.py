@@ -108,7 +108,7 @@ def _patterns(rng: np.random.Generator, per_kind: int) -> dict[str, np.ndarray]:
 
 
 def round_bits_reference(patterns: np.ndarray) -> np.ndarray:
-    """BF16 patterns (uint16) of FP32 patterns (uint32), by the library's cast (RNE, one rounding)."""
+    """BF16 patterns (uint16) of FP32 patterns (uint32) by the library's cast: RNE, once."""
     values = np.asarray(patterns, dtype=np.uint32).view(np.float32)
     return values.astype(ml_dtypes.bfloat16).view(np.uint16)
 

@@ -64,7 +64,7 @@ def plot_ulp(axes=None, formats=None):
     """
     import matplotlib.pyplot as plt
     if axes is None:
-        _, axes = plt.subplots(2, 1, figsize=(8, 8), layout="constrained")
+        _, axes = plt.subplots(2, 1, figsize=(6.8, 8), layout="constrained")
     styles = ["-", "-", "--", "-", ":"]
     zoom = (2.0 ** -16, 2.0 ** 17)
     for style, name in zip(styles, formats or FORMATS):
@@ -82,7 +82,7 @@ def plot_ulp(axes=None, formats=None):
         ax.set_title(title)
     axes[1].set_xlim(*zoom)
     axes[1].set_ylim(2.0 ** -42, 2.0 ** 16)
-    axes[0].legend(fontsize=8, loc="upper left")
+    axes[0].legend(fontsize=9, loc="upper left")
     return axes
 
 
@@ -90,7 +90,7 @@ def plot_error_hist(errors_by_kind: dict, ax=None, bins=None):
     """Overlaid histograms of signed rounding errors (ulps), one per experiment."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4))
+        _, ax = plt.subplots(figsize=(6.8, 4))
     bins = np.linspace(-0.5, 0.5, 41) if bins is None else bins
     for label, errs in errors_by_kind.items():
         m = mean_error(errs)
@@ -99,6 +99,6 @@ def plot_error_hist(errors_by_kind: dict, ax=None, bins=None):
         ax.axvline(m.mean, linestyle="--", linewidth=1, color=patches[0].get_edgecolor())
     ax.set_xlabel("rounding error (rounded − exact), in ulps at the exact sum; dashed: means")
     ax.set_ylabel("density")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return ax
 

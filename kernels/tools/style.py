@@ -1,6 +1,6 @@
 """One look for every figure in the book, and a record that lets the site test check legibility.
 
-The site shows a figure at most as wide as its text column (about 730 CSS px at a 1280 px window).
+The site shows a figure at most as wide as its text column (676 CSS px at a 1280 px window).
 A font of ``s`` points in a figure saved at ``dpi`` is ``s·dpi/72`` pixels in the image, and the
 browser scales the image by ``shown width / image width``. So a label is legible only if
 
@@ -18,7 +18,7 @@ import io
 
 MIN_FONT_PT = 9.0      # the smallest text a figure may use, in points
 DPI = 100              # the PNG resolution of figures shown in a notebook (pixels per inch)
-WIDTH_IN = 7.2         # the default figure width: 720 px, about the site's text column
+WIDTH_IN = 6.8         # the default figure width: 680 px, the site's text column (676 px)
 PNG_KEY_FONT = "min_font_pt"
 PNG_KEY_DPI = "dpi"
 PNG_KEY_NO_COLORBAR = "heatmaps_without_colorbar"
@@ -61,12 +61,18 @@ def heatmaps_without_colorbar(fig) -> int:
     """Images and colour meshes (heatmaps) that have no colour bar to read their values from."""
     from matplotlib.collections import QuadMesh
     from matplotlib.image import AxesImage
+    def scale(mappable):
+        return mappable.get_cmap().name, tuple(mappable.get_clim())
+
+    bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
+    shared = {scale(bar.mappable) for bar in bars}   # one bar may serve several panels
     count = 0
     for ax in fig.axes:
+        if getattr(ax, "_colorbar", None) is not None:   # a colour bar draws itself as a mesh
+            continue
         for artist in ax.get_children():
-            if isinstance(artist, (AxesImage, QuadMesh)) and getattr(artist, "colorbar", None) is None:
-                if not getattr(artist, "_book_no_colorbar", False):
-                    count += 1
+            if isinstance(artist, (AxesImage, QuadMesh)) and scale(artist) not in shared:
+                count += 1
     return count
 
 
@@ -104,10 +110,23 @@ def install() -> bool:
     shell = get_ipython()
     if shell is None:
         return False
-    import matplotlib.pyplot  # noqa: F401  (activates the inline backend before we override it)
+    import matplotlib.pyplot
     from matplotlib.figure import Figure
+    # The inline backend (re)registers its own PNG formatter when it is configured: once after
+    # the cell that loaded it (a post_run_cell handler), and possibly during a later cell. It
+    # shows a cell's remaining figures in a post_execute handler. So ours is put back after every
+    # cell (after the backend's own handler) and first thing in post_execute.
+    matplotlib.pyplot.close(matplotlib.pyplot.figure())   # the first figure loads the backend
     formatter = shell.display_formatter.formatters["image/png"]
-    formatter.for_type(Figure, _base64_png)
+
+    def use_ours(*_):
+        formatter.for_type(Figure, _base64_png)
+
+    use_ours()
+    for event, where in (("post_execute", 0), ("post_run_cell", None)):
+        handlers = shell.events.callbacks[event]
+        handlers[:] = [h for h in handlers if getattr(h, "__name__", "") != "use_ours"]
+        handlers.insert(len(handlers) if where is None else where, use_ours)
     return True
 
 
