@@ -155,9 +155,12 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
     built = []
     for path in _chapters(chapters):
         nb = notebook.load(path)
-        _, found = notebook.exercises(nb, path)
-        if not found:
+        if not notebook.in_lab_format(nb):
+            if not quiet:
+                print(f"{path.name}: no cells tagged for the lab ({', '.join(notebook.ROLES)}): "
+                      "skipped")
             continue
+        _, found = notebook.exercises(nb, path)
         name = assignment(path)
         target = course / "source" / name / path.name
         target.parent.mkdir(parents=True)

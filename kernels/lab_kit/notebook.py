@@ -129,6 +129,11 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
     return setup, found
 
 
+def in_lab_format(nb: dict) -> bool:
+    """True if the notebook tags its exercise cells for the lab (any cell tagged with a role)."""
+    return any(set(ROLES) & set(tags(c)) for c in nb["cells"])
+
+
 def clear_solution(text: str, stub: str = "# your code here") -> str:
     """``text`` with every solution region replaced by ``stub`` (what nbgrader does; used by the
     tests to make a blank answer without running nbgrader)."""

@@ -11,6 +11,12 @@ from kernels.lab_kit import course, notebook
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
 
+def test_chapters_one_to_seven_are_lab_chapters():
+    assert {f"{n:02d}" for n in range(1, 8)} <= set(CHAPTERS)
+    for number in ("01", "07"):
+        assert notebook.in_lab_format(notebook.load(CHAPTERS[number]))
+
+
 @pytest.mark.parametrize("number", sorted(CHAPTERS))
 def test_every_chapter_ends_with_two_to_four_exercises(number):
     path, nb, setup, found = chapter_exercises(number)
