@@ -1,14 +1,18 @@
 """Sphinx extension: number exercises per chapter, "Exercise 2.1", from the file name.
 
 Why: sphinx-exercise numbers exercises with Sphinx's figure numbers, which run through the
-whole book (chapter 2 started at Exercise 4) unless the table of contents is numbered. A
-numbered toc would also number every chapter title and, with section numbers, prefix the
-chapters' own "## 1." headings a second time; it restarts per part unless patched, and it
-renumbers when a page is added. Instead, after Sphinx has assigned its numbers, this extension
-renumbers the exercises of every page whose file name starts with two digits and an underscore
-(``book/02_triton_in_one_sitting``) as (chapter, k), k counting that page's exercises in order.
-Solutions ("Solution to Exercise 2.1") and references read the same table, so they follow.
-The lab kit numbers its student notebooks by the same rule (``kernels/lab_kit/notebook.py``).
+whole book (chapter 2 started at Exercise 4) unless the table of contents is numbered. The two
+ways Jupyter Book 1.x offers do not fit this book. A numbered toc (``numbered: true``) numbers
+every section too, so the chapters' own "## 1." headings would read "1.1 1. ..."; limited to
+the chapter titles (``numbered: 1``) it still renames every page in the sidebar, numbers the
+appendix, and numbers chapters by their place in the toc, not by their file: a chapter added
+after the appendix would be "9" while its file and the README say 08. Explicit titles
+(``:nonumber:`` and a subtitle) render as "Exercise (2.1 ...)". So, after Sphinx has assigned
+its numbers, this extension renumbers the exercises of every page whose file name starts with
+two digits and an underscore (``book/02_triton_in_one_sitting``) as (chapter, k), k counting
+that page's exercises in order. Solutions ("Solution to Exercise 2.1") and references read the
+same table, so they follow. The lab kit numbers its student notebooks by the same rule
+(``kernels/lab_kit/notebook.py``).
 Loaded through ``sphinx.local_extensions`` in _config.yml.
 """
 import re
