@@ -5,7 +5,8 @@ Importing this package first decides whether Triton runs natively or in its CPU 
 
 The layers, each importing only from the ones above it:
 
-* :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance
+* :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance;
+  :mod:`kernels.checking` the rules every exercise check follows
 * :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
 * :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
 * :mod:`kernels.monitor`    the attention monitor readers attach to their own training,
@@ -13,7 +14,10 @@ The layers, each importing only from the ones above it:
 * :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them (siblings:
   only the lab's GPU script borrows :mod:`kernels.gpu.bench`'s timing helpers; no cycles)
 * :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart
-* :mod:`kernels.triton_intro`  chapter 2's first kernels
+* :mod:`kernels.triton_intro`  chapter 2's first kernels; :mod:`kernels.triton_exercises` its
+  exercise checks
+* :mod:`kernels.lab_kit`    the course lab: student notebooks and an nbgrader autograder made
+  from the chapters (``python -m kernels.lab_kit build``), apart
 
 Why this shape: the numbers (numerics) are defined once and everything else rounds with them;
 the attention package is the numerics contract (kernel and emulator side by side, one options

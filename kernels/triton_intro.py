@@ -122,35 +122,3 @@ def tile_dot(a: torch.Tensor, b: torch.Tensor, upcast: bool) -> torch.Tensor:
     tile_dot_kernel[(1,)](a.contiguous(), b.contiguous(), c, a.shape[0], a.shape[1], b.shape[1],
                           UPCAST=upcast)
     return c
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise check: a masked row-max kernel
-# --------------------------------------------------------------------------------------------
-def check_row_max(row_max, device="cpu") -> str:
-    """Check a reader's ``row_max(x) -> (rows,)`` against ``torch.amax`` on awkward inputs.
-
-    Rows are all negative and their lengths are not powers of two, so a kernel that lets
-    masked-off lanes read 0 (the default ``other``) returns 0 instead of the maximum.
-    Raises AssertionError with what went wrong; returns a short report when all cases pass.
-    ``row_max=None``, or a function returning None, is an unanswered exercise: a reminder, no error.
-    """
-    todo = "not answered yet: write row_max (a Triton kernel and its launch), then run this check"
-    if row_max is None:
-        return todo
-    shapes = [(1, 1), (3, 5), (4, 17), (2, 100), (5, 128), (3, 200)]
-    for n_rows, n_cols in shapes:
-        x = -torch.rand(n_rows, n_cols, device=device) * 10 - 1     # every entry in (-11, -1)
-        got = row_max(x)
-        if got is None:
-            return todo
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"row_max must return a tensor, got {type(got).__name__}")
-        want = x.amax(dim=1)
-        if got.shape != want.shape:
-            raise AssertionError(f"shape {tuple(x.shape)}: expected {tuple(want.shape)}, got {tuple(got.shape)}")
-        if not torch.equal(got.float(), want):
-            worst = (got.float() - want).abs().max().item()
-            raise AssertionError(f"shape {tuple(x.shape)}: wrong maximum (off by {worst:.3g}); "
-                                 "did the masked lanes load 0 instead of -inf?")
-    return f"row_max agrees exactly with torch.amax on {len(shapes)} shapes: {shapes}"

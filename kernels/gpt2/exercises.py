@@ -1,38 +1,56 @@
-"""Checks for the GPT-2 chapter's exercises.
+"""Checks of the GPT-2 chapter's exercises (rules: :mod:`kernels.checking`).
 
-Each check raises AssertionError on a missing or wrong answer with a hint that names the step to
-re-examine, never the answer itself; it prints "correct" otherwise. The chapter calls a check only
-once an answer is filled in, so executing the chapter with blank answers raises nothing.
+* Exercise 7.1 :func:`check_minutes`    how long our model needs to see the paper's tokens
+* Exercise 7.2 :func:`check_tie_counts` two ways of counting repeated maxima in a row
+* Exercise 7.3 :func:`check_departure`  the step from which one series leaves another for good
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .report import departure, monitor_series
+from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function
+from .report import departure
 
 PAPER_TOKENS = 6_600 * 524_288          # the paper's run before it failed: steps × tokens/step
 OUR_TOKENS_PER_STEP = 64 * 256
 
 
-def _number(answer, what: str) -> float:
-    assert answer is not None, f"no answer yet: set {what} to a number"
-    assert isinstance(answer, (int, float)) and not isinstance(answer, bool), (
-        f"{what} should be a number, got {type(answer).__name__}")
-    return float(answer)
+def _number(x, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        fail(f"{name} should return a number, got {type(x).__name__}")
+    return float(x)
 
 
-def check_minutes(answer, steps_per_s: float) -> None:
-    """Exercise 1: minutes our model needs to see the paper's tokens at ``steps_per_s``."""
-    got = _number(answer, "minutes_answer")
-    want = PAPER_TOKENS / OUR_TOKENS_PER_STEP / steps_per_s / 60
-    assert abs(got - 60 * want) > 0.05 * want * 60, (
-        "that is the time in seconds: the question asks for minutes")
-    assert abs(got - want) < 0.05 * want, (
-        f"{got:g} min is not within 5%: steps = the paper's tokens / our tokens per step, and "
-        "the speed is in steps per second")
-    print(f"correct: about {want:.0f} minutes")
+# ----------------------------------------------------------------------------------------------
+# Exercise 7.1
+# ----------------------------------------------------------------------------------------------
+def minutes_reference(steps_per_s: float) -> float:
+    return PAPER_TOKENS / OUR_TOKENS_PER_STEP / steps_per_s / 60
 
 
+def check_minutes(fn, thorough: bool = False) -> None:
+    """Exercise 7.1: ``fn(steps_per_s) -> minutes`` our model needs to see as many tokens as the
+    paper's did before it failed, within 1%, for fresh speeds."""
+    need_function(fn, "minutes")
+    speeds = fresh_rng().uniform(5.0, 200.0, 100 if thorough else 10)
+    for speed in speeds.tolist():
+        got = _number(call(fn, "minutes", speed), "minutes")
+        want = minutes_reference(speed)
+        if abs(got - want) <= 0.01 * want:
+            continue
+        if abs(got - 60 * want) <= 0.01 * 60 * want:
+            fail("that is the time in seconds: the question asks for minutes")
+        if abs(got - want / 60) <= 0.01 * want / 60:
+            fail("that is the time in hours: the question asks for minutes")
+        fail("not within 1%: the number of steps is the paper's tokens divided by our tokens "
+             "per step, and the speed is in steps per second")
+    correct(f"{speeds.size} fresh speeds within 1%")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 7.2
+# ----------------------------------------------------------------------------------------------
 def tie_counts(row) -> tuple[int, int]:
     """(entries with P̄ = exp(S − max S) == 1.0 in bf16, entries exactly equal to the maximum)."""
     row = torch.as_tensor(row, dtype=torch.float32)
@@ -40,37 +58,104 @@ def tie_counts(row) -> tuple[int, int]:
     return int((p_bar == 1.0).sum()), int((row == row.max()).sum())
 
 
-def check_ties(answer, row) -> None:
-    """Exercise 2: ``(rounding_to_one, exactly_tied)`` for the fp32 scores ``row``."""
-    assert answer is not None, "no answer yet: set ties_answer to a pair of counts"
-    assert len(tuple(answer)) == 2, "give two counts: (rounding_to_one, exactly_tied)"
-    ones, tied = tie_counts(row)
-    got_ones, got_tied = (int(a) for a in answer)
-    assert got_tied == tied, ("the second count is not right: which entries are *exactly* equal "
-                              "to the largest score?")
-    assert got_ones == ones, ("the first count is not right: how far below 1 is exp(−2⁻¹²), and "
-                              "how far apart are the bf16 numbers just below 1?")
-    print(f"correct: {(ones, tied)}")
+def _tie_rows(gen, rng, n: int):
+    """fp32 rows with exact ties, entries a little below the maximum (some whose P̄ rounds to
+    1.0 in bf16, some just too far below for that) and the rest far below."""
+    rows = []
+    for _ in range(n):
+        keys = int(rng.integers(12, 40))
+        top = float(rng.uniform(-8, 8))
+        row = top - torch.rand(keys, generator=gen, dtype=torch.float64) * 9 - 1
+        pos = torch.randperm(keys, generator=gen)
+        counts = rng.integers(0, 4, 3)                       # exact, inside, just outside
+        row[pos[0]] = top
+        at = 1
+        for count, (lo, hi) in zip(counts.tolist(), [(0, 0), (1e-5, 1.5e-3), (2.5e-3, 4e-3)]):
+            for _ in range(count):
+                row[pos[at]] = top - float(rng.uniform(lo, hi))
+                at += 1
+        rows.append(row.float())
+    return rows
 
 
-def logit_departure(failing: dict, control: dict) -> int | None:
-    """Exercise 3's quantity: where layer 0's largest logit leaves the control's for good
-    (25 % above it, no smoothing)."""
-    sa, va = monitor_series(failing, "max_logit", 0)
-    sb, vb = monitor_series(control, "max_logit", 0)
-    return departure(sa, va, sb, vb, 1.25, 1)
+def check_tie_counts(fn, thorough: bool = False) -> None:
+    """Exercise 7.2: ``fn(row) -> (rounding_to_one, exactly_tied)`` for an fp32 tensor of
+    scores: how many entries get P̄ = exp(S − max S) equal to 1.0 once rounded to BF16 (the FA2
+    count), and how many equal the maximum exactly. Fresh rows with ties and near ties."""
+    need_function(fn, "tie_counts")
+    gen, rng = fresh_generator(), fresh_rng()
+    rows = _tie_rows(gen, rng, 200 if thorough else 30)
+    for row in rows:
+        got = call(fn, "tie_counts", row.clone())
+        try:
+            ones, tied = (int(v) for v in got)
+        except (TypeError, ValueError):
+            fail(f"tie_counts should return a pair of counts, got {got!r}")
+        want_ones, want_tied = tie_counts(row)
+        if tied != want_tied:
+            fail("the second count is wrong on a row with near ties: which entries are "
+                 "*exactly* equal to the largest score?")
+        if ones != want_ones:
+            if ones == want_tied:
+                fail("the first count is wrong on a row with near ties: P̄ is rounded to BF16 "
+                     "before it is compared with 1.0")
+            fail("the first count is wrong on a row with near ties: how far below 1 is the "
+                 "largest BF16 number under 1.0, and which values round up to 1.0?")
+    correct(f"{len(rows)} fresh rows with ties and near ties")
 
 
-def check_logit_departure(answer, failing: dict, control: dict) -> None:
-    """Exercise 3: the step at which the failing run's largest layer-0 logit leaves the
-    control's by 25 % and stays above."""
-    got = _number(answer, "logit_step")
-    want = logit_departure(failing, control)
-    tie_sa, tie_a = monitor_series(failing, "rows_tied_bf16", 0)
-    tie_sb, tie_b = monitor_series(control, "rows_tied_bf16", 0)
-    if got == departure(tie_sa, tie_a, tie_sb, tie_b, 1.25, 1):
-        raise AssertionError("that step belongs to the share of tied rows: use the key "
-                             "'max_logit'")
-    assert got == want, (f"step {got:g} is not where the layer-0 max_logit ratio stays above "
-                         "1.25: check the key, the layer, the ratio and width=1")
-    print(f"correct: step {want:,}")
+# ----------------------------------------------------------------------------------------------
+# Exercise 7.3
+# ----------------------------------------------------------------------------------------------
+def departure_reference(steps, failing, control, ratio: float):
+    return departure(steps, failing, steps, control, ratio, 1)
+
+
+def _series(rng, kind: str):
+    """A control series and a failing one whose ratio to it crosses ``ratio`` as ``kind`` says:
+    'for good' (an excursion above, back below, then above to the end), 'never' (above only
+    for a while) or 'always' (above from the start)."""
+    n = int(rng.integers(60, 200))
+    steps = np.arange(n) * int(rng.choice([5, 10, 50]))
+    control = np.exp(rng.normal(0, 0.05, n).cumsum() * 0.1) * float(rng.uniform(1, 100))
+    ratio = float(rng.uniform(1.1, 2.0))
+    factor = np.full(n, 1.0) * rng.uniform(0.8, 0.95, n) * ratio
+    a, b, c = sorted(rng.choice(np.arange(5, n - 8), 3, replace=False).tolist())
+    if kind in ("for good", "never"):
+        factor[a:b] = ratio * rng.uniform(1.05, 1.3, b - a)           # above for a while
+    if kind == "for good":
+        factor[c:] = ratio * rng.uniform(1.05, 1.5, n - c)             # above to the end
+    if kind == "always":
+        factor[:] = ratio * rng.uniform(1.05, 1.5, n)
+    return steps, control * factor, control, ratio
+
+
+def check_departure(fn, thorough: bool = False) -> None:
+    """Exercise 7.3: ``fn(steps, failing, control, ratio) -> step or None``: the first step from
+    which ``failing / control`` stays above ``ratio`` at every later step (None if it does not
+    end above it). Fresh series with excursions above the ratio that come back."""
+    need_function(fn, "departure_step")
+    rng = fresh_rng()
+    kinds = ["for good", "never", "always"] * (10 if thorough else 2)
+    for kind in kinds:
+        steps, failing, control, ratio = _series(rng, kind)
+        want = departure_reference(steps, failing, control, ratio)
+        try:
+            got = fn(steps.copy(), failing.copy(), control.copy(), ratio)
+        except Exception as exc:
+            fail(f"departure_step raised {type(exc).__name__}: {exc}")
+        if want is None:
+            if got is not None:
+                fail("a series that ends below the ratio has not left for good: return None")
+            continue
+        if got is None:
+            fail("no answer yet, or a departure missed: departure_step returned None for a "
+                 "series that leaves for good")
+        got = _number(got, "departure_step")
+        if got == want:
+            continue
+        if got < want and kind == "for good":
+            fail("too early: an excursion above the ratio that comes back below is not a "
+                 "departure for good")
+        fail("wrong step: the first step from which the ratio stays above at every later step")
+    correct(f"{len(kinds)} fresh pairs of series (excursions, no departure, above throughout)")

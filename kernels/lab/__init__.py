@@ -7,6 +7,7 @@ implementation gives them (the bias chapters).
 * :mod:`.interactive`      :func:`lab`, one function of the sliders, and its widget
 * :mod:`.figures`          the lab's plots
 * :mod:`.gpu`              the GPU sweep (``python -m kernels.lab.gpu``)
+* :mod:`.exercises`        the checks of the exercises of chapters 5 and 6
 """
 from .cases import (EXP_ROUNDS_TO_ONE, PLACEMENTS, V_FAMILIES, Built, Case, VDist, build,
                     reference, residual_in_ulps, small_lab_case)

@@ -1,6 +1,7 @@
 """Numbers: floating-point formats, exact rounding traces, rounding helpers, statistics.
 
-The bottom layer of the package; it imports nothing else from ``kernels``.
+The bottom layer of the package; it imports nothing else from ``kernels`` but the exercise
+checks' shared rules, :mod:`kernels.checking`.
 
 * :mod:`.formats`          formats, bit patterns, ``round_to`` / ``ulp`` on NumPy values (any format)
 * :mod:`.addition`         one addition traced with integers (align, normalise, round, check);
@@ -16,11 +17,11 @@ torch helpers are imported from :mod:`.rounding` so the two ``round_to`` never m
 """
 from .addition import AddTrace, Operand, add_trace
 from .experiments import KINDS, plot_error_hist, plot_ulp, rounding_errors
-from .exercises import EXERCISE_PATTERN, EXERCISE_SUMS, PAPER_EXAMPLE, check_answer
+from .exercises import EXERCISE_SUMS, PAPER_EXAMPLE
 from .formats import FORMATS, Fields, Format, bits, decode, format_table, from_bits, get_format, round_to, ulp
 from .stats import MeanError, mean_error
 
 __all__ = ["AddTrace", "Operand", "add_trace", "KINDS", "plot_error_hist", "plot_ulp",
-           "rounding_errors", "EXERCISE_PATTERN", "EXERCISE_SUMS", "PAPER_EXAMPLE", "check_answer",
+           "rounding_errors", "EXERCISE_SUMS", "PAPER_EXAMPLE",
            "FORMATS", "Fields", "Format", "bits", "decode", "format_table", "from_bits",
            "get_format", "round_to", "ulp", "MeanError", "mean_error"]

@@ -222,8 +222,6 @@ def test_bad_input_messages():
         B.rounding_errors(10, "sorted")
     with pytest.raises(ValueError, match="positive integer"):
         B.rounding_errors(0)
-    with pytest.raises(ValueError, match="unknown question"):
-        B.check_answer("nope", 1)
 
 
 def test_overflow_and_underflow_traces():
@@ -249,25 +247,3 @@ def test_bias_experiment():
             assert abs(m.mean) < 6 * m.sem, (kind, fmt, m)
     errs = B.rounding_errors(1000, "random", "bf16", rng)
     assert errs.shape == (1000,) and np.all(np.abs(errs) <= 0.5)
-
-
-def test_check_answer(capsys):
-    B.check_answer("bf16-in-1-2", None)
-    assert "no answer yet" in capsys.readouterr().out
-    B.check_answer("bf16-in-1-2", 128)
-    assert "correct" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="Hint"):
-        B.check_answer("bf16-in-1-2", 127)
-    with pytest.raises(TypeError, match="as an int"):
-        B.check_answer("bf16-in-1-2", "128")
-    right = B.bits(B.round_to(B.from_bits(B.EXERCISE_PATTERN, "fp32"), "bf16"), "bf16")
-    B.check_answer("round-pattern", right)
-    assert "correct" in capsys.readouterr().out
-    truncated = B.EXERCISE_PATTERN.replace("|", "")[:16]      # chopping instead of rounding
-    assert truncated != right.replace("|", "")
-    with pytest.raises(AssertionError):
-        B.check_answer("round-pattern", truncated)
-    B.check_answer("which-round-up", [1, 3])
-    assert "correct" in capsys.readouterr().out
-    with pytest.raises(AssertionError):
-        B.check_answer("which-round-up", {1})

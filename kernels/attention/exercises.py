@@ -1,0 +1,250 @@
+"""Checks of the exercises of chapters 3 and 4 (rules: :mod:`kernels.checking`).
+
+* Exercise 3.1 :func:`check_merge`        combine two halves' (O, L) without overflow
+* Exercise 3.2 :func:`check_peak_bytes`   predict naive attention's peak memory
+* Exercise 3.3 :func:`check_key_tiles`    how many key tiles a causal query tile visits
+* Exercise 4.1 :func:`check_dk_gap`       the analogue of Eq. (1) for dK
+* Exercise 4.2 :func:`check_changed`      which gradients change when only δ changes
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..checking import call, correct, fail, fresh_generator, fresh_rng, need, need_function
+from ..env import interpreting
+from . import reference, tiling
+from .autograd import backward_pass
+
+
+def _device():
+    return "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.1
+# ----------------------------------------------------------------------------------------------
+def merge_reference(o_a, lse_a, o_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return (torch.exp(lse_a - lse).unsqueeze(-1) * o_a
+            + torch.exp(lse_b - lse).unsqueeze(-1) * o_b), lse
+
+
+def _merge_case(gen, rng):
+    """Two halves of a fresh attention problem, as the split-key programs return them, with
+    every row's scores shifted by up to ±3,000: e^L overflows (or underflows to 0) in fp64."""
+    b, h = (int(x) for x in rng.integers(1, 3, 2))
+    n_q, n_k = (int(x) for x in rng.integers(8, 40, 2))
+    d = int(rng.choice([8, 16, 32]))
+    split = int(rng.integers(1, n_k))
+    q, k, v = (torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+               for n in (n_q, n_k, n_k))
+    q = q * float(rng.uniform(0.5, 3.0))
+    o_a, lse_a = tiling.online_attention(q, k[..., :split, :], v[..., :split, :], block_n=16)
+    o_b, lse_b = tiling.online_attention(q, k[..., split:, :], v[..., split:, :], block_n=16)
+    # shifting all scores of a row by c leaves O alone and adds c to L
+    shift = (torch.rand(b, h, n_q, generator=gen, dtype=torch.float64) * 2 - 1) * 3000
+    shift[..., : n_q // 4] = 0.0                       # and some rows unshifted
+    want_o = reference.attention_fp64(q, k, v)
+    want_lse = reference.lse_fp64(q, k) + shift
+    return (o_a, lse_a + shift, o_b, lse_b + shift), (want_o, want_lse)
+
+
+def check_merge(fn, thorough: bool = False) -> None:
+    """Exercise 3.1: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial results of
+    the online softmax over disjoint halves of the keys. Fresh problems whose L reach ±3,000."""
+    need_function(fn, "merge")
+    gen, rng = fresh_generator(), fresh_rng()
+    trials = 8 if thorough else 2
+    for _ in range(trials):
+        args, (want_o, want_lse) = _merge_case(gen, rng)
+        got = call(fn, "merge", *(t.clone() for t in args))
+        try:
+            o, lse = got
+        except (TypeError, ValueError):
+            fail(f"merge should return a pair (o, lse), got {type(got).__name__}")
+        if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
+            fail("merge should return two tensors (o, lse)")
+        if o.shape != want_o.shape or lse.shape != want_lse.shape:
+            fail(f"shapes: o should be {tuple(want_o.shape)} like o_a and lse "
+                 f"{tuple(want_lse.shape)} like lse_a; got {tuple(o.shape)} and "
+                 f"{tuple(lse.shape)}")
+        o, lse = o.double(), lse.double()
+        if not (torch.isfinite(o).all() and torch.isfinite(lse).all()):
+            fail("o or lse holds inf or NaN where L is in the thousands: e^L overflows (and "
+                 "e^-L underflows to 0); weigh the halves relative to a maximum")
+        lse_ok = ((lse - want_lse).abs() <= 1e-9 * want_lse.abs().clamp(min=1)).all()
+        o_ok = ((o - want_o).abs().max() <= 1e-9 * want_o.abs().max())
+        if not lse_ok:
+            fail("lse is wrong: it is the log of the total mass of both halves, e^L_a + e^L_b "
+                 "(neither their maximum nor their sum)")
+        if not o_ok:
+            fail("o is wrong although lse is right: each half's O is normalised by its own "
+                 "mass, so weigh it by that half's share of the total before adding")
+    correct(f"{trials} fresh split-key problems with L up to ±3,000 merged to 1e-9")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.2
+# ----------------------------------------------------------------------------------------------
+def check_peak_bytes(fn, thorough: bool = False) -> None:
+    """Exercise 3.2: ``fn(b, h, n, d, itemsize) -> bytes`` predicts the peak bytes
+    ``tiling.peak_live_bytes`` measures for ``reference.standard_attention``, within 15%.
+
+    Fresh shapes with n at least 8 d (the regime where attention's memory matters)."""
+    need_function(fn, "peak_bytes")
+    rng = fresh_rng()
+    trials = 6 if thorough else 3
+    for _ in range(trials):
+        b, h = (int(x) for x in rng.integers(1, 4, 2))
+        if b * h == 1:
+            h = 2
+        d = int(rng.choice([16, 32, 64]))
+        n = int(rng.integers(8 * d, 12 * d))
+        dtype = [torch.float32, torch.float64][int(rng.integers(0, 2))]
+        q, k, v = (torch.randn(b, h, n, d, dtype=dtype) for _ in range(3))
+        measured = tiling.peak_live_bytes(reference.standard_attention, q, k, v)
+        itemsize = q.element_size()
+        got = call(fn, "peak_bytes", b, h, n, d, itemsize)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            fail(f"peak_bytes should return a number of bytes, got {type(got).__name__}")
+        if abs(got - measured) > 0.15 * measured:
+            way = "too low" if got < measured else "too high"
+            fail(f"the prediction for (b, h, n, d) = {(b, h, n, d)} with {itemsize}-byte "
+                 f"numbers is {way} by more than 15%: how many n x n matrices are alive at "
+                 "once, for how many heads, and how many bytes is each number?")
+    correct(f"{trials} fresh shapes predicted within 15%")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.3
+# ----------------------------------------------------------------------------------------------
+def key_tiles_reference(i: int, block_m: int, block_n: int, n: int) -> int:
+    """Key tiles query tile ``i`` visits in the causal forward kernel (N_Q = N_K = n)."""
+    hi = min((i + 1) * block_m, n)          # keys after the tile's last query are skipped
+    return -(-hi // block_n)
+
+
+def check_key_tiles(fn, thorough: bool = False) -> None:
+    """Exercise 3.3: ``fn(i, block_m, block_n, n) -> tiles``, the number of key tiles the causal
+    forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and lengths."""
+    need_function(fn, "key_tiles")
+    rng = fresh_rng()
+    trials = 400 if thorough else 40
+    for trial in range(trials):
+        block_m, block_n = (int(2 ** x) for x in rng.integers(4, 8, 2))
+        n = int(rng.integers(1, 2000))
+        i = int(rng.integers(0, -(-n // block_m)))
+        if trial % 3 == 0:                   # the last query tile, often a partial one
+            i = -(-n // block_m) - 1
+        got = call(fn, "key_tiles", i, block_m, block_n, n)
+        if not _is_int(got):
+            fail(f"key_tiles should return an int, got {type(got).__name__}")
+        want = key_tiles_reference(i, block_m, block_n, n)
+        if got != want:
+            if got == want - 1:
+                fail("one tile short: the tile that holds the diagonal (and any partly "
+                     "filled tile) must be loaded too")
+            if got == want + 1:
+                fail("one tile too many: a tile whose keys all come after the query tile's "
+                     "last row is skipped")
+            if n % block_m and i == -(-n // block_m) - 1:
+                fail("wrong for the last query tile when n is not a multiple of block_m: "
+                     "there are no keys beyond n")
+            fail("wrong count: which is the last key a row of query tile i may see, and in "
+                 "which key tile does it lie?")
+    correct(f"{trials} fresh (tile, block sizes, length) cases")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 4.1
+# ----------------------------------------------------------------------------------------------
+def dk_gap_reference(p, q, delta_lp, delta_hp, alpha):
+    return alpha * p.transpose(-1, -2) @ ((delta_lp - delta_hp).unsqueeze(-1) * q)
+
+
+def check_dk_gap(fn, thorough: bool = False) -> None:
+    """Exercise 4.1: ``fn(p, q, delta_lp, delta_hp, alpha) -> dK_hp - dK_lp`` (fp64).
+
+    Fresh P (rows: queries, columns: keys, fewer keys than queries so that a transpose cannot be
+    missed), Q, two δ's and α."""
+    need_function(fn, "dk_gap")
+    gen, rng = fresh_generator(), fresh_rng()
+    trials = 6 if thorough else 2
+    for _ in range(trials):
+        b, h = (int(x) for x in rng.integers(1, 3, 2))
+        n_q = int(rng.integers(20, 60))
+        n_k = int(rng.integers(5, n_q - 5))
+        d = int(rng.choice([8, 16]))
+        p = torch.softmax(torch.randn(b, h, n_q, n_k, generator=gen, dtype=torch.float64) * 2,
+                          dim=-1)
+        q = torch.randn(b, h, n_q, d, generator=gen, dtype=torch.float64)
+        delta_hp = torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
+        delta_lp = delta_hp + 0.01 * torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
+        alpha = 1 / math.sqrt(d)
+        want = dk_gap_reference(p, q, delta_lp, delta_hp, alpha)
+        got = call(fn, "dk_gap", p.clone(), q.clone(), delta_lp.clone(), delta_hp.clone(), alpha)
+        if not isinstance(got, torch.Tensor):
+            fail(f"dk_gap should return a tensor, got {type(got).__name__}")
+        if got.shape != want.shape:
+            fail(f"dK has one row per key: with {n_k} keys and {n_q} queries it is "
+                 f"{tuple(want.shape)}, got {tuple(got.shape)}")
+        got = got.double()
+        scale = want.abs().max()
+
+        def close(x):
+            return bool((x - want).abs().max() <= 1e-9 * scale)
+
+        if close(got):
+            continue
+        if close(-got):
+            fail("the sign is flipped: the question asks for dK_hp - dK_lp, and "
+                 "dS_hp - dS_lp = P o (delta_lp - delta_hp)")
+        if close(got * alpha) or close(got / alpha):
+            fail("off by the factor alpha: where does the scale enter dK?")
+        fail("not dK_hp - dK_lp: which rows of dS change when only δ changes, and which "
+             "factor of dK = alpha dS^T Q do they multiply?")
+    correct(f"{trials} fresh problems (rectangular P) agree to 1e-9")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 4.2
+# ----------------------------------------------------------------------------------------------
+GRADIENTS = ("dQ", "dK", "dV")
+
+
+def changed_reference(gen=None) -> set[str]:
+    """Run the book's backward kernels twice on fresh inputs, once with O in fp32 and once with
+    the same O rounded to bf16 (only δ differs), and name the gradients that differ."""
+    gen = gen or fresh_generator()
+    device = _device()
+    q, k, v, d_out = (torch.randn(1, 2, 32, 16, generator=gen).to(device) for _ in range(4))
+    hp = backward_pass(q, k, v, d_out, causal=True)
+    lp = backward_pass(q, k, v, d_out, causal=True, out=hp.out.bfloat16().float(), lse=hp.lse)
+    runs = {"dQ": (hp.dq, lp.dq), "dK": (hp.dk, lp.dk), "dV": (hp.dv, lp.dv)}
+    return {name for name, (a, b) in runs.items() if not torch.equal(a, b)}
+
+
+def check_changed(answer) -> None:
+    """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
+    when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
+    need(answer, "changed", 'a set of names such as {"dQ"}')
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        given = set(answer)
+    except TypeError:
+        fail(f"changed should be a set of names, got {answer!r}")
+    if not given <= set(GRADIENTS):
+        fail(f"use only the names {list(GRADIENTS)}")
+    want = changed_reference()
+    if given == want:
+        return correct(f"{sorted(want)} change, the rest stay bit-identical")
+    if given - want:
+        fail("a gradient in your set does not change: does its formula contain dS?")
+    fail("a gradient that changes is missing: which gradients are computed from dS?")

@@ -1,0 +1,79 @@
+"""What every exercise check of the book shares.
+
+A check (one per exercise, in the chapters' ``exercises.py`` modules) follows four rules:
+
+* it draws **fresh random inputs** on every run from its own generator, seeded by the operating
+  system (:func:`fresh_seed`), so a chapter's seeded random stream is left untouched and no
+  answer can be fitted to one fixed draw;
+* a blank answer (``None``, or a function whose body is still empty and so returns ``None``)
+  **fails**, with "no answer yet" in the message;
+* a wrong answer fails with :class:`WrongAnswer`, whose message says *what* is wrong (which
+  kind of input, which quantity) and **never** the expected value, a measured value or the
+  formula;
+* a right answer prints one line that starts with ``correct``.
+
+The autograder (:mod:`kernels.lab_kit`) runs the same checks: a cell that raises scores zero.
+"""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+__all__ = ["WrongAnswer", "fresh_seed", "fresh_rng", "fresh_generator", "need", "need_function",
+           "call", "fail", "correct"]
+
+
+class WrongAnswer(AssertionError):
+    """An exercise answer is missing or wrong; the message says what is wrong."""
+
+
+def fresh_seed() -> int:
+    """A seed from the operating system: different on every call, independent of any seeding."""
+    return secrets.randbits(62)
+
+
+def fresh_rng() -> np.random.Generator:
+    return np.random.default_rng(fresh_seed())
+
+
+def fresh_generator(device="cpu"):
+    """A torch generator seeded from :func:`fresh_seed` (the global torch seed is untouched)."""
+    import torch
+    return torch.Generator(device=device).manual_seed(fresh_seed())
+
+
+def fail(message: str):
+    raise WrongAnswer(message)
+
+
+def need(answer, name: str, what: str):
+    """Fail with "no answer yet" while ``answer`` is None; return it otherwise."""
+    if answer is None:
+        fail(f"no answer yet: set {name} to {what}, then run this cell again")
+    return answer
+
+
+def need_function(fn, name: str):
+    """Fail unless ``fn`` is a function (a blank answer is None)."""
+    need(fn, name, "a function")
+    if not callable(fn):
+        fail(f"{name} should be a function, got a {type(fn).__name__}")
+    return fn
+
+
+def call(fn, name: str, *args, **kwargs):
+    """Call the reader's function; a blank body (returns None) and an exception both fail."""
+    try:
+        out = fn(*args, **kwargs)
+    except WrongAnswer:
+        raise
+    except Exception as exc:  # the reader's code raised: say so, with its own message
+        fail(f"{name} raised {type(exc).__name__}: {exc}")
+    if out is None:
+        fail(f"no answer yet: {name} returned None (its body is still empty?)")
+    return out
+
+
+def correct(text: str) -> None:
+    print(f"correct: {text}")

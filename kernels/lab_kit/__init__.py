@@ -1,0 +1,18 @@
+"""The course-lab kit: student notebooks and an autograder made from the book's chapters.
+
+One command, ``python -m kernels.lab_kit build``, turns every chapter into an nbgrader
+assignment: the chapter notebook in ``book/`` is the only source; the student version (answers
+blank, checks kept, hidden tests held back, folded solutions removed) and the autograder
+(nbgrader's course directory with the hidden tests and points) are generated into the
+git-ignored ``_build/lab/``. ``python -m kernels.lab_kit grade <folder>`` grades submissions.
+The instructor's page of the book (``book/instructor.md``) says how to use it.
+
+* :mod:`.notebook`  what a chapter's exercise cells look like (tags), their per-chapter
+  numbers, and the nbgrader source notebook made from a chapter
+* :mod:`.course`    the nbgrader course: :func:`build`, :func:`grade`, the student setup cell
+"""
+from .course import DEFAULT_OUT, build, grade, student_setup
+from .notebook import Exercise, chapter_number, clear_solution, exercises, student_source
+
+__all__ = ["DEFAULT_OUT", "build", "grade", "student_setup", "Exercise", "chapter_number",
+           "clear_solution", "exercises", "student_source"]

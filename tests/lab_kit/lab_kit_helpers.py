@@ -1,0 +1,43 @@
+"""Running a chapter's exercise cells outside Jupyter, as the lab's student would."""
+from __future__ import annotations
+
+import linecache
+import re
+
+from kernels.lab_kit import notebook
+from kernels.tools import booktools
+
+# chapters 1-7 must be lab chapters (test_lab_notebooks); later ones are checked once they
+# tag their exercise cells
+CHAPTERS = {p.name[:2]: p for p in booktools.chapters()
+            if p.name[:2] <= "07" or notebook.in_lab_format(notebook.load(p))}
+
+
+def run(source: str, namespace: dict, name: str) -> None:
+    """Execute one cell; register its text so that inspect (and triton.jit) find the code."""
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), namespace)
+
+
+def chapter_exercises(number: str):
+    path = CHAPTERS[number]
+    nb = notebook.load(path)
+    setup, found = notebook.exercises(nb, path)
+    return path, nb, setup, found
+
+
+def fresh_namespace(nb, setup, path) -> dict:
+    """A namespace holding what the exercise section's setup cell imports (and nothing of the
+    chapter's other cells: the exercises must stand on their own)."""
+    import kernels  # noqa: F401  (the interpreter switch, before triton)
+    namespace = {"__name__": "__main__"}
+    run(notebook.source(nb["cells"][setup]), namespace, f"<{path.name} exercise setup>")
+    return namespace
+
+
+def hidden_tests(text: str) -> str:
+    """The code between the hidden-test markers."""
+    match = re.search(rf"{re.escape(notebook.BEGIN_HIDDEN)}\n(.*?)\n\s*"
+                      rf"{re.escape(notebook.END_HIDDEN)}", text, re.S)
+    assert match, "no hidden tests in the cell"
+    return match.group(1)
