@@ -1,29 +1,40 @@
-"""The host (CPU) cost of one attention call, measured with the kernel launches switched off.
+"""The host (CPU) cost of one attention call, measured with the GPU taken out.
 
-A fused attention kernel at the GPT-2 shape (B8 H12 N1024 D64) runs for only ~60 µs
-forward and ~200 µs backward on an H100. If the Python that prepares a call costs more than
-that, the GPU waits for the CPU and the measured speed follows the host, not the kernel.
+A fused attention kernel at the GPT-2 shape (B8 H12 N1024 D64) runs for only ~60 µs forward
+and ~200 µs backward on an H100. If the Python that prepares a call costs more than that, the
+GPU waits for the CPU and the measured speed follows the host, not the kernel.
 
-:func:`host_cost` times the book's wrapper (``flash_attention`` forward, and forward +
-backward through autograd) with every Triton launch replaced by a no-op, so what is left is
-the Python and PyTorch work around the launches: option handling, input checks, output
-allocation, autograd bookkeeping, choosing tiles and grids. It runs anywhere (CPU tensors in
-the Triton interpreter, whose launches are stubbed the same way) and is reported as *host
-overhead on this machine*: a CPU figure, never a GPU one. What the launch itself costs
-(Triton's argument binding and the driver call) needs a GPU: ``python -m kernels.gpu.perf``
-measures the whole call there.
+This module times the book's wrapper (``flash_attention`` forward, and forward + backward
+through autograd) on CPU tensors with the GPU replaced by nothing, in one of two ways:
 
-``python -m kernels.gpu.host`` prints the table.
+``"stub"``
+    every Triton launch is a no-op: what is left is the wrapper's own Python and PyTorch work
+    (options, checks, output allocation, autograd bookkeeping, plans and grids);
+``"triton"``
+    Triton's real launch path runs (autotuner lookup, argument binding and specialisation,
+    kernel-cache lookup, the launcher's Python side) as on a GPU machine: the native bf16 path
+    is taken, the compiled kernel is a stand-in and only the final driver call is skipped.
+    This needs a fresh process (Triton must not be in interpreter mode), so :func:`host_cost`
+    runs it in a subprocess.
+
+Both are *host overhead on this machine's CPU*: CPU figures, never GPU ones (and a CPU
+allocator, not CUDA's caching one). What a whole call costs on a GPU, including the driver
+call, is measured by ``python -m kernels.gpu.perf``.
+
+``python -m kernels.gpu.host`` prints both tables.
 """
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
-import torch
-
-SHAPE = (2, 2, 128, 64)      # (B, H, N, D): small, so CPU allocations cost what a GPU's do
+SHAPE = (2, 2, 128, 64)      # (B, H, N, D): small, so CPU allocations stay cheap
+MODES = ("stub", "triton")
 
 
 @contextlib.contextmanager
@@ -32,8 +43,7 @@ def launches_stubbed():
     output buffers are not NaN-filled (that is a test aid, not part of a call)."""
     from triton.runtime import interpreter, jit
     from ..attention import launch
-    saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS,
-             getattr(launch, "FAST_LAUNCH", None))
+    saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS)
 
     def no_op(self, *args, grid, warmup, **kwargs):
         return None
@@ -45,11 +55,68 @@ def launches_stubbed():
         yield
     finally:
         (interpreter.InterpretedFunction.run, jit.JITFunction.run,
-         launch.POISON_OUTPUTS) = saved[:3]
+         launch.POISON_OUTPUTS) = saved
+
+
+@contextlib.contextmanager
+def triton_launch_simulated():
+    """Triton's launch path as on an sm_90 GPU, with a stand-in compiled kernel whose driver
+    call does nothing. Needs a process where ``TRITON_INTERPRET=0`` was set before
+    ``import kernels``. Autotuning picks each kernel's first configuration (nothing to time)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import autotuner, driver, jit
+    from ..attention import launch
+
+    class Driver:                                   # what JITFunction.run asks the driver
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    def no_driver_call(*args):                      # CudaLauncher.__call__ stands here
+        return None
+
+    def stand_in(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = CompiledKernel.__new__(CompiledKernel)
+        kernel.module, kernel.function, kernel.packed_metadata = object(), None, ()
+        kernel._run, kernel.name, kernel.src = no_driver_call, self.__name__, None
+        self.device_caches[device][0][key] = kernel   # cached, as a compiled kernel is
+        return kernel
+
+    saved = (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
+             launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS)
+    jit.JITFunction._do_compile = stand_in
+    autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
+    driver.set_active(Driver())
+    launch._native_bf16 = lambda: True            # take the native path (no explicit rounding)
+    launch.check_device = lambda q: None          # CPU tensors, as if on the GPU
+    launch.POISON_OUTPUTS = False
+    modules = _modules_holding(saved[4])
+    for module in modules:
+        module.check_device = launch.check_device
+    try:
+        yield
+    finally:
+        (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
+         launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS) = saved
+        for module in modules:
+            module.check_device = saved[4]
+
+
+def _modules_holding(fn):
+    """The kernels modules that imported ``fn`` by name (so a patch must reach them too)."""
+    return [m for name, m in sys.modules.items()
+            if name.startswith("kernels.") and getattr(m, "check_device", None) is fn]
 
 
 def _median_us(fn, calls, repeats):
     fn()                                    # first call: caches fill, nothing measured
+    fn()
     per_call = []
     for _ in range(repeats):
         start = time.perf_counter_ns()
@@ -59,28 +126,36 @@ def _median_us(fn, calls, repeats):
     return statistics.median(per_call), min(per_call)
 
 
-class _Identity(torch.autograd.Function):
-    """The floor: an autograd function that allocates what attention allocates and nothing
-    else (torch's own cost of a custom forward + backward)."""
+def _identity_function():
+    import torch
 
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.save_for_backward(q, k, v)
-        return torch.empty_like(q)
+    class Identity(torch.autograd.Function):
+        """The floor: an autograd function that allocates what attention allocates and does
+        nothing else (torch's own cost of a custom forward + backward)."""
 
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    return Identity
 
 
-def host_cost(shape=SHAPE, dtype=torch.bfloat16, device="cpu", causal=True, calls=300,
-              repeats=7, **options) -> dict:
-    """Median (and best) µs per call of the wrapper's host work, launches stubbed out."""
+def _measure(mode, shape, causal, calls, repeats, options) -> dict:
+    import torch
     from ..attention import flash_attention
     batch, heads, n, d = shape
-    q, k, v, grad = (torch.randn(batch, heads, n, d, device=device).to(dtype) for _ in range(4))
+    # fp16 in stub mode: on the CPU's explicit path bf16 tensors are re-viewed as int16 for
+    # the kernels, which the GPU's native path never does; fp16 takes the same Python path
+    dtype = torch.float16 if mode == "stub" else torch.bfloat16
+    q, k, v, grad = (torch.randn(batch, heads, n, d).to(dtype) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    identity = _identity_function()
 
     def forward():
         with torch.no_grad():
@@ -91,28 +166,67 @@ def host_cost(shape=SHAPE, dtype=torch.bfloat16, device="cpu", causal=True, call
         torch.autograd.grad(out, leaves, grad)
 
     def floor():
-        out = _Identity.apply(*leaves)
+        out = identity.apply(*leaves)
         torch.autograd.grad(out, leaves, grad)
 
     rows = {}
-    with launches_stubbed():
+    patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
+    with patch:
         for name, fn in (("forward", forward), ("forward+backward", forward_backward),
                          ("autograd floor", floor)):
             median, best = _median_us(fn, calls, repeats)
             rows[name] = dict(median_us=median, best_us=best)
-    rows["backward (difference)"] = dict(
-        median_us=rows["forward+backward"]["median_us"] - rows["forward"]["median_us"],
-        best_us=rows["forward+backward"]["best_us"] - rows["forward"]["best_us"])
+    rows["backward (difference)"] = {
+        stat: rows["forward+backward"][stat] - rows["forward"][stat]
+        for stat in ("median_us", "best_us")}
     return rows
 
 
-def main():
-    import kernels  # noqa: F401  (interpreter switch before triton)
-    rows = host_cost()
-    print(f"host overhead per call on this machine's CPU, launches stubbed out, shape "
-          f"B{SHAPE[0]} H{SHAPE[1]} N{SHAPE[2]} D{SHAPE[3]} bf16 causal")
+def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, **options) -> dict:
+    """µs per call (median and best of ``repeats`` runs of ``calls`` calls) of the host work
+    of ``flash_attention``, forward and forward + backward, with the GPU taken out (see the
+    module docstring for the two ``mode`` values)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "stub":
+        return _measure(mode, shape, causal, calls, repeats, options)
+    # Triton decides interpreter or compiler when a kernel is decorated: a fresh process
+    request = json.dumps(dict(shape=shape, causal=causal, calls=calls, repeats=repeats,
+                              options=options))
+    env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "kernels.gpu.host", "--child", request],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the simulated-launch measurement failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: dict, title: str) -> str:
+    lines = [title]
     for name, r in rows.items():
-        print(f"  {name:22s} median {r['median_us']:7.1f} µs   best {r['best_us']:7.1f} µs")
+        lines.append(f"  {name:22s} median {r['median_us']:7.1f} µs   best "
+                     f"{r['best_us']:7.1f} µs")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        import kernels  # noqa: F401
+        from ..env import interpreting
+        if interpreting():
+            raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
+        request = json.loads(argv[1])
+        print(json.dumps(_measure("triton", tuple(request["shape"]), request["causal"],
+                                  request["calls"], request["repeats"], request["options"])))
+        return
+    import kernels  # noqa: F401  (interpreter switch before triton)
+    b, h, n, d = SHAPE
+    where = f"B{b} H{h} N{n} D{d} causal, on this machine's CPU (no GPU involved)"
+    print(table(host_cost("stub"), f"wrapper only, launches stubbed out, fp16, {where}"))
+    print(table(host_cost("triton"), f"with Triton's launch path (driver call skipped), "
+                                     f"bf16 native path, {where}"))
 
 
 if __name__ == "__main__":
