@@ -112,10 +112,11 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
             if CAUSAL:
                 visible = visible & (cols[:, None] <= rows[None, :])
             p_t = tl.where(visible, p_t, 0.0)
-        dv = mma_acc(to_operand(p_t, LOW, EXPLICIT), do, dv, LOW, EXPLICIT)      # += Pᵀ dO
-        dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                           # (dO Vᵀ)ᵀ
+        dv = mma_acc(to_operand(p_t, LOW, EXPLICIT), do, dv, LOW, EXPLICIT)   # += Pᵀ dO
+        dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                        # (dO Vᵀ)ᵀ
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = mma_acc(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), dk, LOW, EXPLICIT)  # += dSᵀ Q
+        # += dSᵀ Q
+        dk = mma_acc(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), dk, LOW, EXPLICIT)
     return dk, dv
 
 
@@ -192,7 +193,8 @@ def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stri
             acc += tl.sum(p * dp, 1)
         else:
             ds = p * (dp - delta[:, None])
-            acc = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), acc, LOW, EXPLICIT)  # += dS K
+            # += dS K
+            acc = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), acc, LOW, EXPLICIT)
     return acc
 
 

@@ -3,7 +3,11 @@
 The Triton kernels, the emulator, the autograd function and the GPT-2 attention specs all take
 one of these, so every option has one meaning and one check. A consumer that supports only part
 of the space says so with a *capability* check (``opts.require_kernel()``), never by validating
-the options again. Tensors are checked separately, once per call (:func:`check_tensors`).
+the options again. The kernels' capability check runs once per options object
+(:attr:`AttentionOptions.kernel` keeps its outcome), and keyword options given to
+``flash_attention`` are turned into an options object once per distinct set
+(:func:`options_from`): a training step repeats neither. Tensors are checked separately, once
+per call (:func:`check_tensors`).
 
 The codes below are the compile-time constants the Triton kernels branch on (``STABLE ==
 STABLE_CROSS`` rather than ``STABLE == 2``).
@@ -19,8 +23,8 @@ import torch
 
 from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
 
-__all__ = ["AttentionOptions", "KernelOptions", "options_from", "check_tensors", "NUMERICS", "STABLE_MODES", "KERNEL_STABLE",
-           "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
+__all__ = ["AttentionOptions", "KernelOptions", "options_from", "check_tensors", "NUMERICS",
+           "STABLE_MODES", "KERNEL_STABLE", "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
            "LOW_FP16", "LOW_FP32", "LOW_FP64", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
 
 NUMERICS = ("fa2", "paper")
