@@ -40,8 +40,10 @@ POISON_OUTPUTS = interpreting()
 # The speed-ups, each switchable so the performance chapter can measure what it buys. None of
 # them changes a number the kernels compute (the tests run with all of them on; the switches
 # only exist for the ablation in kernels.gpu.perf):
-#   direct_launch  CUDA: after the first call of a plan, launch the cached compiled kernel
-#                  directly (no autotuner lookup, no argument re-binding)
+#   direct_launch  remember each plan key's launch (grid, tile sizes, constexprs) and on CUDA
+#                  launch the cached compiled kernel directly (no autotuner lookup, no
+#                  argument re-binding); off: every call goes through Triton's autotuner
+#                  and launch path, as before
 #   causal_split   the kernels' key/query loops run the tiles that need no mask (most of them)
 #                  without computing one; only the diagonal and ragged tiles are masked
 #   wide_tuning    autotune over more tile shapes, warp counts and pipeline depths (CUDA,
@@ -172,9 +174,9 @@ class Launcher:
       the tile sizes ``blocks`` (a dict such as ``{"BLOCK_M": 64, "BLOCK_N": 32}``) or
       ``None`` to autotune with ``tuned``, and launch options (``num_stages``).
 
-    The first call of a key launches through Triton as usual (compiling, autotuning) and
-    remembers the outcome; later calls reuse it. On CUDA with ``SPEEDUPS["direct_launch"]``
-    the compiled kernel is launched directly.
+    The first call of a key launches through Triton as usual (compiling, autotuning) and, with
+    ``SPEEDUPS["direct_launch"]``, remembers the outcome: later calls reuse it, and on CUDA
+    launch the compiled kernel directly.
     """
 
     def __init__(self, kernel):
@@ -201,10 +203,12 @@ class Launcher:
             kwargs = {**how.consts, **how.blocks, **how.options}
             grid = how.grid_of(how.blocks)
             compiled = self.kernel[grid](*args, **kwargs)
+        if not SPEEDUPS["direct_launch"]:
+            return                # as before: every call goes through Triton's launch path
         if len(self.plans) >= _MAX_PLANS:
             self.plans.clear()
         plan = _Plan(grid, kwargs)
-        if SPEEDUPS["direct_launch"] and not interpreting():
+        if not interpreting():
             plan.runner, plan.tail = self._direct(compiled, grid, len(args), kwargs)
         self.plans[key] = plan
 

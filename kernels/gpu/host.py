@@ -146,9 +146,9 @@ def _identity_function():
     return Identity
 
 
-def _measure(mode, shape, causal, calls, repeats, options) -> dict:
+def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dict:
     import torch
-    from ..attention import flash_attention
+    from ..attention import flash_attention, launch
     batch, heads, n, d = shape
     # fp16 in stub mode: on the CPU's explicit path bf16 tensors are re-viewed as int16 for
     # the kernels, which the GPU's native path never does; fp16 takes the same Python path
@@ -171,28 +171,39 @@ def _measure(mode, shape, causal, calls, repeats, options) -> dict:
 
     rows = {}
     patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
-    with patch:
-        for name, fn in (("forward", forward), ("forward+backward", forward_backward),
-                         ("autograd floor", floor)):
-            median, best = _median_us(fn, calls, repeats)
-            rows[name] = dict(median_us=median, best_us=best)
+    saved = dict(launch.SPEEDUPS)
+    launch.SPEEDUPS.update(speedups or {})
+    try:
+        with patch:
+            for name, fn in (("forward", forward), ("forward+backward", forward_backward),
+                             ("autograd floor", floor)):
+                median, best = _median_us(fn, calls, repeats)
+                rows[name] = dict(median_us=median, best_us=best)
+        plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
+    finally:
+        launch.SPEEDUPS.update(saved)
     rows["backward (difference)"] = {
         stat: rows["forward+backward"][stat] - rows["forward"][stat]
         for stat in ("median_us", "best_us")}
+    # how many launch plans exist, and how many launch a compiled kernel directly
+    rows["plans"] = dict(total=len(plans), direct=sum(p.runner is not None for p in plans))
     return rows
 
 
-def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, **options) -> dict:
+def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, speedups=None,
+              **options) -> dict:
     """µs per call (median and best of ``repeats`` runs of ``calls`` calls) of the host work
     of ``flash_attention``, forward and forward + backward, with the GPU taken out (see the
-    module docstring for the two ``mode`` values)."""
+    module docstring for the two ``mode`` values). ``speedups``: changes to
+    :data:`kernels.attention.launch.SPEEDUPS` for this measurement (``direct_launch=False``:
+    every call through Triton's usual launch path, as before the plans were cached)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "stub":
-        return _measure(mode, shape, causal, calls, repeats, options)
+        return _measure(mode, shape, causal, calls, repeats, options, speedups)
     # Triton decides interpreter or compiler when a kernel is decorated: a fresh process
     request = json.dumps(dict(shape=shape, causal=causal, calls=calls, repeats=repeats,
-                              options=options))
+                              options=options, speedups=speedups or {}))
     env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, "-m", "kernels.gpu.host", "--child", request],
@@ -205,6 +216,8 @@ def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, **opt
 def table(rows: dict, title: str) -> str:
     lines = [title]
     for name, r in rows.items():
+        if "median_us" not in r:
+            continue
         lines.append(f"  {name:22s} median {r['median_us']:7.1f} µs   best "
                      f"{r['best_us']:7.1f} µs")
     return "\n".join(lines)
@@ -219,14 +232,18 @@ def main(argv=None):
             raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
         request = json.loads(argv[1])
         print(json.dumps(_measure("triton", tuple(request["shape"]), request["causal"],
-                                  request["calls"], request["repeats"], request["options"])))
+                                  request["calls"], request["repeats"], request["options"],
+                                  request["speedups"])))
         return
     import kernels  # noqa: F401  (interpreter switch before triton)
     b, h, n, d = SHAPE
     where = f"B{b} H{h} N{n} D{d} causal, on this machine's CPU (no GPU involved)"
     print(table(host_cost("stub"), f"wrapper only, launches stubbed out, fp16, {where}"))
-    print(table(host_cost("triton"), f"with Triton's launch path (driver call skipped), "
-                                     f"bf16 native path, {where}"))
+    for direct in (False, True):
+        rows = host_cost("triton", speedups=dict(direct_launch=direct))
+        how = "cached plans, direct launches" if direct else "every call through Triton"
+        print(table(rows, f"with Triton's launch path ({how}; driver call skipped), "
+                          f"bf16 native path, {where}"))
 
 
 if __name__ == "__main__":
