@@ -546,7 +546,7 @@ def main(argv=None):
                 small=args.small)
 
     def save(name, data):
-        results.save(name, {**meta, **data, "skipped": list(budget.skipped),
+        results.save(name, {**meta, **data, "budget_skipped": list(budget.skipped),
                             "elapsed_s": budget.elapsed()}, command, directory=out_dir)
 
     sections = {}
