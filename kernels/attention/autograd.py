@@ -22,7 +22,7 @@ import torch
 from .flash_bwd import flash_backward
 from .flash_fwd import flash_forward
 from .launch import check_device, use_explicit
-from .options import AttentionOptions, check_tensors
+from .options import AttentionOptions, check_tensors, options_from
 
 
 @dataclass
@@ -36,8 +36,9 @@ class Gradients:
 
 
 def _prepare(q, k, v, opts: AttentionOptions, explicit):
-    """The one place a call's inputs are checked; returns the rounding path."""
-    opts.require_kernel()
+    """The one place a call's inputs are checked; returns the rounding path. (The options
+    are checked once per options object: ``opts.kernel`` is computed on first use.)"""
+    opts.kernel  # noqa: B018  (raises if the kernels cannot compute these options)
     check_tensors(q, k, v)
     check_device(q)
     return use_explicit(explicit)
@@ -49,13 +50,18 @@ def _backward(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
         # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
         out_fp32, _, _ = flash_forward(q, k, v, opts, explicit=explicit, round_out=False,
                                        checked=True)
-    dq, dk, dv, delta = flash_backward(q, k, v, out, d_out.to(q.dtype), lse, opts,
-                                       explicit=explicit, out_fp32=out_fp32)
+    if d_out.dtype != q.dtype:
+        d_out = d_out.to(q.dtype)
+    dq, dk, dv, delta = flash_backward(q, k, v, out, d_out, lse, opts, explicit=explicit,
+                                       out_fp32=out_fp32)
     return Gradients(dq, dk, dv, delta, out, lse)
 
 
 class FlashAttention(torch.autograd.Function):
-    """Forward: one kernel launch that stores O and L. Backward: δ, then dK/dV and dQ."""
+    """Forward: one kernel launch that stores O and L. Backward: δ, then dK/dV and dQ.
+
+    Nothing is checked here: :func:`flash_attention` checked the inputs once, and the
+    backward pass reuses the forward's options and rounding path as they are."""
 
     @staticmethod
     def forward(ctx, q, k, v, opts: AttentionOptions, explicit: bool):
@@ -84,7 +90,7 @@ def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=N
             >= 16; default: autotuned on a GPU, 64×64 in the interpreter).
         explicit: force the explicit-rounding path (True) or hardware bf16 (False).
     """
-    opts = AttentionOptions(**options) if opts is None else opts
+    opts = options_from(options) if opts is None else opts
     explicit = _prepare(q, k, v, opts, explicit)
     return FlashAttention.apply(q, k, v, opts, explicit)
 
@@ -96,7 +102,7 @@ def backward_pass(q, k, v, d_out, opts: AttentionOptions | None = None, *, out=N
     The forward pass runs first unless ``out`` and ``lse`` are given; giving another ``out``
     (an fp32 O, or O rounded differently) is how chapter 4 measures what the rounding of O does to
     δ and the gradients."""
-    opts = AttentionOptions(**options) if opts is None else opts
+    opts = options_from(options) if opts is None else opts
     explicit = _prepare(q, k, v, opts, explicit)
     if (out is None) != (lse is None):
         raise ValueError("give both out and lse (from the same forward pass), or neither")

@@ -22,6 +22,12 @@ before their tensor-core matmuls; on the explicit path (interpreter, pre-sm_80 G
 points are rounded with :func:`kernels.numerics.triton_rounding.round_low`. Two kernels, no atomics: one program
 per key/value tile accumulates dK and dV over the query tiles; one program per query tile
 accumulates dQ over the key tiles. So the gradients are deterministic.
+
+Both loops skip the mask where no entry of a tile pair can be masked (``SPLIT``): with causal
+attention that is every pair below the diagonal, and without it every pair but the ragged
+ends. Only the diagonal and ragged tiles pay for index comparisons, selects and bounds-checked
+loads. The tiles are visited in the same order either way, so the sums (and every rounding)
+are the same.
 """
 from __future__ import annotations
 
@@ -33,11 +39,12 @@ from ..env import interpreting
 from ..numerics.triton_rounding import round_low
 from .jit import (BF16, batch_head, load_rows, load_tile, load_tile_pair, mma, mma_acc,
                   store_tile, program_tile, to_operand)
-from .launch import as_kernel_arg, kernel_params, new_output, pick_blocks
+from .launch import (SPEEDUPS, Launch, aligned, cdiv, kernel_params, launcher, new_output,
+                     pick_blocks, switches)
 from .options import LOW_CODES, AttentionOptions
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H"])
 def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
                          stride_db, stride_dh, stride_dn, stride_dd, H, N_Q,
                          HEAD_DIM: tl.constexpr, O_LOW: tl.constexpr, LOW: tl.constexpr,
@@ -56,25 +63,64 @@ def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_o
 
 @triton.jit
 def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               rows, ok, dims, start_n, N_K, scale, CAUSAL: tl.constexpr, LOW: tl.constexpr,
-               EXPLICIT: tl.constexpr, BLOCK_N: tl.constexpr):
+               rows, ok, dims, start_n, N_K, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_N: tl.constexpr):
     """For a query tile and the key tile at ``start_n``: P = exp(S − L) (0 where masked),
-    dP = dO Vᵀ, and Kᵀ (the dQ kernel multiplies dS by it)."""
+    dP = dO Vᵀ, and Kᵀ (the dQ kernel multiplies dS by it). Without ``MASKED`` every key of
+    the tile is inside the sequence and visible to every row (rows past the end of the
+    sequence then hold values that are never stored: each row of dQ and δ is its own)."""
     cols = start_n + tl.arange(0, BLOCK_N)
     in_seq = cols < N_K
     k_t = load_tile(k_base + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
-                    in_seq[None, :], LOW, EXPLICIT, True)
+                    in_seq[None, :], LOW, EXPLICIT, MASKED)
     v_t = load_tile(v_base + cols[None, :] * stride_vn + dims[:, None] * stride_vd,
-                    in_seq[None, :], LOW, EXPLICIT, True)
-    visible = in_seq[None, :] & ok[:, None]
-    if CAUSAL:
-        visible = visible & (cols[None, :] <= rows[:, None])
-    p = tl.where(visible, tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None]), 0.0)
+                    in_seq[None, :], LOW, EXPLICIT, MASKED)
+    p = tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None])
+    if MASKED:
+        visible = in_seq[None, :] & ok[:, None]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None])
+        p = tl.where(visible, p, 0.0)
     dp = mma(do, v_t, LOW, EXPLICIT)
     return p, dp, k_t
 
 
 @triton.jit
+def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
+                stride_qb, stride_qh, stride_qn, stride_qd,
+                stride_db, stride_dh, stride_dn, stride_dd, lo, hi, N_Q, scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOW: tl.constexpr,
+                EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query tiles [lo, hi) for one key/value tile: dV += Pᵀ dO and dK += dSᵀ Q (unscaled).
+    Without ``MASKED`` every query row is inside the sequence and sees every key."""
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        ok = rows < N_Q
+        q_t = load_tile(Q + b * stride_qb + h * stride_qh + rows[None, :] * stride_qn
+                        + dims[:, None] * stride_qd, ok[None, :], LOW, EXPLICIT, MASKED)
+        do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
+                       + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, MASKED)
+        if MASKED:
+            lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
+            delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
+        else:
+            lse = tl.load(LSE + bh * N_Q + rows)
+            delta = tl.load(DELTA + bh * N_Q + rows)
+        p_t = tl.exp(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :])
+        if MASKED:
+            visible = in_seq[:, None] & ok[None, :]
+            if CAUSAL:
+                visible = visible & (cols[:, None] <= rows[None, :])
+            p_t = tl.where(visible, p_t, 0.0)
+        dv = mma_acc(to_operand(p_t, LOW, EXPLICIT), do, dv, LOW, EXPLICIT)   # += Pᵀ dO
+        dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                        # (dO Vᵀ)ᵀ
+        ds_t = p_t * (dp_t - delta[None, :])
+        # += dSᵀ Q
+        dk = mma_acc(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), dk, LOW, EXPLICIT)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["H"])
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -82,7 +128,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
                      stride_db, stride_dh, stride_dn, stride_dd,
                      stride_gb, stride_gh, stride_gn, stride_gd,
                      H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                     LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                     LOW: tl.constexpr, EXPLICIT: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One key/value tile: dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query tiles.
 
@@ -97,26 +143,34 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
     work = LSE.dtype.element_ty
     dk = tl.zeros([BLOCK_N, HEAD_DIM], work)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], work)
+    first_key = start_n * BLOCK_N
     lo = 0
     if CAUSAL:
-        lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier queries see none of these keys
-    for start_m in range(lo, N_Q, BLOCK_M):
-        rows = start_m + tl.arange(0, BLOCK_M)
-        ok = rows < N_Q
-        q_t = load_tile(Q + b * stride_qb + h * stride_qh + rows[None, :] * stride_qn
-                        + dims[:, None] * stride_qd, ok[None, :], LOW, EXPLICIT, True)
-        do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
-                       + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, True)
-        lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
-        delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
-        visible = in_seq[:, None] & ok[None, :]
-        if CAUSAL:
-            visible = visible & (cols[:, None] <= rows[None, :])
-        p_t = tl.where(visible, tl.exp(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :]), 0.0)
-        dv = mma_acc(to_operand(p_t, LOW, EXPLICIT), do, dv, LOW, EXPLICIT)      # += Pᵀ dO
-        dp_t = mma(v, tl.trans(do), LOW, EXPLICIT)                           # (dO Vᵀ)ᵀ
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = mma_acc(to_operand(ds_t, LOW, EXPLICIT), tl.trans(q_t), dk, LOW, EXPLICIT)  # += dSᵀ Q
+        lo = (first_key // BLOCK_M) * BLOCK_M  # earlier queries see none of these keys
+    # The query tiles [lo, N_Q) in three runs, in order: [lo, mid_lo) straddles the diagonal
+    # (causal), [mid_lo, mid_hi) needs no mask at all, the rest holds the ragged last tile.
+    # mid_lo: the first tile whose first row comes at or after this tile's last key.
+    # A key tile that runs past the end of the sequence is masked throughout.
+    if CAUSAL:
+        mid_lo = lo + (first_key + BLOCK_N - 1 - lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    else:
+        mid_lo = 0
+    mid_hi = (N_Q // BLOCK_M) * BLOCK_M * (first_key + BLOCK_N <= N_K).to(tl.int32)
+    if not SPLIT:
+        mid_lo = lo
+        mid_hi = 0
+    dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
+                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
+                         stride_dn, stride_dd, lo, tl.minimum(mid_lo, N_Q), N_Q, scale, True,
+                         CAUSAL, LOW, EXPLICIT, BLOCK_M)
+    dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
+                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
+                         stride_dn, stride_dd, mid_lo, mid_hi, N_Q, scale, False,
+                         CAUSAL, LOW, EXPLICIT, BLOCK_M)
+    dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
+                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
+                         stride_dn, stride_dd, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, scale,
+                         True, CAUSAL, LOW, EXPLICIT, BLOCK_M)
     dk = round_low(dk * scale, LOW, EXPLICIT)
     dv = round_low(dv, LOW, EXPLICIT)
     g = cols[:, None] * stride_gn + dims[None, :] * stride_gd + b * stride_gb + h * stride_gh
@@ -125,6 +179,26 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
 
 
 @triton.jit
+def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
+              stride_vd, rows, ok, dims, lo, hi, N_K, scale, MASKED: tl.constexpr,
+              CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+              DELTA_ONLY: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles [lo, hi) for one query tile: ``acc`` += rowsum(dP ∘ P) (``DELTA_ONLY``, δ) or
+    ``acc`` += dS K with dS = P ∘ (dP − δ) (dQ, unscaled)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        p, dp, k_t = _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                stride_vd, rows, ok, dims, start_n, N_K, scale, MASKED, CAUSAL,
+                                LOW, EXPLICIT, BLOCK_N)
+        if DELTA_ONLY:
+            acc += tl.sum(p * dp, 1)
+        else:
+            ds = p * (dp - delta[:, None])
+            # += dS K
+            acc = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), acc, LOW, EXPLICIT)
+    return acc
+
+
+@triton.jit(do_not_specialize=["H"])
 def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
                        stride_qb, stride_qh, stride_qn, stride_qd,
                        stride_kb, stride_kh, stride_kn, stride_kd,
@@ -133,7 +207,7 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
                        stride_gb, stride_gh, stride_gn, stride_gd,
                        H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
                        LOW: tl.constexpr, EXPLICIT: tl.constexpr, DELTA_ONLY: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One query tile walks the key tiles, recomputing P = exp(S − L) and dP = dO Vᵀ.
 
     ``DELTA_ONLY``: δ_i = Σ_j dP_ij P_ij (the δ source "dp", which never reads O), stored in
@@ -147,105 +221,149 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
                            N_Q, LOW, EXPLICIT)
     if DELTA_ONLY:
         delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
+        acc = delta
     else:
         delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
-        dq = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], LSE.dtype.element_ty)
+    # key tiles [0, hi_full) are inside the sequence and (causal) before this tile's first
+    # row: no mask; [hi_full, hi) are the diagonal and the ragged end (as in the forward pass)
     if CAUSAL:
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
+        hi_full = (tl.minimum(start_m * BLOCK_M, N_K) // BLOCK_N) * BLOCK_N
     else:
         hi = N_K
-    for start_n in range(0, hi, BLOCK_N):
-        p, dp, k_t = _p_dp_tile(q, do, lse, K + b * stride_kb + h * stride_kh,
-                                V + b * stride_vb + h * stride_vh, stride_kn, stride_kd,
-                                stride_vn, stride_vd, rows, ok, dims, start_n, N_K, scale,
-                                CAUSAL, LOW, EXPLICIT, BLOCK_N)
-        if DELTA_ONLY:
-            delta += tl.sum(p * dp, 1)
-        else:
-            ds = p * (dp - delta[:, None])
-            dq = mma_acc(to_operand(ds, LOW, EXPLICIT), tl.trans(k_t), dq, LOW, EXPLICIT)  # += dS K
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
+    if not SPLIT:
+        hi_full = 0
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                    stride_vd, rows, ok, dims, 0, hi_full, N_K, scale, False, CAUSAL, LOW,
+                    EXPLICIT, DELTA_ONLY, BLOCK_N)
+    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                    stride_vd, rows, ok, dims, hi_full, hi, N_K, scale, True, CAUSAL, LOW,
+                    EXPLICIT, DELTA_ONLY, BLOCK_N)
     if DELTA_ONLY:
-        tl.store(DELTA + bh * N_Q + rows, delta, mask=ok)
+        tl.store(DELTA + bh * N_Q + rows, acc, mask=ok)
     else:
-        dq = round_low(dq * scale, LOW, EXPLICIT)
+        dq = round_low(acc * scale, LOW, EXPLICIT)
         store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
                    + dims[None, :] * stride_gd, dq, ok[:, None], LOW == BF16 and EXPLICIT)
 
 
-def _bwd_configs(pairs):
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-            for bm, bn, warps, stages in pairs]
+# --- autotuning (CUDA, native bf16/fp16): (BLOCK_M, BLOCK_N, warps, stages) -----------------
+# The dK/dV program keeps a BLOCK_N-key tile and its two accumulators resident and streams
+# BLOCK_M-row query tiles past it (long, narrow query tiles: small BLOCK_M, large BLOCK_N);
+# the dQ program is the mirror image. Deeper pipelines hide the streamed tiles' loads.
+_NARROW_DKDV = [(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 8, 2)]
+_NARROW_DQ = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 2)]
+_WIDE_DKDV = [(32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (32, 128, 8, 3),
+              (64, 64, 4, 3)]
+_WIDE_DQ = [(128, 32, 4, 3), (128, 32, 4, 5), (128, 64, 8, 3), (128, 32, 8, 3),
+            (64, 64, 4, 3)]
+_TUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "LOW", "EXPLICIT"]   # SPLIT left out: the
+                                                    # ablation compares both at one tile shape
 
 
-_TUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "LOW", "EXPLICIT"]
-_bwd_dkdv_tuned = triton.autotune(
-    configs=_bwd_configs([(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 8, 2)]),
-    key=_TUNE_KEY)(_bwd_dkdv_kernel)
-_bwd_dq_tuned = triton.autotune(
-    configs=_bwd_configs([(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 8, 2)]),
-    key=_TUNE_KEY)(_query_tile_kernel)
+def _tuned(kernel, pairs):
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+                 for bm, bn, w, s in pairs], key=_TUNE_KEY)(kernel)
+
+
+_bwd_dkdv_tuned = _tuned(_bwd_dkdv_kernel, _WIDE_DKDV)
+_bwd_dq_tuned = _tuned(_query_tile_kernel, _WIDE_DQ)
+_bwd_dkdv_narrow = _tuned(_bwd_dkdv_kernel, _NARROW_DKDV)   # before issue 15 (ablation)
+_bwd_dq_narrow = _tuned(_query_tile_kernel, _NARROW_DQ)
+_DELTA = launcher(_delta_from_o_kernel)
+_DKDV = launcher(_bwd_dkdv_kernel)
+_DQ = launcher(_query_tile_kernel)
+
+
+def _as_args(explicit, *tensors):
+    """On the explicit path bf16 tensors travel as their raw 16-bit patterns."""
+    if explicit:
+        return tuple(t.view(torch.int16) if t.dtype == torch.bfloat16 else t for t in tensors)
+    return tensors
 
 
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
-                  block_m, block_n, as_arg):
+                  block_m, block_n, key=None):
     """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
     batch, heads, n_q, d = q.shape
+    if key is None:
+        key = (q.shape, k.shape[2], q.stride(), k.stride(), v.stride(), do.stride(), q.dtype,
+               q.device, explicit, aligned(q, k, v, do, lse), switches())
     delta = new_output(lse.shape, lse.dtype, lse.device)
-    qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
+    qa, ka, va, da = _as_args(explicit, q, k, v, do)
+    grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+    tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     if delta_source == "dp":
-        grid = (triton.cdiv(n_q, block_m), batch * heads)
         # the query-tile kernel in its δ mode (DQ unused: it gets dO and dO's strides)
-        _query_tile_kernel[grid](qa, ka, va, da, lse, delta, da, params, *qa.stride(),
-                                 *ka.stride(), *va.stride(), *da.stride(), *da.stride(),
-                                 heads, n_q, k.shape[2], HEAD_DIM=d, CAUSAL=bool(causal),
-                                 LOW=LOW_CODES[q.dtype], EXPLICIT=explicit, DELTA_ONLY=True,
-                                 BLOCK_M=block_m, BLOCK_N=block_n)
+        _DQ(("dp", bool(causal), block_m, block_n) + key,
+            (qa, ka, va, da, lse, delta, da, params, *qa.stride(), *ka.stride(), *va.stride(),
+             *da.stride(), *da.stride(), heads, n_q, k.shape[2]),
+            lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
+                                EXPLICIT=explicit, DELTA_ONLY=True,
+                                SPLIT=SPEEDUPS["causal_split"]), grid, tiles))
         return delta
-    oa = as_arg(out)
-    grid = (triton.cdiv(n_q, block_m), batch * heads)
-    _delta_from_o_kernel[grid](oa, da, delta, *oa.stride(), *da.stride(), heads, n_q,
-                               HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
-                               EXPLICIT=explicit, BLOCK_M=block_m)
+    (oa,) = _as_args(explicit, out)
+    _DELTA(("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
+           (oa, da, delta, *oa.stride(), *da.stride(), heads, n_q),
+           lambda: Launch(dict(HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
+                               EXPLICIT=explicit), grid, dict(BLOCK_M=block_m)))
     return delta
 
 
 def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: bool,
                    out_fp32=None):
     """dQ, dK, dV (inputs' dtype) and δ for O = attention(q, k, v) with the options ``opts``
-    (already validated; tensors already checked); ``out_fp32`` for δ source "o_fp32"."""
+    (tensors already checked); ``out_fp32`` for δ source "o_fp32"."""
+    kc = opts.kernel                      # validated once per options object
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, q.dtype, q.device)
-    blocks = pick_blocks(opts.block_m, opts.block_n, q.dtype, explicit, backward=True)
+    dtype = q.dtype
+    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, dtype, q.device)
+    # everything that decides what Triton compiles and how it is launched; the gradient
+    # buffers are fresh, contiguous and aligned, so the shapes decide their strides
+    key = (q.shape, n_k, q.stride(), k.stride(), v.stride(), do.stride(), dtype, q.device,
+           explicit, aligned(q, k, v, do, lse), switches(), kc.causal, kc.block_m, kc.block_n)
+    blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit, backward=True)
     pre_m, pre_n = blocks if blocks is not None else (64, 64)
-
-    def as_arg(t):
-        return as_kernel_arg(t, explicit)
-
-    o_for_delta = out_fp32 if opts.delta_source == "o_fp32" else out
-    delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=opts.causal,
-                          delta_source=opts.delta_source, explicit=explicit, block_m=pre_m,
-                          block_n=pre_n, as_arg=as_arg)
+    o_for_delta = out_fp32 if kc.delta_source == "o_fp32" else out
+    delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=kc.causal,
+                          delta_source=kc.delta_source, explicit=explicit, block_m=pre_m,
+                          block_n=pre_n, key=key)
     # fresh contiguous gradient buffers (NaN-poisoned when POISON_OUTPUTS is on)
-    dq, dk, dv = (new_output(t.shape, t.dtype, t.device) for t in (q, k, v))
-    qa, ka, va, da = (as_arg(t) for t in (q, k, v, do))
-    dqa, dka, dva = (as_arg(t) for t in (dq, dk, dv))
-    common = dict(HEAD_DIM=d, CAUSAL=opts.causal, LOW=LOW_CODES[q.dtype], EXPLICIT=explicit)
+    dq = new_output(q.shape, dtype, q.device)
+    dk = new_output(k.shape, dtype, q.device)
+    dv = new_output(v.shape, dtype, q.device)
+    qa, ka, va, da, dqa, dka, dva = _as_args(explicit, q, k, v, do, dq, dk, dv)
     strides = (*qa.stride(), *ka.stride(), *va.stride(), *da.stride())
-    dkdv_args = (qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
-                 heads, n_q, n_k)
-    dq_args = (qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(), heads, n_q, n_k)
-    if blocks is None:
-        _bwd_dkdv_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads)](
-            *dkdv_args, **common)
-        _bwd_dq_tuned[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)](
-            *dq_args, **common, DELTA_ONLY=False)
-    else:
-        bm, bn = blocks
-        # fp64 tiles are large: no software pipelining, or head dim 128 overflows shared memory
-        launch = dict(num_stages=1) if (q.dtype == torch.float64 and not interpreting()) else {}
-        _bwd_dkdv_kernel[(triton.cdiv(n_k, bn), batch * heads)](*dkdv_args, **common,
-                                                                BLOCK_M=bm, BLOCK_N=bn, **launch)
-        _query_tile_kernel[(triton.cdiv(n_q, bm), batch * heads)](
-            *dq_args, **common, DELTA_ONLY=False, BLOCK_M=bm, BLOCK_N=bn, **launch)
+    _DKDV(key, (qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
+                heads, n_q, n_k),
+          lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, n_k, batch * heads,
+                              "dkdv"))
+    _DQ(key, (qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(), heads, n_q,
+              n_k),
+        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, n_q, batch * heads, "dq"))
     return dq, dk, dv, delta
+
+
+def _bwd_launch(blocks, dtype, causal, d, explicit, n, programs, which) -> Launch:
+    """How the dK/dV (``which="dkdv"``, one program per key tile) or the dQ kernel is
+    launched the first time for a plan key."""
+    consts = dict(HEAD_DIM=d, CAUSAL=causal, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
+                  SPLIT=SPEEDUPS["causal_split"])
+    if which == "dq":
+        consts["DELTA_ONLY"] = False
+    axis = "BLOCK_N" if which == "dkdv" else "BLOCK_M"
+    grid = lambda meta: (cdiv(n, meta[axis]), programs)  # noqa: E731
+    if blocks is None:
+        wide = SPEEDUPS["wide_tuning"]
+        tuned = {("dkdv", True): _bwd_dkdv_tuned, ("dkdv", False): _bwd_dkdv_narrow,
+                 ("dq", True): _bwd_dq_tuned, ("dq", False): _bwd_dq_narrow}[(which, wide)]
+        return Launch(consts, grid, None, tuned)
+    # fp64 tiles are large: no software pipelining, or head dim 128 overflows shared memory
+    options = dict(num_stages=1) if (dtype == torch.float64 and not interpreting()) else {}
+    return Launch(consts, grid, dict(BLOCK_M=blocks[0], BLOCK_N=blocks[1]), **options)

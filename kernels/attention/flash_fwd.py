@@ -44,9 +44,9 @@ import triton.language as tl
 from ..numerics.triton_rounding import round_low
 from .jit import (BF16, accumulate, batch_head, load_row_tile, load_tile, mma, offset_update,
                   rnd_if, store_tile, program_tile)
-from .launch import (as_kernel_arg, check_device, kernel_params, new_output, pick_blocks,
-                     use_explicit, work_dtype)
-from .options import KERNEL_STABLE, LOW_CODES, AttentionOptions, check_tensors
+from .launch import (SPEEDUPS, Launch, aligned, cdiv, check_device, kernel_params, launcher,
+                     new_output, pick_blocks, switches, use_explicit, work_dtype)
+from .options import LOW_CODES, AttentionOptions, check_tensors, options_from
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     return m, rm, rs, ell, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H"])   # H only splits the grid: one compile for every head count
 def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
@@ -96,7 +96,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
                       EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
                       ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h = batch_head(H)
     # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
@@ -118,11 +118,15 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     ell = tl.zeros([BLOCK_M], work)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], work)
 
-    # Stage 1: tiles every row of this block sees completely (no mask needed).
+    # Stage 1: tiles every row of this block sees completely (no mask needed). Skipping the
+    # mask there saves, per score, the index comparisons and the select, and lets the K/V
+    # loads go without bounds checks; with SPLIT off (the ablation) every tile is masked.
     if CAUSAL:
         hi_full = (tl.minimum(start_m * BLOCK_M, N_K) // BLOCK_N) * BLOCK_N
     else:
         hi_full = (N_K // BLOCK_N) * BLOCK_N
+    if not SPLIT:
+        hi_full = 0
     m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, False, CAUSAL,
@@ -150,16 +154,40 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
         tl.store(ROW_OFFSET + stat, m, mask=row_ok)
 
 
-def _autotune_configs():
-    """A few tile shapes that suit an H100/A100 for head dims 64 and 128 (bf16/fp16 only)."""
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-            for bm, bn, warps, stages in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-                                          (64, 64, 4, 3)]]
+# --- autotuning (CUDA, native bf16/fp16 only; the interpreter runs one fixed configuration) ---
+# A configuration is (BLOCK_M query rows, BLOCK_N keys per tile, warps, pipeline stages).
+# Larger tiles reuse each loaded K/V tile for more query rows (higher arithmetic intensity)
+# but need more registers and shared memory; more stages prefetch more K/V tiles while the
+# tensor cores work. Which is best depends on the head dim and the GPU, so Triton times them
+# once per key (sequence length, head dim and the compile-time switches) and remembers.
+_NARROW = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)]
+_WIDE = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3), (128, 64, 8, 3),
+         (64, 64, 4, 3), (128, 32, 4, 3)]
+_TUNE_KEY = ["N_K", "HEAD_DIM", "CAUSAL", "STABLE", "CAP", "PAPER", "LOW", "EXPLICIT",
+             "ROUND_OUT", "ELL_ROUNDED"]     # SPLIT left out on purpose: the ablation
+                                              # compares both loop shapes at one tile shape
 
 
-_flash_fwd_tuned = triton.autotune(configs=_autotune_configs(),
-                                   key=["N_K", "HEAD_DIM", "CAUSAL", "STABLE", "CAP", "PAPER",
-                                        "LOW", "EXPLICIT", "ROUND_OUT", "ELL_ROUNDED"])(_flash_fwd_kernel)
+def _fits(configs, named_args, **kwargs):
+    """Drop tile shapes whose pipelined K and V tiles would not fit in ~200 KB of shared
+    memory at this head dim (they would fail to compile and only cost tuning time)."""
+    d = kwargs.get("HEAD_DIM", 64)
+    kept = [c for c in configs
+            if c.num_stages * 2 * c.kwargs["BLOCK_N"] * d * 2 + c.kwargs["BLOCK_M"] * d * 2
+            <= 200 * 1024]
+    return kept or configs[:1]
+
+
+def _tuned(pairs):
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+                 for bm, bn, w, s in pairs],
+        key=_TUNE_KEY, prune_configs_by={"early_config_prune": _fits})(_flash_fwd_kernel)
+
+
+_flash_fwd_tuned = _tuned(_WIDE)
+_flash_fwd_narrow = _tuned(_NARROW)       # the configurations before issue 15 (ablation)
+_FWD = launcher(_flash_fwd_kernel)
 
 
 def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=None,
@@ -173,34 +201,44 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
     the final offset m per row if ``return_offset`` (else None). ``checked=True``: the caller has
     already checked the tensors and resolved ``explicit`` (the autograd function does).
     """
-    opts = AttentionOptions(**options) if opts is None else opts
+    opts = options_from(options) if opts is None else opts
+    kc = opts.kernel                      # validated once per options object
     if not checked:
-        opts.require_kernel()
         check_tensors(q, k, v)
         check_device(q)
         explicit = use_explicit(explicit)
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    work = work_dtype(q.dtype)
-    low_out = round_out or q.dtype in (torch.float32, torch.float64)
-    out = new_output(q.shape, q.dtype if low_out else work, q.device)
-    lse = new_output((batch, heads, n_q), work, q.device)
-    offset = new_output(lse.shape, work, q.device) if return_offset else lse
-    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, q.dtype, q.device,
-                           cap=opts.offset_cap or 0.0)
-    qa, ka, va = (as_kernel_arg(t, explicit) for t in (q, k, v))
-    oa = as_kernel_arg(out, explicit)
-    args = (qa, ka, va, oa, lse, offset, params, *qa.stride(), *ka.stride(), *va.stride(),
-            *oa.stride(), heads, n_q, n_k)
-    consts = dict(HEAD_DIM=d, CAUSAL=opts.causal, STABLE=KERNEL_STABLE[opts.stable],
-                  CAP=opts.offset_cap is not None, PAPER=opts.numerics == "paper",
-                  LOW=LOW_CODES[q.dtype], EXPLICIT=explicit, ROUND_OUT=bool(low_out),
-                  ELL_ROUNDED=opts.ell_rounded, STORE_OFFSET=bool(return_offset))
-    blocks = pick_blocks(opts.block_m, opts.block_n, q.dtype, explicit)
-    if blocks is None:
-        grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _flash_fwd_tuned[grid](*args, **consts)
+    dtype, device = q.dtype, q.device
+    work = work_dtype(dtype)
+    low_out = round_out or dtype in (torch.float32, torch.float64)
+    out = new_output(q.shape, dtype if low_out else work, device)
+    lse = new_output((batch, heads, n_q), work, device)
+    offset = new_output(lse.shape, work, device) if return_offset else lse
+    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, dtype, device,
+                           cap=kc.cap_value)
+    if explicit and dtype == torch.bfloat16:
+        q, k, v = (t.view(torch.int16) for t in (q, k, v))
+        oa = out.view(torch.int16) if low_out else out
     else:
-        grid = (triton.cdiv(n_q, blocks[0]), batch * heads)
-        _flash_fwd_kernel[grid](*args, **consts, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+        oa = out
+    args = (q, k, v, oa, lse, offset, params, *q.stride(), *k.stride(), *v.stride(),
+            *oa.stride(), heads, n_q, n_k)
+    # everything that decides what Triton compiles and how it is launched (the output
+    # buffers are fresh, contiguous and aligned, so q's shape decides their strides)
+    key = (opts, q.shape, n_k, q.stride(), k.stride(), v.stride(), dtype, device, explicit,
+           low_out, return_offset, aligned(q, k, v), switches())
+
+    def first():
+        consts = dict(HEAD_DIM=d, CAUSAL=kc.causal, STABLE=kc.stable, CAP=kc.cap,
+                      PAPER=kc.paper, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
+                      ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
+                      STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"])
+        blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
+        tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
+        return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),
+                      None if blocks is None else dict(BLOCK_M=blocks[0], BLOCK_N=blocks[1]),
+                      tuned)
+
+    _FWD(key, args, first)
     return out, lse, (offset if return_offset else None)

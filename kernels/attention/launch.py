@@ -2,12 +2,29 @@
 
 Which rounding path runs (:func:`use_explicit`), how tensors travel into a kernel
 (:func:`as_kernel_arg`), the output buffers (NaN-poisoned when :data:`POISON_OUTPUTS` is on, so an
-unwritten entry shows), the scalar parameters (:func:`kernel_params`, cached) and the tile sizes
-(:func:`pick_blocks`).
+unwritten entry shows), the scalar parameters (:func:`kernel_params`, cached), the tile sizes
+(:func:`pick_blocks`) and :class:`Launcher`, which launches one kernel with as little host
+work per call as possible.
+
+Why the host work matters: at the GPT-2 shape (B8 H12 N1024 D64) the forward kernel runs for
+~60 µs and the three backward kernels for ~200 µs on an H100. A Python wrapper that spends
+hundreds of µs per call preparing launches leaves the GPU idle, and the measured speed then
+follows the CPU. So everything that depends only on shapes, strides, dtypes and options is
+worked out once per *plan key* and cached:
+
+* the grid, the constexpr values and (autotuned kernels) the chosen configuration;
+* on a CUDA GPU, the compiled kernel itself: later calls launch it directly
+  (:data:`SPEEDUPS` ``"direct_launch"``) instead of going through Triton's autotuner and
+  argument binder, which re-derive the same specialisation on every call.
+
+The plan key must hold everything that decides what Triton compiles: dtypes, every integer
+argument (sizes and strides, exactly) and whether each tensor's address is 16-byte aligned.
+The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -20,7 +37,23 @@ INTERPRETER_BLOCKS = (64, 64)   # fixed (block_m, block_n) in the CPU interprete
 # GPU it costs an extra memset per output, so it is off there by default).
 POISON_OUTPUTS = interpreting()
 
+# The speed-ups, each switchable so the performance chapter can measure what it buys. None of
+# them changes a number the kernels compute (the tests run with all of them on; the switches
+# only exist for the ablation in kernels.gpu.perf):
+#   direct_launch  remember each plan key's launch (grid, tile sizes, constexprs) and on CUDA
+#                  launch the cached compiled kernel directly (no autotuner lookup, no
+#                  argument re-binding); off: every call goes through Triton's autotuner
+#                  and launch path, as before
+#   causal_split   the kernels' key/query loops run the tiles that need no mask (most of them)
+#                  without computing one; only the diagonal and ragged tiles are masked
+#   wide_tuning    autotune over more tile shapes, warp counts and pipeline depths (CUDA,
+#                  bf16/fp16 only; the interpreter always uses one fixed configuration)
+SPEEDUPS = {"direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
+            "causal_split": True,
+            "wide_tuning": True}
+
 _PARAMS_CACHE: dict = {}
+_MAX_PLANS = 1024               # per launcher; a full cache is emptied, never trimmed
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,3 +124,122 @@ def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
     else:
         dm, dn = (32, 64) if backward else (64, 32)
     return (block_m or dm, block_n or dn)
+
+
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for grids (plain Python: ``triton.cdiv`` is a constexpr function in Triton 3.6
+    and costs microseconds per call on the host)."""
+    return -(-a // b)
+
+
+def aligned(*tensors) -> tuple:
+    """Whether each tensor's address is a multiple of 16 bytes: Triton compiles a different
+    kernel (vectorised loads) for aligned pointers, so this belongs in every plan key."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def switches() -> tuple:
+    """The current :data:`SPEEDUPS`, as part of a plan key."""
+    return (SPEEDUPS["direct_launch"], SPEEDUPS["causal_split"], SPEEDUPS["wide_tuning"])
+
+
+class _Plan:
+    """What one plan key decides: the grid, the keyword arguments of a normal launch, and on
+    CUDA the compiled kernel's launcher with the constexpr values it expects after ``args``."""
+    __slots__ = ("grid", "kwargs", "runner", "tail")
+
+    def __init__(self, grid, kwargs):
+        self.grid, self.kwargs, self.runner, self.tail = grid, kwargs, None, ()
+
+
+class Launch:
+    """How to launch a kernel the first time a plan key is seen (see :class:`Launcher`)."""
+    __slots__ = ("consts", "grid_of", "blocks", "tuned", "options")
+
+    def __init__(self, consts, grid_of, blocks=None, tuned=None, **options):
+        self.consts, self.grid_of, self.blocks = consts, grid_of, blocks
+        self.tuned, self.options = tuned, options
+
+
+class Launcher:
+    """Launch one ``@triton.jit`` kernel (and its autotuned twins) with cached plans.
+
+    ``launcher(key, args, first)``:
+
+    * ``key``: hashable; equal keys must mean equal dtypes, integer arguments, pointer
+      alignment, constexprs and tile choice (see the module docstring);
+    * ``args``: the kernel's non-constexpr arguments, in order;
+    * ``first()``: a :class:`Launch`, called only for a new key: the constexpr keyword
+      arguments except the tile sizes, ``grid_of(meta)`` (the grid for a dict of tile sizes),
+      the tile sizes ``blocks`` (a dict such as ``{"BLOCK_M": 64, "BLOCK_N": 32}``) or
+      ``None`` to autotune with ``tuned``, and launch options (``num_stages``).
+
+    The first call of a key launches through Triton as usual (compiling, autotuning) and, with
+    ``SPEEDUPS["direct_launch"]``, remembers the outcome: later calls reuse it, and on CUDA
+    launch the compiled kernel directly.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.plans: dict = {}
+
+    def __call__(self, key, args, first):
+        plan = self.plans.get(key)
+        if plan is None:
+            self._first_launch(key, args, first())
+        elif plan.runner is not None:
+            plan.runner(*args, *plan.tail)
+        else:
+            self.kernel[plan.grid](*args, **plan.kwargs)
+
+    def _first_launch(self, key, args, how: Launch):
+        if how.blocks is None:
+            # autotune: Triton times its configurations once per autotuning key
+            compiled = how.tuned[how.grid_of](*args, **how.consts)
+            config = how.tuned.best_config
+            kwargs = {**how.consts, **config.all_kwargs()}
+            grid = how.grid_of(config.kwargs)
+        else:
+            kwargs = {**how.consts, **how.blocks, **how.options}
+            grid = how.grid_of(how.blocks)
+            compiled = self.kernel[grid](*args, **kwargs)
+        if not SPEEDUPS["direct_launch"]:
+            return                # as before: every call goes through Triton's launch path
+        if len(self.plans) >= _MAX_PLANS:
+            self.plans.clear()
+        plan = _Plan(grid, kwargs)
+        if not interpreting():
+            plan.runner, plan.tail = self._direct(compiled, grid, len(args), kwargs)
+        self.plans[key] = plan
+
+    def _direct(self, compiled, grid, n_args, kwargs):
+        """The compiled kernel's launcher for this grid and the constexpr values that follow
+        the runtime arguments (Triton's launcher takes every argument in signature order);
+        (None, ()) where this Triton does not offer them: the normal launch is used then."""
+        if hasattr(compiled, "result"):       # an asynchronous compile: wait for it
+            compiled = compiled.result()
+        names = getattr(self.kernel, "arg_names", None)
+        if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
+            return None, ()
+        try:
+            tail = tuple(kwargs[name] for name in names[n_args:])
+            runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+        except (KeyError, AttributeError, TypeError):
+            return None, ()
+        return runner, tail
+
+
+_LAUNCHERS: list = []
+
+
+def launcher(kernel) -> Launcher:
+    """A :class:`Launcher` for ``kernel``, registered so :func:`clear_plans` reaches it."""
+    made = Launcher(kernel)
+    _LAUNCHERS.append(made)
+    return made
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (the next call of each key launches through Triton again)."""
+    for made in _LAUNCHERS:
+        made.plans.clear()

@@ -3,7 +3,11 @@
 The Triton kernels, the emulator, the autograd function and the GPT-2 attention specs all take
 one of these, so every option has one meaning and one check. A consumer that supports only part
 of the space says so with a *capability* check (``opts.require_kernel()``), never by validating
-the options again. Tensors are checked separately, once per call (:func:`check_tensors`).
+the options again. The kernels' capability check runs once per options object
+(:attr:`AttentionOptions.kernel` keeps its outcome), and keyword options given to
+``flash_attention`` are turned into an options object once per distinct set
+(:func:`options_from`): a training step repeats neither. Tensors are checked separately, once
+per call (:func:`check_tensors`).
 
 The codes below are the compile-time constants the Triton kernels branch on (``STABLE ==
 STABLE_CROSS`` rather than ``STABLE == 2``).
@@ -11,14 +15,16 @@ STABLE_CROSS`` rather than ``STABLE == 2``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 
 from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
 
-__all__ = ["AttentionOptions", "check_tensors", "NUMERICS", "STABLE_MODES", "KERNEL_STABLE",
-           "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
+__all__ = ["AttentionOptions", "KernelOptions", "options_from", "check_tensors", "NUMERICS",
+           "STABLE_MODES", "KERNEL_STABLE", "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
            "LOW_FP16", "LOW_FP32", "LOW_FP64", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
 
 NUMERICS = ("fa2", "paper")
@@ -33,6 +39,20 @@ DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+class KernelOptions(NamedTuple):
+    """What the Triton kernels read from an :class:`AttentionOptions`, worked out once per
+    options object (:attr:`AttentionOptions.kernel`) instead of on every call."""
+    causal: bool
+    stable: int             # STABLE_OFF / STABLE_TILE / STABLE_CROSS
+    cap: bool               # offset_cap given
+    cap_value: float        # offset_cap, or 0.0
+    paper: bool             # numerics == "paper"
+    ell_rounded: bool
+    delta_source: str
+    block_m: int | None
+    block_n: int | None
 
 
 def _number(name, value):
@@ -149,6 +169,17 @@ class AttentionOptions:
             raise ValueError(f"acc_bits must be 1..7 (bf16 keeps 7 mantissa bits), got "
                              f"{self.acc_bits}")
 
+    @functools.cached_property
+    def kernel(self) -> KernelOptions:
+        """The kernels' view of these options, checked by :meth:`require_kernel` the first
+        time it is asked for and then kept on the (immutable) object: a call with options
+        that were already used does no validation at all."""
+        self.require_kernel()
+        return KernelOptions(self.causal, KERNEL_STABLE[self.stable],
+                             self.offset_cap is not None, self.offset_cap or 0.0,
+                             self.numerics == "paper", self.ell_rounded, self.delta_source,
+                             self.block_m, self.block_n)
+
     def replace(self, **changes) -> "AttentionOptions":
         return dataclasses.replace(self, **changes)
 
@@ -169,6 +200,26 @@ class AttentionOptions:
             blk = getattr(self, name)
             if blk is not None and (blk < 16 or blk & (blk - 1)):
                 raise ValueError(f"{name} must be a power of two >= 16 for the kernels, got {blk!r}")
+
+
+_OPTIONS_CACHE: dict = {}
+
+
+def options_from(options: dict) -> AttentionOptions:
+    """``AttentionOptions(**options)``, made and validated once per distinct set of keyword
+    options (a training loop calls attention with the same keywords every step)."""
+    try:
+        # the type is part of the key: stable=1 must still be refused although 1 == True
+        key = tuple((name, type(value), value) for name, value in sorted(options.items()))
+        found = _OPTIONS_CACHE.get(key)
+    except TypeError:                       # an unhashable value: let validation say what
+        return AttentionOptions(**options)
+    if found is None:
+        found = AttentionOptions(**options)
+        if len(_OPTIONS_CACHE) > 256:
+            _OPTIONS_CACHE.clear()
+        _OPTIONS_CACHE[key] = found
+    return found
 
 
 def check_tensors(q, k, v, *, kernel: bool = True) -> None:

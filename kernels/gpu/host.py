@@ -1,0 +1,250 @@
+"""The host (CPU) cost of one attention call, measured with the GPU taken out.
+
+A fused attention kernel at the GPT-2 shape (B8 H12 N1024 D64) runs for only ~60 µs forward
+and ~200 µs backward on an H100. If the Python that prepares a call costs more than that, the
+GPU waits for the CPU and the measured speed follows the host, not the kernel.
+
+This module times the book's wrapper (``flash_attention`` forward, and forward + backward
+through autograd) on CPU tensors with the GPU replaced by nothing, in one of two ways:
+
+``"stub"``
+    every Triton launch is a no-op: what is left is the wrapper's own Python and PyTorch work
+    (options, checks, output allocation, autograd bookkeeping, plans and grids);
+``"triton"``
+    Triton's real launch path runs (autotuner lookup, argument binding and specialisation,
+    kernel-cache lookup, the launcher's Python side) as on a GPU machine: the native bf16 path
+    is taken, the compiled kernel is a stand-in and only the final driver call is skipped.
+    This needs a fresh process (Triton must not be in interpreter mode), so :func:`host_cost`
+    runs it in a subprocess.
+
+Both are *host overhead on this machine's CPU*: CPU figures, never GPU ones (and a CPU
+allocator, not CUDA's caching one). What a whole call costs on a GPU, including the driver
+call, is measured by ``python -m kernels.gpu.perf``.
+
+``python -m kernels.gpu.host`` prints both tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPE = (2, 2, 128, 64)      # (B, H, N, D): small, so CPU allocations stay cheap
+MODES = ("stub", "triton")
+
+
+@contextlib.contextmanager
+def launches_stubbed():
+    """Every Triton kernel launch (interpreted or compiled) becomes a no-op inside the block;
+    output buffers are not NaN-filled (that is a test aid, not part of a call)."""
+    from triton.runtime import interpreter, jit
+    from ..attention import launch
+    saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS)
+
+    def no_op(self, *args, grid, warmup, **kwargs):
+        return None
+
+    interpreter.InterpretedFunction.run = no_op
+    jit.JITFunction.run = no_op
+    launch.POISON_OUTPUTS = False
+    try:
+        yield
+    finally:
+        (interpreter.InterpretedFunction.run, jit.JITFunction.run,
+         launch.POISON_OUTPUTS) = saved
+
+
+@contextlib.contextmanager
+def triton_launch_simulated():
+    """Triton's launch path as on an sm_90 GPU, with a stand-in compiled kernel whose driver
+    call does nothing. Needs a process where ``TRITON_INTERPRET=0`` was set before
+    ``import kernels``. Autotuning picks each kernel's first configuration (nothing to time)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import autotuner, driver, jit
+    from ..attention import launch
+
+    class Driver:                                   # what JITFunction.run asks the driver
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    def no_driver_call(*args):                      # CudaLauncher.__call__ stands here
+        return None
+
+    def stand_in(self, key, signature, device, constexprs, options, attrs, warmup):
+        kernel = CompiledKernel.__new__(CompiledKernel)
+        kernel.module, kernel.function, kernel.packed_metadata = object(), None, ()
+        kernel._run, kernel.name, kernel.src = no_driver_call, self.__name__, None
+        self.device_caches[device][0][key] = kernel   # cached, as a compiled kernel is
+        return kernel
+
+    saved = (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
+             launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS)
+    jit.JITFunction._do_compile = stand_in
+    autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
+    driver.set_active(Driver())
+    launch._native_bf16 = lambda: True            # take the native path (no explicit rounding)
+    launch.check_device = lambda q: None          # CPU tensors, as if on the GPU
+    launch.POISON_OUTPUTS = False
+    modules = _modules_holding(saved[4])
+    for module in modules:
+        module.check_device = launch.check_device
+    try:
+        yield
+    finally:
+        (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
+         launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS) = saved
+        for module in modules:
+            module.check_device = saved[4]
+
+
+def _modules_holding(fn):
+    """The kernels modules that imported ``fn`` by name (so a patch must reach them too)."""
+    return [m for name, m in sys.modules.items()
+            if name.startswith("kernels.") and getattr(m, "check_device", None) is fn]
+
+
+def _median_us(fn, calls, repeats):
+    fn()                                    # first call: caches fill, nothing measured
+    fn()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter_ns() - start) / calls / 1e3)
+    return statistics.median(per_call), min(per_call)
+
+
+def _identity_function():
+    import torch
+
+    class Identity(torch.autograd.Function):
+        """The floor: an autograd function that allocates what attention allocates and does
+        nothing else (torch's own cost of a custom forward + backward)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    return Identity
+
+
+def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dict:
+    import torch
+    from ..attention import flash_attention, launch
+    batch, heads, n, d = shape
+    # fp16 in stub mode: on the CPU's explicit path bf16 tensors are re-viewed as int16 for
+    # the kernels, which the GPU's native path never does; fp16 takes the same Python path
+    dtype = torch.float16 if mode == "stub" else torch.bfloat16
+    q, k, v, grad = (torch.randn(batch, heads, n, d).to(dtype) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    identity = _identity_function()
+
+    def forward():
+        with torch.no_grad():
+            flash_attention(q, k, v, causal=causal, **options)
+
+    def forward_backward():
+        out = flash_attention(*leaves, causal=causal, **options)
+        torch.autograd.grad(out, leaves, grad)
+
+    def floor():
+        out = identity.apply(*leaves)
+        torch.autograd.grad(out, leaves, grad)
+
+    rows = {}
+    patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
+    saved = dict(launch.SPEEDUPS)
+    launch.SPEEDUPS.update(speedups or {})
+    try:
+        with patch:
+            for name, fn in (("forward", forward), ("forward+backward", forward_backward),
+                             ("autograd floor", floor)):
+                median, best = _median_us(fn, calls, repeats)
+                rows[name] = dict(median_us=median, best_us=best)
+        plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
+    finally:
+        launch.SPEEDUPS.update(saved)
+    rows["backward (difference)"] = {
+        stat: rows["forward+backward"][stat] - rows["forward"][stat]
+        for stat in ("median_us", "best_us")}
+    # how many launch plans exist, and how many launch a compiled kernel directly
+    rows["plans"] = dict(total=len(plans), direct=sum(p.runner is not None for p in plans))
+    return rows
+
+
+def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, speedups=None,
+              **options) -> dict:
+    """µs per call (median and best of ``repeats`` runs of ``calls`` calls) of the host work
+    of ``flash_attention``, forward and forward + backward, with the GPU taken out (see the
+    module docstring for the two ``mode`` values). ``speedups``: changes to
+    :data:`kernels.attention.launch.SPEEDUPS` for this measurement (``direct_launch=False``:
+    every call through Triton's usual launch path, as before the plans were cached)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "stub":
+        return _measure(mode, shape, causal, calls, repeats, options, speedups)
+    # Triton decides interpreter or compiler when a kernel is decorated: a fresh process
+    request = json.dumps(dict(shape=shape, causal=causal, calls=calls, repeats=repeats,
+                              options=options, speedups=speedups or {}))
+    env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "kernels.gpu.host", "--child", request],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the simulated-launch measurement failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: dict, title: str) -> str:
+    lines = [title]
+    for name, r in rows.items():
+        if "median_us" not in r:
+            continue
+        lines.append(f"  {name:22s} median {r['median_us']:7.1f} µs   best "
+                     f"{r['best_us']:7.1f} µs")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        import kernels  # noqa: F401
+        from ..env import interpreting
+        if interpreting():
+            raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
+        request = json.loads(argv[1])
+        print(json.dumps(_measure("triton", tuple(request["shape"]), request["causal"],
+                                  request["calls"], request["repeats"], request["options"],
+                                  request["speedups"])))
+        return
+    import kernels  # noqa: F401  (interpreter switch before triton)
+    b, h, n, d = SHAPE
+    where = f"B{b} H{h} N{n} D{d} causal, on this machine's CPU (no GPU involved)"
+    print(table(host_cost("stub"), f"wrapper only, launches stubbed out, fp16, {where}"))
+    for direct in (False, True):
+        rows = host_cost("triton", speedups=dict(direct_launch=direct))
+        how = "cached plans, direct launches" if direct else "every call through Triton"
+        print(table(rows, f"with Triton's launch path ({how}; driver call skipped), "
+                          f"bf16 native path, {where}"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""The host side of a call (kernels.attention.launch, options): what is cached, and that
+caching and the speed-ups change no number.
+
+* keyword options become one validated AttentionOptions per distinct set; bad ones still fail
+  with a clear message (also after a look-alike good one was cached);
+* the Launcher: the first call of a plan key goes through Triton and is remembered, later calls
+  reuse it (on CUDA: the compiled kernel launched directly, with every argument in signature
+  order); a new key, the interpreter and the "as before" switch behave as documented;
+* the causal split (unmasked tiles run without a mask) changes no bit of any output or gradient;
+* the host-cost harness runs, and with Triton's real launch path every plan launches directly.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels  # noqa: F401
+from kernels import flash_attention
+from kernels.attention import launch
+from kernels.attention.options import AttentionOptions, options_from
+from kernels.env import native_bf16
+
+ON_GPU = native_bf16()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+# --- options ---------------------------------------------------------------------------
+def test_keyword_options_are_validated_once_per_set():
+    first = options_from(dict(causal=True, stable="cross"))
+    assert options_from(dict(stable="cross", causal=True)) is first
+    assert options_from(dict(causal=True)) is not first
+    assert first.kernel is first.kernel            # the kernels' view is computed once
+
+
+def test_bad_options_still_fail_after_a_look_alike_was_cached():
+    assert options_from(dict(stable=True)).stable == "cross"
+    with pytest.raises(ValueError, match="stable must be"):
+        options_from(dict(stable=1))               # 1 == True, but it is not a valid value
+    with pytest.raises(TypeError, match="scale must be a number"):
+        options_from(dict(scale=[0.1]))            # unhashable: validated, not cached
+    with pytest.raises(ValueError, match="exists only in the emulator"):
+        AttentionOptions(stable="always").kernel
+    q = torch.randn(1, 1, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="exists only in the emulator"):
+        flash_attention(q, q, q, stable="offset")
+
+
+# --- the Launcher, with a stand-in kernel ------------------------------------------------
+class FakeCompiled:
+    """What Triton returns from a launch: indexing it with a grid gives a launcher."""
+
+    def __init__(self):
+        self.launched = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launched.append((grid, args))
+
+
+class FakeKernel:
+    arg_names = ["X", "Y", "N", "A", "BLOCK_M", "BLOCK_N"]
+
+    def __init__(self, compiled=None):
+        self.calls = []
+        self.compiled = FakeCompiled() if compiled is None else compiled
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+            return self.compiled
+        return run
+
+
+class FakeConfig:
+    kwargs = dict(BLOCK_M=128, BLOCK_N=64)
+
+    def all_kwargs(self):
+        return dict(self.kwargs, num_warps=8, num_stages=3)
+
+
+class FakeTuned(FakeKernel):
+    best_config = FakeConfig()
+
+    def __getitem__(self, grid_of):
+        return super().__getitem__(grid_of(self.best_config.kwargs))
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """The Launcher as on a CUDA machine (the interpreter off), all speed-ups on."""
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
+
+
+def how(counter, blocks=dict(BLOCK_M=32, BLOCK_N=16), tuned=None, **options):
+    def first():
+        counter.append(1)
+        return launch.Launch(dict(A=7), lambda meta: (100 // meta["BLOCK_M"], 3), blocks,
+                             tuned, **options)
+    return first
+
+
+def test_first_call_goes_through_triton_then_launches_directly(on_cuda):
+    kernel = FakeKernel()
+    made, firsts = launch.Launcher(kernel), []
+    made("key", ("x", "y", 100), how(firsts, num_stages=1))
+    assert kernel.calls == [((3, 3), ("x", "y", 100),
+                             dict(A=7, BLOCK_M=32, BLOCK_N=16, num_stages=1))]
+    made("key", ("x2", "y2", 100), how(firsts))
+    made("key", ("x3", "y3", 100), how(firsts))
+    assert len(kernel.calls) == 1 and len(firsts) == 1, "a known key must not launch anew"
+    # every argument in signature order: the runtime ones, then the constexprs; grid in 3-D
+    assert kernel.compiled.launched == [((3, 3, 1), ("x2", "y2", 100, 7, 32, 16)),
+                                        ((3, 3, 1), ("x3", "y3", 100, 7, 32, 16))]
+    made("other key", ("x", "y", 100), how(firsts))
+    assert len(kernel.calls) == 2 and len(firsts) == 2
+
+
+def test_autotuned_plans_keep_the_chosen_configuration(on_cuda):
+    tuned = FakeTuned()
+    made, firsts = launch.Launcher(FakeKernel()), []
+    made("key", ("x", "y", 100), how(firsts, blocks=None, tuned=tuned))
+    made("key", ("x", "y", 100), how(firsts, blocks=None, tuned=tuned))
+    plan = made.plans["key"]
+    assert plan.grid == (100 // 128, 3)
+    assert plan.kwargs == dict(A=7, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    assert tuned.compiled.launched == [((0, 3, 1), ("x", "y", 100, 7, 128, 64))]
+
+
+def test_without_direct_launch_every_call_is_a_first_call(on_cuda, monkeypatch):
+    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", False)
+    kernel = FakeKernel()
+    made, firsts = launch.Launcher(kernel), []
+    for _ in range(3):
+        made("key", ("x", "y", 100), how(firsts))
+    assert len(kernel.calls) == 3 and len(firsts) == 3 and made.plans == {}
+
+
+def test_interpreter_plans_launch_through_triton(monkeypatch):
+    monkeypatch.setattr(launch, "interpreting", lambda: True)
+    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
+    kernel = FakeKernel()
+    made, firsts = launch.Launcher(kernel), []
+    for _ in range(3):
+        made("key", ("x", "y", 100), how(firsts))
+    assert len(firsts) == 1 and len(kernel.calls) == 3
+    assert kernel.calls[2] == ((3, 3), ("x", "y", 100), dict(A=7, BLOCK_M=32, BLOCK_N=16))
+    assert kernel.compiled.launched == []
+
+
+def test_a_launch_that_returns_nothing_usable_falls_back(on_cuda):
+    kernel = FakeKernel(compiled=object())        # no __getitem__: no direct launcher
+    made, firsts = launch.Launcher(kernel), []
+    made("key", ("x", "y", 100), how(firsts))
+    made("key", ("x", "y", 100), how(firsts))
+    assert made.plans["key"].runner is None and len(kernel.calls) == 2
+
+
+def test_clear_plans_forgets_every_plan():
+    q = torch.randn(1, 1, 20, 16, device=DEVICE)
+    flash_attention(q, q, q, block_m=16, block_n=16)
+    assert any(made.plans for made in launch._LAUNCHERS)
+    launch.clear_plans()
+    assert not any(made.plans for made in launch._LAUNCHERS)
+
+
+# --- the speed-ups change no number ---------------------------------------------------------
+SPLIT_CASES = [(True, 70, dict(block_m=16, block_n=32)),
+               (True, 70, dict(block_m=32, block_n=16)),
+               (False, 45, dict(block_m=16, block_n=16)),
+               (True, 33, dict(block_m=16, block_n=16, delta_source="dp")),
+               (True, 48, dict(block_m=16, block_n=16, stable="cross"))]
+
+
+@pytest.mark.parametrize("causal,n,options", SPLIT_CASES,
+                         ids=[f"{'causal' if c else 'full'}-n{n}-{'-'.join(map(str, o.values()))}"
+                              for c, n, o in SPLIT_CASES])
+def test_causal_split_changes_no_bit(causal, n, options, monkeypatch):
+    """Unmasked tiles visit the same keys in the same order as masked ones: every output and
+    gradient is bit-identical with the split on and off."""
+    gen = torch.Generator(device=DEVICE).manual_seed(n)
+    q, k, v, grad = (torch.randn(2, 2, n, 32, device=DEVICE, generator=gen).bfloat16()
+                     for _ in range(4))
+    got = {}
+    for split in (True, False):
+        monkeypatch.setitem(launch.SPEEDUPS, "causal_split", split)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, causal=causal, **options)
+        got[split] = [out.detach(), *torch.autograd.grad(out, leaves, grad)]
+    for a, b in zip(got[True], got[False]):
+        assert not torch.isnan(a).any()
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_plans_follow_the_memory_layout():
+    """Same shape, other strides: another plan, the same numbers."""
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE).bfloat16() for _ in range(3))
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    a = flash_attention(q, k, v, causal=True, block_m=16, block_n=16)
+    b = flash_attention(strided, k, v, causal=True, block_m=16, block_n=16)
+    assert torch.equal(a, b)
+
+
+# --- the host-cost harness ------------------------------------------------------------------
+@pytest.mark.skipif(ON_GPU, reason="measures the CPU-side path; a GPU runs kernels.gpu.perf")
+def test_host_cost_harness_runs_and_launches_directly():
+    from kernels.gpu.host import host_cost, table
+    stub = host_cost("stub", calls=5, repeats=2)
+    assert stub["forward+backward"]["best_us"] > stub["forward"]["best_us"] > 0
+    real = host_cost("triton", calls=10, repeats=2)
+    assert real["plans"] == dict(total=4, direct=4), real["plans"]   # fwd, δ, dK/dV, dQ
+    before = host_cost("triton", calls=10, repeats=2, speedups=dict(direct_launch=False))
+    assert before["plans"]["total"] == 0
+    assert "forward+backward" in table(real, "title")
+    with pytest.raises(ValueError, match="mode must be"):
+        host_cost("gpu")

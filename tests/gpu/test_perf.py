@@ -1,0 +1,204 @@
+"""Chapter 10's measurement script and report (kernels.gpu.perf, kernels.gpu.perf_report).
+
+* the plotting and table code on a synthetic GPU record made here (never committed);
+* CPU records (``--small``) are never taken for GPU measurements;
+* the earlier ``flash_bench.json`` converts to the same rows;
+* the roofline model, the exp2 measurement, issue 15's target ratios;
+* the exercises: a blank and a plausible wrong answer fail, the solution passes;
+* ``python -m kernels.gpu.perf --small`` runs end to end on the CPU and records why the GPU-only
+  parts were skipped.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib
+import pytest
+import torch
+
+import kernels  # noqa: F401
+from kernels import results
+from kernels.env import native_bf16
+from kernels.gpu import perf, perf_report as pr
+from kernels.tools import style
+
+matplotlib.use("Agg")
+ON_GPU = native_bf16()
+PROVENANCE = dict(gpu="Synthetic GPU (test)", gpu_count=1, torch="x", triton="y", cuda="z",
+                  python="3", host="test", date="2026-01-01T00:00:00+00:00",
+                  command="made by tests/gpu/test_perf.py")
+
+
+def synthetic_speed_rows():
+    rows = []
+    for dtype in ("bf16", "fp16"):
+        for causal in (True, False):
+            for i, (b, h, n, d) in enumerate(perf.SHAPES):
+                for mode in ("fwd", "fwd+bwd"):
+                    for j, impl in enumerate(perf.IMPLS):
+                        tflops = 100.0 + 40 * i + 10 * j + (20 if mode == "fwd" else 0)
+                        rows.append(dict(impl=impl, dtype=dtype, causal=causal, batch=b,
+                                         heads=h, n=n, d=d, mode=mode, ms=1.0, tflops=tflops,
+                                         fraction_of_peak=tflops / pr.PEAK_TFLOPS))
+    rows.append(dict(rows[0], impl="SDPA cuDNN", n=512, ms=None, tflops=None,
+                     fraction_of_peak=None, error="RuntimeError: not available"))
+    return rows
+
+
+def write(directory, name, data, provenance=PROVENANCE):
+    (directory / f"perf_{name}.json").write_text(json.dumps(dict(provenance=provenance,
+                                                                 data=data)))
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    speed = dict(rows=synthetic_speed_rows(), skipped_groups=[])
+    host = dict(ceilings=dict(matmul_tflops=780.0, copy_gb_per_s=3000.0),
+                rows=[dict(impl="book, rule off", direct_launch=d, mode=m, shape=[8, 12, 1024, 64],
+                           host_us=h, wall_us=max(h, 250.0), kernel_us=k,
+                           kernels={"_flash_fwd_kernel": 60.0}, cpu_ops_profiled={})
+                      for d, h in ((False, 500.0), (True, 90.0))
+                      for m, k in (("fwd", 60.0), ("fwd+bwd", 260.0))]
+                + [dict(impl="SDPA flash", direct_launch=None, mode=m, shape=[8, 12, 1024, 64],
+                        host_us=40.0, wall_us=200.0, kernel_us=180.0, kernels={},
+                        cpu_ops_profiled={}) for m in ("fwd", "fwd+bwd")])
+    memory = dict(rows=[dict(n=n, mode=m, batch=1, heads=16, d=64, causal=True,
+                             book_peak_bytes=n * 2048 * (1 if m == "fwd" else 4),
+                             math_peak_bytes=None if n > 8192 else n * n * 64)
+                        for m in ("fwd", "fwd+bwd") for n in perf.MEMORY_NS])
+    ablation = dict(steps=[s for s, _ in perf.ABLATION_STEPS],
+                    rows=[dict(impl="book, rule off", step=s, batch=b, heads=h, n=n, d=d,
+                               mode=m, dtype="bf16", causal=True, tflops=50.0 + 30 * i)
+                          for i, (s, _) in enumerate(perf.ABLATION_STEPS)
+                          for b, h, n, d in perf.ABLATION_SHAPES for m in ("fwd", "fwd+bwd")])
+    for name, data in (("speed", speed), ("host", host), ("memory", memory),
+                       ("ablation", ablation)):
+        write(tmp_path, name, data)
+    return tmp_path
+
+
+def assert_legible(fig):
+    fig.canvas.draw()
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+    assert fig.get_size_inches()[0] <= 7.2 + 1e-9
+
+
+def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):
+    import matplotlib.pyplot as plt
+    style.apply()
+    found = pr.load(synthetic)
+    assert all(found[name] is not None for name in pr.RECORDS)
+    rows = pr.speed_rows(found["speed"])
+    assert all(r["tflops"] for r in rows), "rows without a time are left out"
+    fig = pr.plot_speed(rows)
+    assert_legible(fig)
+    labels = fig.legends[0].get_texts()
+    assert [t.get_text() for t in labels] == pr.IMPL_ORDER
+    for ax in fig.axes[:2]:
+        for line in ax.get_lines():
+            assert list(line.get_xdata()) == [s[2] for s in perf.SHAPES]
+    for figure in (pr.plot_ablation(found["ablation"]["data"]["rows"]),
+                   pr.plot_memory(found["memory"]["data"]["rows"]),
+                   pr.plot_host(found["host"]["data"]["rows"]),
+                   pr.plot_roofline([("fused", 512.0, None), ("measured", 512.0, 300.0)])):
+        assert_legible(figure)
+    plt.close("all")
+    pr.print_speed_table(rows, 1024)
+    printed = capsys.readouterr().out
+    assert "SDPA cuDNN" in printed and "book, cross-tile rule" in printed
+    assert max(len(line) for line in printed.splitlines()) <= 88
+
+
+def test_cpu_records_are_not_gpu_measurements(tmp_path):
+    results.save("perf_speed", dict(rows=synthetic_speed_rows()), "cpu", directory=tmp_path)
+    if not torch.cuda.is_available():
+        assert pr.load(tmp_path)["speed"] is None
+    write(tmp_path, "host", {}, provenance=dict(PROVENANCE, gpu=None))
+    assert pr.load(tmp_path)["host"] is None
+    assert pr.load(tmp_path / "nothing here")["speed"] is None
+
+
+def test_earlier_bench_converts_to_rows():
+    rows, record = pr.earlier_speed_rows()
+    assert pr.is_gpu_record(record)
+    assert {r["impl"] for r in rows} <= set(pr.IMPL_ORDER)
+    assert {"book, rule off", "SDPA flash"} <= {r["impl"] for r in rows}
+    assert all(abs(r["fraction_of_peak"] - r["tflops"] / pr.PEAK_TFLOPS) < 1e-12 for r in rows)
+
+
+def test_targets_are_the_issue_ratios(capsys):
+    rows = synthetic_speed_rows()
+    table = pr.targets(rows)
+    first = next(t for t in table if t["dtype"] == "bf16" and t["causal"] and t["n"] == 1024)
+    # synthetic speeds: impl j adds 10·j, fwd adds 20 (cuDNN j=1, flash j=0, off j=3, cross j=4)
+    assert first["fwd_vs_cudnn"] == pytest.approx(150 / 130)
+    assert first["fb_vs_flash"] == pytest.approx(130 / 100)
+    assert first["fb_vs_cudnn"] == pytest.approx(130 / 110)
+    assert first["rule_cost_fb"] == pytest.approx(1 - 140 / 130)
+    met = pr.targets_met(table)
+    assert met["fb_vs_flash"] == (20, 20) and met["rule_cost_fwd"] == (20, 20)
+    pr.print_targets(table)
+    assert max(len(x) for x in capsys.readouterr().out.splitlines()) <= 88
+
+
+def test_roofline_model():
+    assert pr.intensity(4096, 128) == pytest.approx(2048.0)   # N/2 for bf16
+    assert pr.intensity(4096, 64, "math") < 64 / 2            # at most D/2
+    assert pr.attainable_tflops(1e6) == pr.PEAK_TFLOPS
+    assert pr.attainable_tflops(10.0) == pytest.approx(10 * pr.HBM_TB_S)
+    with pytest.raises(ValueError, match="impl must be"):
+        pr.intensity(1024, 64, "flash")
+
+
+def test_exp2_rewrite_would_change_p_bar():
+    """The reason the kernel keeps exp: folding log2(e) into the scale changes fp32 P̄ values
+    and some of their bf16 roundings, which the bias chapters measure."""
+    changed = pr.exp2_changes(rows=64, keys=128)
+    assert changed["fp32_changed"] > 0.05
+    assert changed["bf16_changed"] > 0
+    assert changed["max_relative_change"] < 1e-5
+
+
+def test_exercise_checks_accept_only_the_solution():
+    with pytest.raises(AssertionError, match="set intensity_4k"):
+        pr.check_intensity(None)
+    with pytest.raises(AssertionError, match="one byte"):
+        pr.check_intensity(4096.0)            # bf16 values counted as one byte
+    with pytest.raises(AssertionError, match="fused model"):
+        pr.check_intensity(64.0)              # the math backend's D/2
+    pr.check_intensity(4 * 4096 ** 2 * 128 / (4 * 4096 * 128 * 2))
+    with pytest.raises(AssertionError, match="set n_ridge"):
+        pr.check_ridge_n(None)
+    with pytest.raises(AssertionError, match="ridge point"):
+        pr.check_ridge_n(pr.PEAK_TFLOPS / pr.HBM_TB_S)   # the ridge itself, not the N
+    pr.check_ridge_n(2 * 790 / 3.35)
+
+
+def test_live_benchmark_needs_a_gpu():
+    if not torch.cuda.is_available():
+        assert pr.live_benchmark() is None
+
+
+@pytest.mark.skipif(ON_GPU, reason="--small is the CPU test of the script")
+def test_small_run_end_to_end(tmp_path):
+    out = perf.main(["--small", "--out", str(tmp_path)])
+    assert out == tmp_path
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"perf_host.json", "perf_speed.json", "perf_memory.json",
+            "perf_ablation.json"} <= files
+    host = results.load("perf_host", directory=tmp_path)
+    assert host["provenance"]["gpu"] is None and host["data"]["small"]
+    assert host["data"]["all_checks_pass"]
+    assert "no CUDA GPU" in host["data"]["compile"]["skipped"]
+    speed = results.load("perf_speed", directory=tmp_path)["data"]["rows"]
+    sdpa = [r for r in speed if r["impl"].startswith("SDPA")]
+    assert sdpa and all("SDPA's CUDA backends cannot run" in r["error"] for r in sdpa)
+    book = [r for r in speed if r["impl"].startswith("book")]
+    assert len(book) == 2 * 2 * 2 * 2 * len(perf.SMALL_SHAPES) and all(r["ms"] for r in book)
+    memory = results.load("perf_memory", directory=tmp_path)["data"]
+    assert memory["rows"] == [] and "allocator" in memory["skipped"]
+    ablation = results.load("perf_ablation", directory=tmp_path)["data"]
+    assert [r["step"] for r in ablation["rows"][::2]] == ablation["steps"]
+    assert all(v is None for v in pr.load(tmp_path).values()), "CPU files are not GPU data"
+    assert math.isfinite(host["data"]["elapsed_s"])
