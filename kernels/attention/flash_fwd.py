@@ -190,6 +190,13 @@ _flash_fwd_narrow = _tuned(_NARROW)       # the configurations before issue 15 (
 _FWD = launcher(_flash_fwd_kernel)
 
 
+def autotune_tiles() -> list[tuple[int, int]]:
+    """The (BLOCK_M, BLOCK_N) tile shapes the GPU autotuner chooses among now (they depend on
+    ``SPEEDUPS["wide_tuning"]``), sorted; the interpreter always runs 64×64."""
+    tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
+    return sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tuned.configs})
+
+
 def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=None,
                   round_out=True, return_offset=False, checked=False, **options):
     """Run the forward kernel on (batch, heads, seq, head_dim) tensors.

@@ -350,9 +350,10 @@ class Trainer:
     def _set_rng_state(state: dict):
         random.setstate(state["python"])
         np.random.set_state(state["numpy"])
-        torch.set_rng_state(state["torch"])
+        # generator states are CPU ByteTensors; map_location may have moved them to the GPU
+        torch.set_rng_state(state["torch"].cpu())
         if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
     def _rank_rng_path(self) -> Path:
         return self.out_dir / f"{self.cfg.name}.rng{self.rank}.pt"
