@@ -31,6 +31,7 @@ PAIR_COLOURS = {
 }
 FORMAT_ORDER = ("bf16", "fp16", "fp32", "fp64")
 TILE_COLOURS = ("tab:purple", "tab:brown", "tab:green", "tab:olive", "tab:pink", "tab:gray")
+TILE_MARKERS = ("v", "s", "o", "D", "^", "P", "X")
 
 
 def plot_precision(
@@ -153,7 +154,10 @@ def plot_seqlen(axes, records, impls=("fa2", "paper", "fa1")):
     left.set_ylabel("|O_flash − O_baseline|:\nmax (dashed), mean ± std")
     right.set_ylabel("‖O − O_golden‖ / ‖O_golden‖")
     right.set_yscale("log")
-    right.legend()
+    # below both panels: inside the right one it would hide the all-low curves
+    handles, labels = right.get_legend_handles_labels()
+    right.figure.legend(handles, labels, loc="outside lower center", ncol=len(labels),
+                        fontsize=9)
 
 
 def plot_rescalings(axes, records, by_count):
@@ -210,25 +214,20 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
     sit."""
     fa1 = pick(records, impl="fa1", format=fmt)
     widths = sorted({r["block_n"] for r in fa1})
+    heights = sorted({r["block_m"] for r in fa1})
+    # colour = B_c (the key tile), marker = B_r (the query block): no text labels to collide
+    markers = dict(zip(heights, TILE_MARKERS))
     for i, bc in enumerate(widths):
         rows = sorted((r for r in fa1 if r["block_n"] == bc), key=lambda r: r["area"])
         colour = TILE_COLOURS[i % len(TILE_COLOURS)]
-        ax.plot(
-            [r["area"] for r in rows],
-            [r["vs_golden"]["max_abs"] for r in rows],
-            "o-",
-            color=colour,
-            label=f"FA1, B_c = {bc}",
-        )
+        ax.plot([r["area"] for r in rows], [r["vs_golden"]["max_abs"] for r in rows],
+                "-", color=colour, label=f"FA1, B_c = {bc}")
         for r in rows:
-            ax.annotate(
-                f"{r['block_m']}×{bc}",
-                (r["area"], r["vs_golden"]["max_abs"]),
-                textcoords="offset points",
-                xytext=(3, 4 if i % 2 == 0 else -13),
-                fontsize=9,
-                color=colour,
-            )
+            ax.plot(r["area"], r["vs_golden"]["max_abs"], markers[r["block_m"]],
+                    color=colour, ms=7, mec="black", mew=0.5)
+    for bm in heights:
+        ax.plot([], [], markers[bm], color="0.6", mec="black", mew=0.5, ms=7,
+                label=f"B_r = {bm}")
     for r in pick(records, impl="fa2", format=fmt):
         ax.axhline(r["vs_golden"]["max_abs"], color=COLOURS["fa2"], lw=0.8, ls="-")
     ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label="FA2 (every B_c)")
@@ -244,7 +243,7 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
         ylabel="max |O − O_golden|",
     )
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
 
 
 def plot_weight_distance(

@@ -351,11 +351,10 @@ def summarise_failure(record, matrices=("0.W_Q", "median")):
     """When the failing run's distance from its control leaves the seed pair's for good,
     against the step its loss exploded."""
     boom = record["explosion"].get("failing")
-    print(
-        "the failing run's loss exploded at step "
-        f"{boom if boom is not None else 'never'}"
-        f" ({record['steps_done']:,} steps trained; {record['stopped']})"
-    )
+    outcome = (f"exploded at step {boom:,}" if boom is not None
+               else "did not explode")
+    print(f"the failing run's loss {outcome} ({record['steps_done']:,} steps trained; "
+          f"{record['stopped']})")
     for m in matrices:
         steps, fail = training.curve(
             record, "failing path vs its control", "wasserstein", m
