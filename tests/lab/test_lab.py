@@ -10,7 +10,7 @@ import torch
 from kernels import lab
 from kernels.numerics.rounding import error_in_ulps, next_below, round_to
 from kernels.numerics.rounding import ulp as ulp_of
-from kernels.numerics.stats import bias_summary, is_biased, mean_ci
+from kernels.numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased, mean_ci
 
 
 def to_bf16(x):
@@ -162,8 +162,13 @@ def test_single_max_with_vanishing_rest_is_exact(label):
 def test_two_ties_without_rest_round_half_to_even_unbiased():
     """k = 2 and nothing else: O = (V_a + V_b)/2, an exact tie half the time -> RNE, no bias."""
     case = replace(small_case(ties=2, gap=120.0, row_max=110.0), batch=32, head_dim=32)
-    st = lab.measure(case, "fa2", "off", seed=fresh_seed())
-    assert not is_biased(st) and st["correctly_rounded"] == 1.0
+    # One draw's standard error understates the spread between draws (the outputs of one
+    # draw share its V), so one draw in ~20 looks biased at 0.02-0.03 ulp. Judge the mean
+    # over 8 fresh draws instead: their spread is ~0.008 ulp per draw, 0.003 for the mean.
+    runs = [lab.measure(case, "fa2", "off", seed=fresh_seed()) for _ in range(8)]
+    means = np.array([st["mean"] for st in runs])
+    assert all(st["correctly_rounded"] == 1.0 for st in runs)
+    assert abs(means.mean()) < NEGLIGIBLE_ULP, means
 
 
 def test_fa2_output_is_correctly_rounded_and_large_gap_ties_bias_it():
