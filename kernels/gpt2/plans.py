@@ -24,7 +24,7 @@ replaced by their mean (keeps Σ_T(δ_lp − δ_hp), the sum of Eq. 3; no token-
 ``X`` = ``U`` whose layers pass the exact O downstream (dO from the exact-O path; δ still from
 the rounded O). The fixes of the bias chapters in training (plan ``amp_fixes``): ``C`` = ``S``
 with the offset capped at 20 above the row maximum, ``K`` = ``S`` with the paper code's clamp
-ℓ ≥ 1e-10, ``D`` = both.
+ℓ ≥ 1e-10, ``D`` = both; and ``P`` on seeds 2 and 3 (seed 1 is in ``amp_seeds``).
 
 Long runs are *resumable*: every plan run with ``checkpoint_every`` continues from its checkpoint
 when the same search command is given again (see :mod:`.search`).
@@ -153,7 +153,9 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return make_runs("k4c", resumable, "UFBNMGX", [1, 2, 3], obits=4)
     if name == "amp_fixes":  # the fixes of the bias chapters in training, Ō with 4 bits
         resumable = dict(AMP, checkpoint_every=2_000)
-        return make_runs("k4f", resumable, "CKD", [1, 2, 3], obits=4)
+        runs = make_runs("k4f", resumable, "CKD", [1, 2, 3], obits=4)
+        # δ from rowsum(dP ∘ P), the alternative of chapter 6: seed 1 is k4-P-s1 (amp_seeds)
+        return runs + make_runs("k4f", resumable, "P", [2, 3], obits=4)
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 

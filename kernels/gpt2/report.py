@@ -22,7 +22,7 @@ VARIANT_NAMES = {"U": "failing path (δ from rounded O)", "F": "control (δ from
 VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray",
                    "R": "tab:orange", "T": "tab:brown", "L": "tab:pink", "B": "tab:olive",
                    "N": "tab:cyan", "M": "darkred", "G": "salmon", "X": "indigo",
-                   "C": "darkgreen", "K": "limegreen", "D": "seagreen"}
+                   "C": "tab:olive", "K": "0.35", "D": "tab:cyan"}
 FONT = 9        # smallest font size in the chapter's figures (points): legible at 720 px
 
 # Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
@@ -429,3 +429,92 @@ def plot_bias_shares(ax, groups: dict):
     ax.set_yticks(range(len(groups)), list(groups), fontsize=FONT)
     ax.invert_yaxis()
     ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)
+
+
+FIX_ORDER = "USCKDPF"
+FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too   # the failing path, the β rule and its repairs, then the two δ routes
+
+
+def fix_runs(stored: dict) -> dict:
+    """The 4-bit runs of seeds 1-3 that compare fixes: the failing path ``U``, its control
+    ``F``, the β rule ``S`` and ``P`` on seed 1 (plan ``amp_seeds``) with the repaired β rules
+    ``C``, ``K``, ``D`` and ``P`` on seeds 2-3 (plan ``amp_fixes``; ``stored`` maps the runs of
+    both files by name)."""
+    return {name: run for name, run in stored.items()
+            if name.split("-")[0] in ("k4", "k4f") and parse_name(name)[1] in FIX_ORDER
+            and parse_name(name)[2] in ("s1", "s2", "s3")}
+
+
+def wq_growth(run: dict, control: dict, step: int, layer: int = 0) -> float:
+    """Layer ``layer``'s largest-head ‖W_Q‖₂ of ``run`` over its control's, at the last check at
+    or before ``step`` that both logged (both series are finite there)."""
+    s_run, w_run = monitor_series(run, "wq", layer)
+    s_ctl, w_ctl = monitor_series(control, "wq", layer)
+    common = np.intersect1d(s_run[np.isfinite(w_run)], s_ctl[np.isfinite(w_ctl)])
+    common = common[common <= step]
+    if not len(common):
+        return float("nan")
+    at = common[-1]
+    return float(w_run[s_run == at][0] / w_ctl[s_ctl == at][0])
+
+
+def fix_table(runs: dict, step: int = 4_000):
+    """Per variant of :data:`FIX_ORDER`: seeds, how many failed (explosion or NaN), the steps of
+    those events or the steps reached, and layer-0 ‖W_Q‖ over the control's (same seed) at
+    ``step``."""
+    import pandas as pd
+    rows = []
+    for variant in FIX_ORDER:
+        names = sorted(n for n in runs if parse_name(n)[1] == variant)
+        if not names:
+            continue
+        outs = [outcome(runs[n]) for n in names]
+        ended = [o["step"] for o in outs if o["step"] is not None]
+        alive = [o["steps"] for o in outs if o["step"] is None]
+        growth = [wq_growth(runs[n], runs[f"k4-F-{parse_name(n)[2]}"], step) for n in names]
+        rows.append({"variant": variant, "what": VARIANT_NAMES[variant], "runs": len(names),
+                     "failed": len(ended),
+                     "events": ", ".join(f"{o['event']} {o['step']:,}" for o in outs
+                                         if o["step"] is not None) or "none",
+                     "reached": max(alive) if alive else None,
+                     "wq_vs_control": np.nanmean(growth)})
+    return pd.DataFrame(rows)
+
+
+def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5):
+    """Layer ``layer``'s ‖W_Q‖₂ over its same-seed control's against the step, one line per run
+    of :func:`fix_runs` (colour = variant), smoothed over ``width`` checks; each line ends in
+    its outcome's marker (explosion, NaN, or still training)."""
+    drawn = set()
+    for variant in FIX_ORDER:
+        if variant == "F":
+            continue
+        for name in sorted(n for n in runs if parse_name(n)[1] == variant):
+            control = runs[f"k4-F-{parse_name(name)[2]}"]
+            s_run, w_run = monitor_series(runs[name], "wq", layer)
+            s_ctl, w_ctl = monitor_series(control, "wq", layer)
+            o = outcome(runs[name])
+            end = o["step"] if o["step"] is not None else o["steps"]
+            steps = np.intersect1d(s_run[np.isfinite(w_run)], s_ctl)
+            steps = steps[steps <= end]
+            ratio = np.array([w_run[s_run == s][0] / w_ctl[s_ctl == s][0] for s in steps])
+            if len(steps) > width:
+                ratio = np.convolve(ratio, np.ones(width) / width, mode="valid")
+                steps = steps[width - 1:]
+            colour = VARIANT_COLOURS[variant]
+            label = None if variant in drawn else VARIANT_NAMES[variant]
+            drawn.add(variant)
+            ax.plot(steps, ratio, color=colour, lw=1.4, label=label,
+                    ls=FIX_STYLES.get(variant, "-"))
+            style = dict(OUTCOME_MARKERS[o["event"]])
+            if o["event"] is None:
+                style.update(facecolor="none", edgecolor=colour)
+            else:
+                style.update(color=colour)
+            if len(steps):
+                ax.scatter(steps[-1], ratio[-1], zorder=3, **style)
+    ax.axhline(1.0, color=VARIANT_COLOURS["F"], lw=1, ls="--",
+               label=VARIANT_NAMES["F"] + " (= 1)")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step", fontsize=FONT)
+    ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)
