@@ -431,8 +431,8 @@ def plot_bias_shares(ax, groups: dict):
     ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)
 
 
-FIX_ORDER = "USCKDPF"
-FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too   # the failing path, the β rule and its repairs, then the two δ routes
+FIX_ORDER = "USCKDPF"   # the failing path, the β rule and its repairs, then the two δ routes
+FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too
 
 
 def fix_runs(stored: dict) -> dict:
@@ -481,12 +481,13 @@ def fix_table(runs: dict, step: int = 4_000):
     return pd.DataFrame(rows)
 
 
-def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5):
+def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str = FIX_ORDER):
     """Layer ``layer``'s ‖W_Q‖₂ over its same-seed control's against the step, one line per run
-    of :func:`fix_runs` (colour = variant), smoothed over ``width`` checks; each line ends in
-    its outcome's marker (explosion, NaN, or still training)."""
+    of :func:`fix_runs` (colour = variant, in the order of ``order``), smoothed over ``width``
+    checks; each line ends in its outcome's marker (explosion, NaN, or still training). The
+    control of a run is ``k4-F-<its seed>``."""
     drawn = set()
-    for variant in FIX_ORDER:
+    for variant in order:
         if variant == "F":
             continue
         for name in sorted(n for n in runs if parse_name(n)[1] == variant):
