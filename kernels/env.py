@@ -196,7 +196,9 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
     _style_plots()
     if not quiet:
         where = "in Colab" if env.in_colab else ("in CI" if env.in_ci else "on this machine")
-        print(f"Numerics path {where}: {env.path} ({env.reason}); seed = {seed}")
+        import textwrap   # wrapped to the site's text column (88 characters)
+        print(textwrap.fill(f"Numerics path {where}: {env.path} ({env.reason}); seed = {seed}",
+                            88, subsequent_indent="  "))
     return env
 
 

@@ -56,9 +56,16 @@ def load(name: str, directory=None) -> dict:
         return json.load(f)
 
 
-def describe(record: dict) -> str:
-    """One line a chapter prints under a plot of stored data."""
+def describe(record: dict, prefix: str = "", width: int = 80) -> str:
+    """What a chapter prints under a plot of stored data: where, with what and when it was
+    measured, after ``prefix``, wrapped to lines of at most ``width`` characters (continuation
+    lines indented) so that it fits the site's text column. The default leaves room for a short
+    prefix printed in front of it ("stored: ")."""
+    import textwrap
     p = record["provenance"]
     where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
-    return (f"{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
-            f"with `{p['command']}`")
+    command = p["command"].replace(" ", "\0")   # a command is never split across lines
+    text = (f"{prefix}{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
+            f"with `{command}`")
+    return textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False).replace("\0", " ")

@@ -19,6 +19,12 @@ def _bars(ax, cases, keys, value, labels):
     ax.invert_yaxis()
 
 
+def _legend_below(fig, ax, **kw):
+    """The axes' legend in one row under the figure, where it covers no bar or line."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), **kw)
+
+
 def plot_delta_bias(records, keys=tuple(FIXES)):
     """Mean error of δ per fix and case, with the ideal δ of a stored-bf16 O as a dashed tick."""
     import matplotlib.pyplot as plt
@@ -32,7 +38,7 @@ def plot_delta_bias(records, keys=tuple(FIXES)):
     ax.axvline(0, color="black", lw=0.8)
     ax.set(xlabel="mean error of δ = rowsum(dO ∘ O)  [bf16 ulp of δ]")
     ax.plot([], [], color="gray", ls="--", label="δ from bf16(O_exact)")
-    ax.legend(title="V tied / other", loc="lower right")
+    _legend_below(fig, ax, title="V tied / other")
     return fig
 
 
@@ -44,7 +50,7 @@ def plot_output_cost(records, keys=tuple(FIXES)):
     fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
     _bars(ax, cases, keys, lambda c, k: 100 * by[(c, k)]["out"]["same_as_ideal"], cases)
     ax.set(xlabel="outputs equal to the ideal bf16(O_exact) [%]", xlim=(50, 101))
-    ax.legend(title="V tied / other", loc="lower left")
+    _legend_below(fig, ax, title="V tied / other")
     return fig
 
 
@@ -84,5 +90,5 @@ def plot_fix_speed(rows, n=4096):
     ax.invert_yaxis()
     ax.set(xlabel=f"forward + backward [TFLOP/s], causal, B·H = 64, N = {n:,}, d = 64",
            title="what each fix costs in the book's kernel (H100)")
-    ax.legend(loc="lower right")
+    _legend_below(fig, ax)
     return fig

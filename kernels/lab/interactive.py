@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -219,8 +220,24 @@ def lab_text(result: LabResult) -> str:
              f"  -> {st['verdict']}",
              f"  Σ_T (δ_lp − δ_hp) = {result.delta_sum:+.4g} over "
              f"{0 if result.delta_diff is None else result.delta_diff.size} rows"]
-    lines += [f"  {k}: {v}" for k, v in result.counts.items()]
-    lines += [f"  ! {m}" for m in result.messages]
+    # The counts in a few lines of at most 88 characters (the site's text column), grouped
+    # as rows and outputs, no count split across two lines; then the messages, wrapped.
+    counts = dict(result.counts)
+    n_rows = counts.pop("rows", None)
+    rows = {k[len("rows "):]: counts.pop(k) for k in list(counts) if k.startswith("rows ")}
+    outputs = {k.split()[0]: counts.pop(k) for k in ("NaN outputs", "inf outputs") if k in counts}
+
+    def block(head, items):
+        text = "; ".join(f"{k}: {v:,}".replace(" ", "\0") for k, v in items.items())
+        return [line.replace("\0", " ") for line in
+                textwrap.wrap(text, 88, initial_indent=head, subsequent_indent="      ")]
+
+    if rows:
+        lines += block(f"  of {n_rows:,} rows: " if n_rows is not None else "  rows ", rows)
+    lines += block("  outputs: ", outputs) if outputs else []
+    lines += block("  ", counts) if counts else []
+    for m in result.messages:
+        lines += textwrap.wrap(m, 88, initial_indent="  ! ", subsequent_indent="    ")
     return "\n".join(lines)
 
 

@@ -76,5 +76,7 @@ def beta_slider_figure(records):
         barmode="group", height=460, font=dict(size=14),
         yaxis_title="mean error of O [ulp]", xaxis_title="V of the tied / the other tokens",
         title="Cross-tile offset rule: move β and watch the bias",
-        margin=dict(l=70, r=20, t=60, b=40), legend=dict(orientation="h", y=1.02, x=0))
+        margin=dict(l=70, r=20, t=100, b=40),
+        # the legend above the plot area, under the title: over the bars it hid the tallest one
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     return fig

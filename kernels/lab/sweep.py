@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..numerics.rounding import error_in_ulps, round_to
-from ..numerics.stats import bias_summary, is_biased
+from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
 from .implementations import measure, parse_impl, run
 
@@ -228,10 +228,21 @@ def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:
 
 
 def print_compare(table: dict) -> None:
+    """Print :func:`compare_settings`' result as a table: one row per setting, one column per
+    implementation, each cell the mean error ± its 95% interval, starred when biased."""
+    impls = list(dict.fromkeys(impl for row in table.values() for impl in row))
+    width = max(len(name) for name in table) + 2
+
+    def cell(st):
+        star = "*" if is_biased(st) else " "
+        return f"{st['mean']:+.3f} ± {1.96 * st['se']:.3f}{star}"
+
+    print(f"mean error of O [ulp] ± 95% interval; * biased (|mean| beyond the interval and "
+          f"≥ {NEGLIGIBLE_ULP:g})")
+    print(" " * width + "".join(f"{impl:>17s}" for impl in impls))
     for name, row in table.items():
-        cells = ", ".join(f"{impl} {st['mean']:+.3f}±{1.96 * st['se']:.3f}"
-                          f"{' (biased)' if is_biased(st) else ''}" for impl, st in row.items())
-        print(f"{name}: {cells}")
+        print(f"{name:{width}s}" + "".join(f"{cell(row[i]):>17s}" if i in row else " " * 17
+                                           for i in impls))
 
 
 if __name__ == "__main__":
