@@ -431,6 +431,7 @@ def plot_bias_shares(ax, groups: dict):
     ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)
 
 
+EVENT_WORDS = {"explosion": "exploded", "NaN": "went NaN"}
 FIX_ORDER = "USCKDPF"   # the failing path, the β rule and its repairs, then the two δ routes
 FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too
 
@@ -474,8 +475,11 @@ def fix_table(runs: dict, step: int = 4_000):
         growth = [wq_growth(runs[n], runs[f"k4-F-{parse_name(n)[2]}"], step) for n in names]
         rows.append({"variant": variant, "what": VARIANT_NAMES[variant], "runs": len(names),
                      "failed": len(ended),
-                     "events": ", ".join(f"{o['event']} {o['step']:,}" for o in outs
-                                         if o["step"] is not None) or "none",
+                     "events": "; ".join(
+                         f"{EVENT_WORDS[kind]} at "
+                         + ", ".join(f"{o['step']:,}" for o in outs if o["event"] == kind)
+                         for kind in ("explosion", "NaN")
+                         if any(o["event"] == kind for o in outs)) or "none",
                      "reached": max(alive) if alive else None,
                      "wq_vs_control": np.nanmean(growth)})
     return pd.DataFrame(rows)
