@@ -4,6 +4,7 @@
 * CPU records (``--small``) are never taken for GPU measurements;
 * the earlier ``flash_bench.json`` converts to the same rows;
 * the roofline model, the exp2 measurement, issue 15's target ratios;
+* the tables the chapter prints fit the column (88 characters, at most 12 rows);
 * the exercises: a blank and a plausible wrong answer fail, the solution passes;
 * ``python -m kernels.gpu.perf --small`` runs end to end on the CPU and records why the GPU-only
   parts were skipped.
@@ -81,7 +82,7 @@ def synthetic(tmp_path):
 def assert_legible(fig):
     fig.canvas.draw()
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
-    assert fig.get_size_inches()[0] <= 7.2 + 1e-9
+    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
 
 
 def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):
@@ -101,7 +102,9 @@ def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):
     for figure in (pr.plot_ablation(found["ablation"]["data"]["rows"]),
                    pr.plot_memory(found["memory"]["data"]["rows"]),
                    pr.plot_host(found["host"]["data"]["rows"]),
-                   pr.plot_roofline([("fused", 512.0, None), ("measured", 512.0, 300.0)])):
+                   pr.plot_targets(pr.targets(rows)),
+                   pr.plot_roofline([("fused", [512.0, 2048.0], None),
+                                     ("measured", 512.0, 300.0, dict(color="tab:red"))])):
         assert_legible(figure)
     plt.close("all")
     pr.print_speed_table(rows, 1024)
@@ -160,19 +163,59 @@ def test_exp2_rewrite_would_change_p_bar():
     assert changed["max_relative_change"] < 1e-5
 
 
+def test_printed_tables_fit_the_column(synthetic, capsys):
+    found = pr.load(synthetic)
+    rows = pr.speed_rows(found["speed"])
+    memory = found["memory"]["data"]["rows"]
+    pr.print_memory(memory)
+    pr.print_ablation(found["ablation"]["data"]["rows"])
+    pr.print_host(found["host"]["data"]["rows"])
+    pr.print_shares(rows, 4096)
+    pr.print_targets_met(pr.targets(rows))
+    pr.print_live([dict(rows[0], impl="book, rule off"), dict(rows[-1])])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 88
+    assert "None" not in "\n".join(lines)
+    assert pr.growth_exponent(memory, "book", "fwd") == pytest.approx(1.0)
+    assert pr.growth_exponent(memory, "math", "fwd") == pytest.approx(2.0)
+    assert pr.bytes_per_score(memory, "fwd") == pytest.approx(64 / 16)
+
+
 def test_exercise_checks_accept_only_the_solution():
-    with pytest.raises(AssertionError, match="set intensity_4k"):
-        pr.check_intensity(None)
-    with pytest.raises(AssertionError, match="one byte"):
-        pr.check_intensity(4096.0)            # bf16 values counted as one byte
-    with pytest.raises(AssertionError, match="fused model"):
-        pr.check_intensity(64.0)              # the math backend's D/2
-    pr.check_intensity(4 * 4096 ** 2 * 128 / (4 * 4096 * 128 * 2))
-    with pytest.raises(AssertionError, match="set n_ridge"):
-        pr.check_ridge_n(None)
-    with pytest.raises(AssertionError, match="ridge point"):
-        pr.check_ridge_n(pr.PEAK_TFLOPS / pr.HBM_TB_S)   # the ridge itself, not the N
-    pr.check_ridge_n(2 * 790 / 3.35)
+    from kernels.checking import WrongAnswer
+    for check in (pr.check_flop_per_byte, pr.check_stream_tflops, pr.check_bit_changes):
+        with pytest.raises(WrongAnswer, match="no answer yet"):
+            check(None)
+    with pytest.raises(WrongAnswer, match="no answer yet"):
+        pr.check_flop_per_byte(lambda n, d, s, fused: None)      # a blank body
+    model = lambda n, d, s, fused: pr.intensity(n, d, "fused" if fused else "math", s)  # noqa
+    pr.check_flop_per_byte(model, thorough=True)
+    with pytest.raises(WrongAnswer, match="values, not bytes"):
+        pr.check_flop_per_byte(lambda n, d, s, fused: model(n, d, 1, fused))
+    with pytest.raises(WrongAnswer, match="N×N"):
+        pr.check_flop_per_byte(lambda n, d, s, fused: model(n, d, s, True))
+    pr.check_stream_tflops(pr.stream_tflops, thorough=True)
+    pr.check_stream_tflops(lambda f, h, k: f / max(h, k) / 1e6)
+    with pytest.raises(WrongAnswer, match="CPU wait"):
+        pr.check_stream_tflops(lambda f, h, k: f / (h + k) * 1e-6)
+    with pytest.raises(WrongAnswer, match="power of ten"):
+        pr.check_stream_tflops(lambda f, h, k: f / max(h, k))
+    with pytest.raises(WrongAnswer):
+        pr.check_stream_tflops(lambda f, h, k: f / k * 1e-6)
+
+
+def test_which_changes_move_bits():
+    """Direct launches and the causal split leave every bit of O alone; another tile width
+    and the exp2 rewrite do not (the rewrite rarely, hence its large sample)."""
+    assert pr.bit_changes() == {"tile shape", "exp2"}
+    pr.check_bit_changes({"tile shape", "exp2"})
+    pr.check_bit_changes(["exp2", "tile shape"])
+    from kernels.checking import WrongAnswer
+    for wrong in ({"exp2"}, set(pr.CHANGES), set(), "tile shape"):
+        with pytest.raises(WrongAnswer):
+            pr.check_bit_changes(wrong)
+    with pytest.raises(WrongAnswer, match="use only the names"):
+        pr.check_bit_changes({"tiles"})
 
 
 def test_live_benchmark_needs_a_gpu():

@@ -122,6 +122,14 @@ WRONG = {
     "7.2": [lambda r: (int((torch.exp(r - r.max()) == 1).sum()), int((r == r.max()).sum())),
             lambda r: (int((r.max() - r < 2**-8).sum()), int((r == r.max()).sum()))],
     "7.3": [_first_crossing, lambda steps, a, b, ratio: None],
+    "10.1": [lambda n, d, s, fused: n if fused else n * d / (n + d),  # values, not bytes
+             lambda n, d, s, fused: n / s,                         # math without the N x N
+             lambda n, d, s, fused: (n if fused else n * d / (n + d)) / (2 * s)],  # 2·N²·d
+    "10.2": [lambda f, host, gpu: f / gpu * 1e-6,                  # the host forgotten
+             lambda f, host, gpu: f / (host + gpu) * 1e-6,         # CPU waits for the GPU
+             lambda f, host, gpu: f / max(host, gpu)],             # FLOP per µs
+    "10.3": [{"exp2"}, {"tile shape"}, {"direct launch", "causal split", "tile shape", "exp2"},
+             set()],
 }
 
 EXERCISES = [(number, ex) for number in sorted(CHAPTERS)
