@@ -119,6 +119,17 @@ class Env:
         """Choose a size: ``cpu`` on the CPU path, ``gpu`` on a GPU."""
         return cpu if self.small else gpu
 
+    @property
+    def summary(self) -> str:
+        """``reason`` in a few words, for the one line :func:`setup` prints (it must fit the
+        site's 88-character column; the book's introduction explains each path in full)."""
+        sm = f"sm_{self.capability[0]}{self.capability[1]}: " if self.capability else ""
+        if self.path == "cpu-emulation":
+            return "Triton interpreter, small sizes"
+        if self.path == "gpu-explicit":
+            return sm + "bf16 emulated, full sizes"
+        return sm + "native bf16, full sizes"
+
 
 def in_colab() -> bool:
     return "google.colab" in sys.modules
@@ -196,9 +207,7 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
     _style_plots()
     if not quiet:
         where = "in Colab" if env.in_colab else ("in CI" if env.in_ci else "on this machine")
-        import textwrap   # wrapped to the site's text column (88 characters)
-        print(textwrap.fill(f"Numerics path {where}: {env.path} ({env.reason}); seed = {seed}",
-                            88, subsequent_indent="  "))
+        print(f"Numerics path {where}: {env.path} ({env.summary}); seed = {seed}")
     return env
 
 
