@@ -1,4 +1,4 @@
-"""Every exercise of chapters 1-7: the book's own solution passes its check and the held-back
+"""Every exercise of the book: the book's own solution passes its check and the held-back
 tests, a blank answer fails, plausible wrong answers fail, and no failure message gives the
 answer away (neither the expected value nor any measured number).
 
@@ -93,6 +93,16 @@ def _ideal_error_ignoring_pull(va, vb, pull):
     return np.where(mid / unit % 1 != 0, 0.5, 0.0)
 
 
+def _first_index(mask, steps):
+    hits = np.nonzero(mask)[0]
+    return int(steps[hits[0]]) if len(hits) else None
+
+
+def _last_index(mask, steps):
+    hits = np.nonzero(mask)[0]
+    return int(steps[hits[-1]]) if len(hits) else None
+
+
 WRONG = {
     "1.1": [127, 256, 2**16],
     "1.2": [lambda b: b >> 16, _round_half_up],                   # truncation; ties away
@@ -122,6 +132,17 @@ WRONG = {
     "7.2": [lambda r: (int((torch.exp(r - r.max()) == 1).sum()), int((r == r.max()).sum())),
             lambda r: (int((r.max() - r < 2**-8).sum()), int((r == r.max()).sum()))],
     "7.3": [_first_crossing, lambda steps, a, b, ratio: None],
+    "8.1": [sum(1 / t for t in range(1, 33)),                       # the first tile counted
+            math.log(32), 31],                                      # ln T; every tile
+    "8.2": [lambda a, b: float(np.mean(np.abs(a - b))),             # unsorted pairs
+            lambda a, b: abs(float(a.mean() - b.mean())),           # the means only
+            lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b)[::-1])))],
+    "9.1": [lambda off, reading, every: 100 * (reading - off) / off,        # one reading step
+            lambda off, reading, every: (reading - off) / every / off,      # a fraction
+            lambda off, reading, every: 100 * (reading - off) / every / reading],
+    "9.2": [lambda steps, f, c, r: _first_index(f / c >= r, steps),         # touching counts
+            lambda steps, f, c, r: _first_index(f / c > r, np.arange(len(steps))),  # a position
+            lambda steps, f, c, r: _last_index(f / c > r, steps)],          # the last step
     "10.1": [lambda n, d, s, fused: n if fused else n * d / (n + d),  # values, not bytes
              lambda n, d, s, fused: n / s,                         # math without the N x N
              lambda n, d, s, fused: (n if fused else n * d / (n + d)) / (2 * s)],  # 2·N²·d
