@@ -168,6 +168,24 @@ def print_seqlen(records, impls=("fa2", "fa1")):
             )
 
 
+def print_seqlen_by_n(records, impls=("fa2", "triton", "sdpa_flash", "fa1")):
+    """One row per N: each implementation's relative error against the golden value as a
+    multiple of the ideal's, and the largest |O_flash − O_baseline| of FA2 and FA1."""
+    present = [i for i in impls if pick(records, impl=i)]
+    head = "".join(f"{SHORT[i]:>12s}" for i in present)
+    print(f"{'':6s}{'relative error ÷ the ideal’s':>{12 * len(present)}s}"
+          f"{'max |O − O_baseline|':>22s}")
+    print(f"{'N':>6s}{head}{'FA2':>11s}{'FA1 all-low':>12s}")
+    for n in sorted({r["n"] for r in records}):
+        best = pick(records, n=n, impl="ideal")
+        ideal = best[0]["vs_golden"]["rel_norm"] if best else math.nan
+        cells = "".join(f"{pick(records, n=n, impl=i)[0]['vs_golden']['rel_norm'] / ideal:12.2f}"
+                        if pick(records, n=n, impl=i) else f"{'':12s}" for i in present)
+        maxes = [pick(records, n=n, impl=i) for i in ("fa2", "fa1")]
+        m = [f"{x[0]['vs_baseline']['max_abs']:.1e}" if x else "" for x in maxes]
+        print(f"{n:6d}{cells}{m[0]:>11s}{m[1]:>12s}")
+
+
 def print_rescalings(records, by_count):
     """Measured growths of the running maximum per row (mean) against H_T − 1, and the
     spread of per-row errors across rows with different counts."""
@@ -293,7 +311,8 @@ def show_stored_seqlen(directory=None) -> bool:
     )
     fig.suptitle("stored GPU measurement, 64-key tiles")
     plt.show()
-    print_seqlen(data["records"], impls=("fa2", "fa1", "triton"))
+    print_seqlen_by_n(data["records"])
+    print()
     print_rescalings(data["records"], data["by_count"])
     if data.get("stopped"):
         print("the sweep stopped early:", data["stopped"])
