@@ -271,7 +271,7 @@ def show_stored_precision(directory=None) -> bool:
     if rec is None:
         return _missing("precision")
     data = rec["data"]
-    fig, ax = plt.subplots(figsize=(7.2, 3.4))
+    fig, ax = plt.subplots(figsize=(6.2, 3.4))
     impls = (
         "baseline",
         "baseline_fp32",
@@ -299,7 +299,7 @@ def show_stored_seqlen(directory=None) -> bool:
     if rec is None:
         return _missing("seqlen")
     data = rec["data"]
-    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.2), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(6.2, 3.2), layout="constrained")
     figures.plot_seqlen(
         axes,
         data["records"],
@@ -329,7 +329,7 @@ def show_stored_tiles(directory=None) -> bool:
     marks = {"Triton kernel, CPU / explicit path (64×64)": 64 * 64}
     if picked:
         marks["Triton autotuner's pick on this GPU"] = [bm * bn for bm, bn in picked]
-    fig, ax = plt.subplots(figsize=(7.2, 4.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.2, 4.4), layout="constrained")
     figures.plot_tiles(ax, data["records"], marks=marks)
     ax.set_title(f"stored GPU measurement, N = {data['n']:,}")
     plt.show()
@@ -350,7 +350,7 @@ def show_stored_training(directory=None) -> bool:
     if rec is None:
         return _missing("training")
     data = rec["data"]
-    fig, axes = plt.subplots(2, 1, figsize=(7.2, 6.4), layout="constrained")
+    fig, axes = plt.subplots(2, 1, figsize=(6.2, 6.4), layout="constrained")
     figures.plot_weight_distance(axes[0], data["golden"], mark_explosion=False)
     axes[0].set_title(
         f"stored GPU measurement: one change per pair, "
