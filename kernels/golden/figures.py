@@ -243,7 +243,7 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
         ylabel="max |O − O_golden|",
     )
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 
 
 def plot_weight_distance(
