@@ -21,7 +21,7 @@ import secrets
 import numpy as np
 
 __all__ = ["WrongAnswer", "fresh_seed", "fresh_rng", "fresh_generator", "need", "need_function",
-           "call", "fail", "correct"]
+           "need_names", "call", "fail", "correct"]
 
 
 class WrongAnswer(AssertionError):
@@ -60,6 +60,21 @@ def need_function(fn, name: str):
     if not callable(fn):
         fail(f"{name} should be a function, got a {type(fn).__name__}")
     return fn
+
+
+def need_names(answer, name: str, allowed, example: str) -> set:
+    """The answer as a set of names from ``allowed`` (one name alone counts as a set of one);
+    fail with "no answer yet" while it is None, and say what is wrong otherwise."""
+    need(answer, name, f"a set of names such as {example}")
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        given = set(answer)
+    except TypeError:
+        fail(f"{name} should be a set of names, got a {type(answer).__name__}")
+    if not given <= set(allowed):
+        fail(f"use only the names {list(allowed)}")
+    return given
 
 
 def call(fn, name: str, *args, **kwargs):

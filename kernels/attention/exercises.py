@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, need, need_function
+from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need, need_function,
+                        need_names)
 from ..env import interpreting
 from . import reference, tiling
 from .autograd import backward_pass
@@ -233,15 +234,7 @@ def changed_reference(gen=None) -> set[str]:
 def check_changed(answer) -> None:
     """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
     when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
-    need(answer, "changed", 'a set of names such as {"dQ"}')
-    if isinstance(answer, str):
-        answer = {answer}
-    try:
-        given = set(answer)
-    except TypeError:
-        fail(f"changed should be a set of names, got {answer!r}")
-    if not given <= set(GRADIENTS):
-        fail(f"use only the names {list(GRADIENTS)}")
+    given = need_names(answer, "changed", GRADIENTS, '{"dQ"}')
     want = changed_reference()
     if given == want:
         return correct(f"{sorted(want)} change, the rest stay bit-identical")

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import results
 from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need,
-                        need_function)
+                        need_function, need_names)
 from ..tools.style import WIDTH_IN
 
 PEAK_TFLOPS = 790.0          # dense bf16 matmul on an H100/H200: the ceiling of every speed
@@ -656,15 +656,7 @@ def bit_changes(gen=None, rng=None) -> set:
 def check_bit_changes(answer) -> None:
     """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
     the kernel's output. The check makes each change on fresh inputs and compares bits."""
-    need(answer, "changes_bits", 'a set of names such as {"exp2"}')
-    if isinstance(answer, str):
-        answer = {answer}
-    try:
-        given = set(answer)
-    except TypeError:
-        fail(f"changes_bits should be a set of names, got a {type(answer).__name__}")
-    if not given <= set(CHANGES):
-        fail(f"use only the names {list(CHANGES)}")
+    given = need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
     want = bit_changes()
     if given == want:
         return correct(f"{len(want)} of the {len(CHANGES)} change bits of O on fresh "
