@@ -446,23 +446,27 @@ def fix_runs(stored: dict) -> dict:
             and parse_name(name)[2] in ("s1", "s2", "s3")}
 
 
-def wq_growth(run: dict, control: dict, step: int, layer: int = 0) -> float:
-    """Layer ``layer``'s largest-head ‖W_Q‖₂ of ``run`` over its control's, at the last check at
-    or before ``step`` that both logged (both series are finite there)."""
+def wq_ratio(run: dict, control: dict, layer: int = 0):
+    """(steps, ratio): layer ``layer``'s largest-head ‖W_Q‖₂ of ``run`` over its control's, at
+    the checks both logged with finite values."""
     s_run, w_run = monitor_series(run, "wq", layer)
     s_ctl, w_ctl = monitor_series(control, "wq", layer)
-    common = np.intersect1d(s_run[np.isfinite(w_run)], s_ctl[np.isfinite(w_ctl)])
-    common = common[common <= step]
-    if not len(common):
-        return float("nan")
-    at = common[-1]
-    return float(w_run[s_run == at][0] / w_ctl[s_ctl == at][0])
+    keep_run, keep_ctl = np.isfinite(w_run), np.isfinite(w_ctl)
+    steps, at_run, at_ctl = np.intersect1d(s_run[keep_run], s_ctl[keep_ctl],
+                                           return_indices=True)
+    return steps, w_run[keep_run][at_run] / w_ctl[keep_ctl][at_ctl]
 
 
-def fix_table(runs: dict, step: int = 4_000):
-    """Per variant of :data:`FIX_ORDER`: seeds, how many failed (explosion or NaN), the steps of
-    those events or the steps reached, and layer-0 ‖W_Q‖ over the control's (same seed) at
-    ``step``."""
+def wq_growth(run: dict, control: dict, step: int, layer: int = 0) -> float:
+    """:func:`wq_ratio` at the last check at or before ``step`` (NaN if there is none)."""
+    steps, ratio = wq_ratio(run, control, layer)
+    before = ratio[steps <= step]
+    return float(before[-1]) if len(before) else float("nan")
+
+
+def fix_table(runs: dict):
+    """Per variant of :data:`FIX_ORDER`: seeds, how many failed (explosion or NaN), and the
+    steps of those events or the steps reached."""
     import pandas as pd
     rows = []
     for variant in FIX_ORDER:
@@ -472,7 +476,6 @@ def fix_table(runs: dict, step: int = 4_000):
         outs = [outcome(runs[n]) for n in names]
         ended = [o["step"] for o in outs if o["step"] is not None]
         alive = [o["steps"] for o in outs if o["step"] is None]
-        growth = [wq_growth(runs[n], runs[f"k4-F-{parse_name(n)[2]}"], step) for n in names]
         rows.append({"variant": variant, "what": VARIANT_NAMES[variant], "runs": len(names),
                      "failed": len(ended),
                      "events": "; ".join(
@@ -480,8 +483,7 @@ def fix_table(runs: dict, step: int = 4_000):
                          + ", ".join(f"{o['step']:,}" for o in outs if o["event"] == kind)
                          for kind in ("explosion", "NaN")
                          if any(o["event"] == kind for o in outs)) or "none",
-                     "reached": max(alive) if alive else None,
-                     "wq_vs_control": np.nanmean(growth)})
+                     "reached": max(alive) if alive else None})
     return pd.DataFrame(rows)
 
 
@@ -495,14 +497,10 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
         if variant == "F":
             continue
         for name in sorted(n for n in runs if parse_name(n)[1] == variant):
-            control = runs[f"k4-F-{parse_name(name)[2]}"]
-            s_run, w_run = monitor_series(runs[name], "wq", layer)
-            s_ctl, w_ctl = monitor_series(control, "wq", layer)
+            steps, ratio = wq_ratio(runs[name], runs[f"k4-F-{parse_name(name)[2]}"], layer)
             o = outcome(runs[name])
             end = o["step"] if o["step"] is not None else o["steps"]
-            steps = np.intersect1d(s_run[np.isfinite(w_run)], s_ctl)
-            steps = steps[steps <= end]
-            ratio = np.array([w_run[s_run == s][0] / w_ctl[s_ctl == s][0] for s in steps])
+            steps, ratio = steps[steps <= end], ratio[steps <= end]
             if len(steps) > width:
                 ratio = np.convolve(ratio, np.ones(width) / width, mode="valid")
                 steps = steps[width - 1:]
