@@ -142,6 +142,10 @@ def plan(name: str) -> list[tuple[str, dict]]:
         for slot, (variant, seed) in enumerate((("U", 1), ("F", 1), ("U", 2), ("F", 2))):
             runs += make_runs("k7x", long, variant, [seed], gpu_slot=slot)
         return runs
+    if name == "bf16_real":  # real bf16 on one GPU: U, F, P, seeds 0 (the stored run's) and 1,
+        # the stored run's schedule (cosine over 60,000 steps), then min_lr until U explodes or 80k
+        real = dict(AMP, steps=80_000, decay_steps=60_000, checkpoint_every=2_000)
+        return make_runs("bf16", real, "UFP", [0, 1])
     if name == "amp_bits":  # Ō with 5 and 6 bits: three seeds of U (and F on seed 1)
         resumable = dict(AMP, checkpoint_every=2_000)
         runs = make_runs("k5", resumable, "U", [1, 2, 3], obits=5)
@@ -159,5 +163,5 @@ def plan(name: str) -> list[tuple[str, dict]]:
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 
-PLANS = ("tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final", "bf16_long",
+PLANS = ("tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final", "bf16_long", "bf16_real",
          "amp_bits", "controls", "amp_fixes")

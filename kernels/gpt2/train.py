@@ -58,6 +58,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-5
     warmup: int = 200
+    decay_steps: int = 0          # cosine decay ends here (0 = at ``steps``); min_lr after it
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     seed: int = 0                 # model initialisation
@@ -94,10 +95,12 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at the last step."""
+    """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at step ``decay_steps`` (the last
+    step when it is 0), then ``min_lr``: a run can go on past a stored run's schedule unchanged."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    end = cfg.decay_steps or cfg.steps
+    frac = min(1.0, (step - cfg.warmup) / max(1, end - cfg.warmup))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
 
 
