@@ -13,10 +13,10 @@ attention monitor shares live in :mod:`kernels.monitor.metrics`) plus
   layer really produced and O_hp = softmax(S)V in fp32 from the same inputs (Fig. 5a)
 * how alike the rank-1 terms (PK)[T]ᵀ X[T] of Eq. (2) are across tokens and across steps (Fig. 4)
 
-The probe is called inside the model's forward pass, so under bf16 autocast its fp32
-products (QKᵀ for the FA2 count and the largest logit, PV for O_hp) run in bf16 too;
-:class:`kernels.monitor.AttentionMonitor` switches autocast off for its own arithmetic
-(chapter 9 compares the two).
+The probe is called inside the model's forward pass, under bf16 autocast; it switches autocast
+off for its own arithmetic, so its fp32 products (QKᵀ for the FA2 count and the largest logit,
+PV for O_hp) are fp32 products. (Runs stored before 2026-11-25 were probed with autocast on:
+their O_hp was formed in bf16, which blurs δ_hp; chapter 7 says which runs are which.)
 """
 from __future__ import annotations
 
@@ -89,6 +89,10 @@ class AttentionProbe:
     @torch.no_grad()
     def observe(self, x, q, k, v, out, wq_norms):
         """Forward-side statistics. x (B, N, C) input of the layer; q, k, v, out (B, H, N, D)."""
+        with torch.autocast(device_type=q.device.type, enabled=False):   # fp32 means fp32
+            self._observe(x, q, k, v, out, wq_norms)
+
+    def _observe(self, x, q, k, v, out, wq_norms):
         s32 = causal_scores(q, k)
         s_low = causal_scores(q, k, low=torch.bfloat16)
         rows = s32.shape[0] * s32.shape[1] * s32.shape[2]
