@@ -150,7 +150,10 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
     p_bar = r.paper(torch.exp(r.paper(s - m_safe.unsqueeze(-1))))
     alpha = r.paper(torch.exp(r.paper(m - m_safe)))
     if r.is_paper:
-        ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p_bar.sum(-1)))
+        tile_sum = r.rnd(p_bar.sum(-1))
+        if r.opts.ell_clamp is not None and r.opts.ell_clamp_at == "tiles":
+            tile_sum = r.rnd(tile_sum.clamp(min=r.opts.ell_clamp))   # the released code's clamp
+        ell = r.rnd(r.rnd(alpha * ell) + tile_sum)
         acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p_bar @ v_j))
     else:
         p_low = r.rnd(p_bar)                     # what the matmul multiplies V by
@@ -195,7 +198,8 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
             ties = (ties | ties_now) if opts.stable == "tile" else ties_now
         ell, acc = accumulate(s, v_j, m, m_new, ell, acc, r)
         m = m_new
-    denominator = ell if opts.ell_clamp is None else ell.clamp(min=opts.ell_clamp)
+    clamp_out = opts.ell_clamp is not None and opts.ell_clamp_at == "out"
+    denominator = ell.clamp(min=opts.ell_clamp) if clamp_out else ell
     out_fp32 = acc / denominator.unsqueeze(-1)
     return ForwardResult(out=r.rnd(out_fp32).to(low), lse=m + torch.log(ell), row_offset=m,
                          row_sum=ell, ties=ties, out_fp32=out_fp32)

@@ -37,6 +37,7 @@ KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
 # where the backward pass takes δ = rowsum(dO ∘ O) from
 DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
+ELL_CLAMP_AT = ("out", "tiles")    # the clamp on ℓ: final denominator only, or each tile's sum
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -90,8 +91,12 @@ class AttentionOptions:
                   (m = r_m + min(rule − r_m, cap)): tied P̄ ≥ e^−cap, so ℓ cannot underflow
     ell_rounded   FA2 numerics: ℓ sums the *rounded* P̄ that multiplies V (numerator and
                   denominator then agree), instead of the unrounded fp32 P̄
-    ell_clamp     paper numerics: O = Ō / max(ℓ, ell_clamp), as the paper's released code does
-                  (clamp(min=1e-10)); None: no clamp (ℓ = 0 gives NaN)
+    ell_clamp     paper numerics: ℓ clamped from below (the paper's released code clamps at 1e-10);
+                  None: no clamp (ℓ = 0 gives NaN)
+    ell_clamp_at  where the clamp acts: "out" = only the final denominator, O = Ō / max(ℓ, c),
+                  with L = m + log ℓ from the unclamped ℓ; "tiles" = as the released code does:
+                  each key tile's rnd(rowsum(P̄)) is clamped before it joins ℓ, and L is formed
+                  from those clamped sums (forward and backward then agree)
     """
     causal: bool = False
     scale: float | None = None
@@ -108,6 +113,7 @@ class AttentionOptions:
     offset_cap: float | None = None
     ell_rounded: bool = False
     ell_clamp: float | None = None
+    ell_clamp_at: str = "out"
 
     def __post_init__(self):
         fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -154,6 +160,8 @@ class AttentionOptions:
             if self.numerics != "paper":
                 raise ValueError("ell_clamp models the paper's released code: numerics='paper'")
             object.__setattr__(self, "ell_clamp", clamp)
+        if self.ell_clamp_at not in ELL_CLAMP_AT:
+            raise ValueError(f"ell_clamp_at must be one of {ELL_CLAMP_AT}, got {self.ell_clamp_at!r}")
 
     def _check_accumulator(self):
         if self.acc_rounding not in ACC_ROUNDINGS:

@@ -20,7 +20,9 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                   oround=rne | sr  how Ō is rounded at obits < 7: to nearest-even, or stochastically
                       (unbiased, same error size: the control for "biased, not just large")
                   cap=c    Algorithm 3's offset moves m at most c above the row maximum
-                      (ℓ cannot underflow); clamp=x  O = Ō / max(ℓ, x), as the paper's code does
+                      (ℓ cannot underflow); clamp=x  ℓ clamped at x from below, where
+                      clamp_at=out (the final denominator only) or clamp_at=tiles (each key
+                      tile's row sum, which then also forms L: the paper's released code)
                   dshift=c, dnoise=σ, derr=keep|mean|sign, out=low|exact   controls that tell a
                       biased δ from a large one: see :mod:`kernels.gpt2.controls`
 
@@ -57,7 +59,8 @@ class AttnSpec:
     obits: int = 7             # only for kind="paper": mantissa bits of Ō (7 = bf16)
     oround: str = "rne"        # only for kind="paper" with obits < 7: "rne" or "sr"
     cap: float | None = None   # Algorithm 3's offset at most this far above the row maximum
-    clamp: float | None = None  # paper numerics: O = Ō / max(ℓ, clamp)
+    clamp: float | None = None  # paper numerics: ℓ ≥ clamp (see clamp_at)
+    clamp_at: str = "out"      # "out": final denominator only; "tiles": each tile's sum, as released
     dshift: float = 0.0        # the δ controls of kernels.gpt2.controls
     dnoise: float = 0.0
     derr: str = "keep"
@@ -99,6 +102,7 @@ class AttnSpec:
             opts.append(f"oround={self.oround}")
         opts += [f"{key}={getattr(self, key)!r}" for key in ("cap", "clamp")   # repr: exact
                  if getattr(self, key) is not None]
+        opts += [f"clamp_at={self.clamp_at}"] * (self.clamp_at != "out")
         opts += [f"{key}={getattr(self, key)!r}" for key in ("dshift", "dnoise")
                  if getattr(self, key)]
         opts += [f"derr={self.derr}"] * (self.derr != "keep") + [f"out={self.out}"] * (self.out != "low")
@@ -115,7 +119,7 @@ def _options(spec: AttnSpec, n: int) -> AttentionOptions:
         beta=spec.beta, eps=spec.eps, delta_source=spec.delta,
         block_n=(spec.block or n) if paper else (spec.block or None),
         acc_bits=spec.obits if spec.obits != 7 else None, acc_rounding=spec.oround,
-        offset_cap=spec.cap, ell_clamp=spec.clamp)
+        offset_cap=spec.cap, ell_clamp=spec.clamp, ell_clamp_at=spec.clamp_at)
 
 
 def parse_spec(text: str) -> AttnSpec:
@@ -135,7 +139,7 @@ def parse_spec(text: str) -> AttnSpec:
             fields[key] = float(value)
         elif key in ("block", "obits"):
             fields[key] = int(value)
-        elif key in ("delta", "stable", "numerics", "oround", "derr", "out"):
+        elif key in ("delta", "stable", "numerics", "oround", "derr", "out", "clamp_at"):
             fields[key] = value.strip()
         else:
             raise ValueError(f"unknown attention option {key!r} in {text!r}")

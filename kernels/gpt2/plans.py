@@ -24,7 +24,10 @@ replaced by their mean (keeps Σ_T(δ_lp − δ_hp), the sum of Eq. 3; no token-
 ``X`` = ``U`` whose layers pass the exact O downstream (dO from the exact-O path; δ still from
 the rounded O). The fixes of the bias chapters in training (plan ``amp_fixes``): ``C`` = ``S``
 with the offset capped at 20 above the row maximum, ``K`` = ``S`` with the paper code's clamp
-ℓ ≥ 1e-10, ``D`` = both; and ``P`` on seeds 2 and 3 (seed 1 is in ``amp_seeds``).
+ℓ ≥ 1e-10 on the final denominator only, ``D`` = both; and ``P`` on seeds 2 and 3 (seed 1 is in
+``amp_seeds``). ``Z`` = the paper's fix as its released code runs it: Algorithm 3 per key tile of
+512 (at context 256 one tile holds the whole row), β = 2, ε = 1e-3, and each tile's row sum
+clamped at 1e-10 before it joins ℓ and the log-sum-exp.
 
 Long runs are *resumable*: every plan run with ``checkpoint_every`` continues from its checkpoint
 when the same search command is given again (see :mod:`.search`).
@@ -48,6 +51,7 @@ VARIANTS = {
     "C": "paper:delta=o,stable=cross,beta=2,cap=20",
     "K": "paper:delta=o,stable=cross,beta=2,clamp=1e-10",
     "D": "paper:delta=o,stable=cross,beta=2,cap=20,clamp=1e-10",
+    "Z": "paper:delta=o,stable=tile,beta=2,eps=1e-3,clamp=1e-10,clamp_at=tiles,block=512",
 }
 # The failing runs' error of δ per row, δ_lp − δ_hp, in each layer: its mean and its mean absolute
 # value over the monitoring steps from 200 until layer 0's ‖W_Q‖ left the control's (Ō with 4
@@ -145,7 +149,7 @@ def plan(name: str) -> list[tuple[str, dict]]:
     if name == "bf16_real":  # real bf16 on one GPU: U, F, P, seeds 0 (the stored run's) and 1,
         # the stored run's schedule (cosine over 60,000 steps), then min_lr until U explodes or 80k
         real = dict(AMP, steps=80_000, decay_steps=60_000, checkpoint_every=2_000)
-        return make_runs("bf16", real, "UFP", [0, 1])
+        return make_runs("bf16", real, "UFPZ", [0, 1])
     if name == "amp_bits":  # Ō with 5 and 6 bits: three seeds of U (and F on seed 1)
         resumable = dict(AMP, checkpoint_every=2_000)
         runs = make_runs("k5", resumable, "U", [1, 2, 3], obits=5)
