@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from ..numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to
+from . import fused
 from .options import AttentionOptions, check_tensors
 
 
@@ -147,7 +148,10 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
     """ℓ = α ℓ + rowsum(P̄) and Ō = α Ō + rnd(P̄) V_j (the kernel's ``accumulate``)."""
     # A row with no visible key yet keeps m = -inf; exp(-inf - -inf) must give 0, not NaN.
     m_safe = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-    p_bar = r.paper(torch.exp(r.paper(s - m_safe.unsqueeze(-1))))
+    if r.is_paper and fused.usable(s, r.low):      # the same bits in one pass (CUDA)
+        p_bar = fused.p_bar(s, m_safe)
+    else:
+        p_bar = r.paper(torch.exp(r.paper(s - m_safe.unsqueeze(-1))))
     alpha = r.paper(torch.exp(r.paper(m - m_safe)))
     if r.is_paper:
         tile_sum = r.rnd(p_bar.sum(-1))
@@ -189,10 +193,13 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
     ties = torch.zeros_like(m, dtype=torch.bool)
     for start in range(0, n_k, block_n):
         k_j, v_j = k[..., start:start + block_n, :], v[..., start:start + block_n, :]
-        s = r.paper(r.paper(q @ k_j.transpose(-1, -2)) * scale)
-        if opts.causal:
-            cols = torch.arange(start, start + k_j.shape[-2], device=q.device)
-            s = s.masked_fill(cols > rows, -math.inf)
+        if r.is_paper and fused.usable(q, low):    # the same bits in one pass (CUDA)
+            s = fused.scores(q, k_j, scale, opts.causal, col0=start)
+        else:
+            s = r.paper(r.paper(q @ k_j.transpose(-1, -2)) * scale)
+            if opts.causal:
+                cols = torch.arange(start, start + k_j.shape[-2], device=q.device)
+                s = s.masked_fill(cols > rows, -math.inf)
         m_new, rm, rs, ties_now = offset_update(s, m, rm, rs, opts, r)
         if ties_now is not None:
             ties = (ties | ties_now) if opts.stable == "tile" else ties_now
@@ -226,8 +233,11 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
     qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
-    scores = paper_scores(qw, kw, scale, low, opts.causal)   # recompute S as the forward did
-    probs = torch.exp(scores - lse.to(work).unsqueeze(-1))   # P = exp(S - L)
+    if fused.usable(qw, low):                                # the same bits, fewer passes
+        probs = fused.probs(qw, kw, lse.to(work), scale, opts.causal)
+    else:
+        scores = paper_scores(qw, kw, scale, low, opts.causal)   # recompute S as the forward did
+        probs = torch.exp(scores - lse.to(work).unsqueeze(-1))   # P = exp(S - L)
     d_v = probs.transpose(-1, -2) @ d_out                    # dV = Pᵀ dO
     d_probs = d_out @ vw.transpose(-1, -2)                   # dP = dO Vᵀ
     if opts.delta_source == "o":
@@ -236,7 +246,10 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
         delta = (d_probs * probs).sum(-1)                    # δ = rowsum(dP ∘ P)
     else:
         delta = (d_out * (probs @ vw)).sum(-1)               # δ = rowsum(dO ∘ PV), PV in fp32
-    d_scores = probs * (d_probs - delta.unsqueeze(-1))       # dS = P ∘ (dP − δ)
+    if fused.usable(probs, low):
+        d_scores = fused.d_scores(d_probs, probs, delta)     # written over dP
+    else:
+        d_scores = probs * (d_probs - delta.unsqueeze(-1))   # dS = P ∘ (dP − δ)
     d_q = (d_scores @ kw) * scale                            # dQ = α dS K
     d_k = (d_scores.transpose(-1, -2) @ qw) * scale          # dK = α dSᵀ Q
     return d_q, d_k, d_v

@@ -27,12 +27,15 @@ from .plans import plan
 PLAN = "bf16_real"
 
 
-def trainer_for(variant: str = "U", seed: int = 0, monitor_every: int = 100, steps: int | None = None):
-    """A Trainer of plan ``bf16_real``'s run of this variant and seed, writing to a temporary folder."""
+def trainer_for(variant: str = "U", seed: int = 0, monitor_every: int = 100,
+                steps: int | None = None, cuda_graph: bool = False):
+    """A Trainer of plan ``bf16_real``'s run of this variant and seed, writing to a temporary
+    folder; ``cuda_graph`` replays its steps as a CUDA graph."""
     from .train import TrainConfig, Trainer
     name, opts = next((n, o) for n, o in plan(PLAN) if n == f"bf16-{variant}-s{seed}")
     opts = {**opts, "monitor_every": monitor_every, "checkpoint_every": 0, "progress": False,
-            "out_dir": tempfile.mkdtemp(prefix="gpt2_profile_"), "name": name}
+            "out_dir": tempfile.mkdtemp(prefix="gpt2_profile_"), "name": name,
+            "cuda_graph": cuda_graph}
     if steps is not None:
         opts["steps"] = steps
     return Trainer(TrainConfig(**opts))
@@ -82,16 +85,18 @@ def profile_steps(trainer, steps: int = 5, top: int = 12) -> dict:
                             for n, (t, c) in ranked]}
 
 
-def worker(variant: str, seed: int, steps: int) -> None:
+def worker(variant: str, seed: int, steps: int, fast: bool = False) -> None:
     """One process of the sharing test: prints its steps/s as JSON."""
-    trainer = trainer_for(variant, seed)
+    trainer = trainer_for(variant, seed, cuda_graph=fast)
     print(json.dumps({"steps_per_s": steps_per_s(trainer, steps)}))
 
 
-def sharing(k: int, steps: int) -> dict:
-    """k processes at once on this GPU (variants U, F, P and seeds 0, 1 in turn)."""
+def sharing(k: int, steps: int, fast: bool = False) -> dict:
+    """k processes at once on this GPU (variants U, F, P and seeds 0, 1 in turn); ``fast``:
+    each replays its steps as a CUDA graph."""
     runs = [("UFP"[i % 3], i // 3 % 2) for i in range(k)]
-    procs = [subprocess.Popen([sys.executable, "-m", __name__, "--worker", v, str(s), str(steps)],
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.gpt2.profile", "--worker", v,
+                               str(s), str(steps), *(["--fast"] * fast)],
                               stdout=subprocess.PIPE, text=True) for v, s in runs]
     each = [json.loads(p.communicate()[0].strip().splitlines()[-1])["steps_per_s"] for p in procs]
     return {"processes": k, "steps_per_s_each": each, "steps_per_s_total": sum(each)}
@@ -103,9 +108,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--share", default="1,2,3,4,6", help="numbers of processes sharing the GPU")
     parser.add_argument("--worker", nargs=3, metavar=("VARIANT", "SEED", "STEPS"))
+    parser.add_argument("--fast", action="store_true", help="(worker) CUDA graph steps")
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker[0], int(args.worker[1]), int(args.worker[2]))
+        return worker(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.fast)
     from ..results import provenance
     alone = {}
     for variant in "UFP":

@@ -220,14 +220,18 @@ def main(argv=None):
     parser.add_argument("--out", default="results")
     parser.add_argument("--work", default="/tmp/gpt2_search")
     parser.add_argument("--only", default="", help="comma-separated parts of run names to run")
+    parser.add_argument("--fast", action="store_true",
+                        help="replay each step as a CUDA graph (kernels.gpt2.graphs; same numbers)")
     args = parser.parse_args(argv)
     from ..results import provenance
     if args.plan == "ddp":
         return ddp_check(Path(args.out), Path(args.work) / "ddp")
     runs = select(plan(args.plan), args.only)
+    if args.fast:
+        runs = [(name, {**opts, "cuda_graph": True}) for name, opts in runs]
     started = time.time()
     records = launch(runs, args.minutes, Path(args.work) / args.plan)
-    only = f" --only {args.only}" if args.only else ""
+    only = (f" --only {args.only}" if args.only else "") + (" --fast" if args.fast else "")
     command = f"python -m kernels.gpt2.search --plan {args.plan}{only} --minutes {args.minutes}"
     packed = {"provenance": provenance(command),
               "data": {"plan": args.plan, "wall_s": time.time() - started, "concurrent_processes": len(runs),

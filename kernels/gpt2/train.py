@@ -10,12 +10,9 @@ logged step) and ``<name>.json`` (config, history, diagnostics, summary).
 
 Resumable runs. ``--checkpoint-every N`` writes ``<name>.ckpt.pt`` every N steps and whenever a
 call stops early (``--max-minutes``, the time limit of *this* call, or ``--stop-at``, a step);
-``--resume`` continues from it. A checkpoint holds everything the next step depends on: model,
-optimizer, step (the data position: batches are read from the recorded order by step), the
-explosion detector's state, the probes' previous rank-1 matrices, and every random generator
-(Python, NumPy, torch CPU and CUDA; stochastic rounding and the δ-noise controls draw from
-torch's). A resumed run continues bit-identically to an uninterrupted one
-(``tests/gpt2/test_resume.py``). Under DDP each rank saves and restores its own generators.
+``--resume`` continues from it, bit-identically (:mod:`.checkpoint` says what a checkpoint holds).
+``--cuda-graph`` replays each step as a CUDA graph on one GPU (:mod:`.graphs`): the same kernels,
+one launch.
 
 ``--autocast bf16`` works on CUDA GPUs of sm_80 and newer and on the CPU (PyTorch's CPU autocast
 supports bf16); on older GPUs (T4) pass ``--autocast off``: the model then runs in fp32 around the
@@ -28,7 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +33,7 @@ import numpy as np
 import torch
 
 from .data import BatchOrder, eval_batches, load_corpus
+from .checkpoint import Checkpointing
 from .diagnostics import find_explosion
 from .model import GPT, GPTConfig
 
@@ -70,6 +67,7 @@ class TrainConfig:
     # precision and device
     autocast: str = "bf16"        # "bf16" or "off"
     device: str = "auto"
+    cuda_graph: bool = False      # replay each step as a CUDA graph (one GPU): same numbers, faster
     # logging
     out_dir: str = "runs"
     log_every: int = 10
@@ -124,7 +122,7 @@ def _device(cfg: TrainConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-class Trainer:
+class Trainer(Checkpointing):
     """Holds the model, optimiser, data and logs of one run. ``run()`` trains to the end."""
 
     def __init__(self, cfg: TrainConfig, corpus=None):
@@ -147,8 +145,11 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         fused = self.device.type == "cuda"
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                                     weight_decay=cfg.weight_decay, fused=fused)
+        # a CUDA graph needs the learning rate as a tensor it can read at replay
+        lr = torch.tensor(cfg.lr, device=self.device) if cfg.cuda_graph else cfg.lr
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay, fused=fused,
+                                     capturable=cfg.cuda_graph)
         self.step = 0
         self.history = {k: [] for k in ("step", "loss", "lr", "grad_norm", "wall_s")}
         self.monitor = []
@@ -162,6 +163,10 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
             self.load_checkpoint()
+        self.graphed = None
+        if cfg.cuda_graph:
+            from .graphs import GraphedStep
+            self.graphed = GraphedStep(self)
 
     # ---------------------------------------------------------------- data
     def _batch_order(self) -> BatchOrder:
@@ -191,20 +196,31 @@ class Trainer:
         monitoring = cfg.monitor_every > 0 and step % cfg.monitor_every == 0
         self.model.set_monitoring(monitoring)
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr_at(step, cfg))
+            else:
+                group["lr"] = lr_at(step, cfg)
         x, y = self.batch(step)
-        net = self.ddp or self.model
-        with self.autocast():
-            _, loss = net(x, y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.opt.step()
+        if self.graphed is not None and not monitoring:   # monitoring steps run eagerly
+            loss, grad_norm = self.graphed(x, y)
+        else:
+            loss, grad_norm = self.eager_step(x, y)
         if monitoring:
             self._record_monitor(step)
             self.model.set_monitoring(False)
         self.step += 1
         return loss.detach(), grad_norm.detach()
+
+    def eager_step(self, x, y):
+        """Forward, backward, clipping and AdamW, op by op; returns (loss, grad_norm)."""
+        net = self.ddp or self.model
+        with self.autocast():
+            _, loss = net(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        return loss, grad_norm
 
     def _record_monitor(self, step):
         layers = self.model.layer_stats()
@@ -332,79 +348,6 @@ class Trainer:
         with open(self.out_dir / f"{self.cfg.name}.json", "w") as f:
             json.dump(record, f)
         return record["summary"]
-
-    # ---------------------------------------------------------------- checkpoints
-    def checkpoint_path(self) -> Path:
-        return self.out_dir / f"{self.cfg.name}.ckpt.pt"
-
-    # options that may change between the calls of one resumable run; every other option must
-    # match the checkpoint
-    RESUMABLE_OPTIONS = ("resume", "max_minutes", "stop_at", "progress", "out_dir",
-                         "checkpoint_every", "device", "batch_order")
-
-    def _rng_state(self) -> dict:
-        state = {"python": random.getstate(), "numpy": np.random.get_state(),
-                 "torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
-
-    @staticmethod
-    def _set_rng_state(state: dict):
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        # generator states are CPU ByteTensors; map_location may have moved them to the GPU
-        torch.set_rng_state(state["torch"].cpu())
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-    def _rank_rng_path(self) -> Path:
-        return self.out_dir / f"{self.cfg.name}.rng{self.rank}.pt"
-
-    def save_checkpoint(self):
-        """Everything the next step depends on, written atomically (a kill leaves the old one)."""
-        if self.world > 1:                             # each rank's own generators
-            torch.save(self._rng_state(), self._rank_rng_path())
-        if self.rank != 0:
-            return
-        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                 "history": self.history, "monitor": self.monitor, "evals": self.evals,
-                 "delta_running": self.delta_running, "wall_offset": self.wall_offset,
-                 "detector": (self.ema, self.ema_min, self.exploded_for),
-                 "probes": [b.attn.probe.prev_rank1 for b in self.model.blocks],
-                 "rng": self._rng_state(), "order": self.order.fingerprint(),
-                 "config": dataclasses.asdict(self.cfg)}
-        path = self.checkpoint_path()
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-
-    def load_checkpoint(self):
-        path = self.checkpoint_path()
-        if not path.exists():
-            raise FileNotFoundError(f"--resume given but there is no checkpoint {path}")
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        mine, saved = dataclasses.asdict(self.cfg), state["config"]
-        changed = [k for k in mine if k not in self.RESUMABLE_OPTIONS and saved.get(k) != mine[k]]
-        if changed:
-            raise ValueError(f"checkpoint {path} was made with other options: "
-                             + ", ".join(f"{k}={saved.get(k)!r} (now {mine[k]!r})" for k in changed))
-        if state["order"] != self.order.fingerprint():
-            raise ValueError(f"checkpoint {path} was made with another batch order")
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-        self.step, self.history, self.monitor = state["step"], state["history"], state["monitor"]
-        self.evals, self.delta_running = state["evals"], state["delta_running"]
-        self.wall_offset = state["wall_offset"]
-        self.ema, self.ema_min, self.exploded_for = state["detector"]
-        for block, prev in zip(self.model.blocks, state["probes"]):
-            block.attn.probe.prev_rank1 = None if prev is None else prev.to(self.device)
-        rng = state["rng"]
-        if self.world > 1 and self._rank_rng_path().exists():
-            rng = torch.load(self._rank_rng_path(), weights_only=False)
-        self._set_rng_state(rng)
-        if self.rank == 0:
-            self._write_csv()
 
 
 def run_training(cfg: TrainConfig, corpus=None) -> dict:

@@ -102,3 +102,13 @@ def test_search_resumes_a_plan_across_calls(tmp_path):
     assert second["history"]["loss"] == whole["history"]["loss"]
     third = launch([("r-U-s0", base)], 5, tmp_path / "split")["r-U-s0"]
     assert third["stdout_tail"] == "ended in an earlier call"
+
+
+def test_cuda_graph_needs_a_gpu(tmp_path):
+    """The CUDA-graph step is refused, with a clear message, where there is no CUDA GPU."""
+    from kernels.gpt2.train import TrainConfig, Trainer
+    cfg = TrainConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=2, steps=2,
+                      max_bytes=20_000, device="cpu", out_dir=str(tmp_path), cuda_graph=True,
+                      progress=False)
+    with pytest.raises(ValueError, match="cuda_graph needs one CUDA GPU"):
+        Trainer(cfg)
