@@ -1,6 +1,6 @@
 """Is the fast GPT-2 training step the same step? Bits first, then speed (CUDA GPU only).
 
-    python -m kernels.gpt2.fastpath --out $OUT      # writes gpt2_fastpath.json; exit 1 if any bit differs
+    python -m kernels.gpt2.fastpath --out $OUT   # gpt2_fastpath.json, and fast.env for what may be used
 
 Two speed-ups change how the chapter's training step is launched, not what it computes:
 the fused elementwise kernels of :mod:`kernels.attention.fused` and the CUDA graph of
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -106,34 +107,46 @@ def main(argv=None):
     print("attention, fused vs op by op (differing elements):", data["attention"], flush=True)
     ref = train_weights("U", False, False)
     data["training"] = {"op by op, again": differing(ref, train_weights("U", False, False)),
-                        "fused": differing(ref, train_weights("U", True, False)),
-                        "fused + CUDA graph": differing(ref, train_weights("U", True, True))}
-    print("training, 60 steps, weights differing from op by op:", data["training"], flush=True)
-    data["steps_per_s"] = {
-        "op by op": speed("U", False, False, args.steps),
-        "fused": speed("U", True, False, args.steps),
-        "fused + CUDA graph": speed("U", True, True, args.steps)}
-    print("steps/s alone:", {k: round(v, 1) for k, v in data["steps_per_s"].items()}, flush=True)
-    data["sharing_fast"] = [sharing(int(k), args.steps, fast=True)
-                            for k in args.share.split(",") if k]
-    for row in data["sharing_fast"]:
-        print(f"{row['processes']} fast runs sharing: {row['steps_per_s_total']:.1f} steps/s "
-              f"in all", flush=True)
+                        "fused": differing(ref, train_weights("U", True, False))}
+    try:
+        data["training"]["fused + CUDA graph"] = differing(ref, train_weights("U", True, True))
+    except Exception as err:                  # a graph that cannot be recorded: say why
+        data["graph_error"] = repr(err)[:500]
+    print("training, 60 steps, weights differing from op by op:", data["training"],
+          data.get("graph_error", ""), flush=True)
+    deterministic = data["training"]["op by op, again"] == 0
+    # where op-by-op training is not even deterministic, no bitwise claim about whole training
+    # can be made: the attention calls must then be identical, and the record says so
     calls_same = (data["exp"]["mismatches"] == 0
                   and all(n == 0 for r in data["attention"].values() for n in r.values()))
-    deterministic = data["training"]["op by op, again"] == 0
-    steps_same = data["training"]["fused + CUDA graph"] == 0 and data["training"]["fused"] == 0
-    # where op-by-op training is not even deterministic, no bitwise claim about training can be
-    # made: the attention calls must then be identical, and the run says so
-    same = calls_same and (steps_same or not deterministic)
-    data.update(same_bits=same, training_deterministic=deterministic)
+    fused_ok = calls_same and (data["training"]["fused"] == 0 or not deterministic)
+    graph_ok = fused_ok and "graph_error" not in data and (
+        data["training"]["fused + CUDA graph"] == 0 or not deterministic)
+    data.update(training_deterministic=deterministic, fused_same_bits=fused_ok,
+                graph_same_bits=graph_ok)
+    ways = {"op by op": (False, False)}
+    if fused_ok:
+        ways["fused"] = (True, False)
+    if graph_ok:
+        ways["fused + CUDA graph"] = (True, True)
+    data["steps_per_s"] = {way: speed("U", f, g, args.steps) for way, (f, g) in ways.items()}
+    print("steps/s alone:", {k: round(v, 1) for k, v in data["steps_per_s"].items()}, flush=True)
+    os.environ["LPFA_FUSED"] = str(int(fused_ok))        # the sharing runs' processes
+    data["sharing_fast"] = [sharing(int(k), args.steps, fast=graph_ok)
+                            for k in args.share.split(",") if k]
+    for row in data["sharing_fast"]:
+        print(f"{row['processes']} runs sharing: {row['steps_per_s_total']:.1f} steps/s "
+              f"in all", flush=True)
     command = f"python -m kernels.gpt2.fastpath --steps {args.steps} --share {args.share}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpt2_fastpath.json").write_text(
         json.dumps({"provenance": provenance(command), "data": data}, indent=1))
-    print("same bits:", same)
-    sys.exit(0 if same else 1)
+    # what the training calls that follow may use, for a shell to `source`
+    (out / "fast.env").write_text(f"export LPFA_FUSED={int(fused_ok)}\n"
+                                  f"FAST={'--fast' if graph_ok else ''}\n")
+    print(f"fused kernels: {'same bits' if fused_ok else 'NOT used'}; CUDA graph: "
+          f"{'same bits' if graph_ok else 'NOT used'}")
 
 
 if __name__ == "__main__":
