@@ -1,7 +1,8 @@
-"""Read the stored GPT-2 runs (``results/gpt2_*.json``) and draw the chapter's figures.
+"""Read the stored GPT-2 runs (``results/gpt2_*.json``) and measure them: series, outcomes,
+departures, the lean of the δ error, the fixes' tables. :mod:`.figures` draws them.
 
-Every figure function takes the ``runs`` dict of a search record (name -> training log, see
-:mod:`kernels.gpt2.search`) and a matplotlib axis, so a notebook cell stays one line long.
+Every function takes a run (one training log) or the ``runs`` dict of a search record (name ->
+training log, see :mod:`kernels.gpt2.search`).
 """
 from __future__ import annotations
 
@@ -85,53 +86,6 @@ def summary_rows(runs: dict) -> list[dict]:
     return rows
 
 
-def plot_losses(ax, runs: dict, config: str, seeds=None, width: int = 10):
-    """Training loss (nats per token) of every variant of one configuration."""
-    for name, run in runs.items():
-        c, variant, seed = parse_name(name)
-        if c != config or (seeds is not None and seed not in seeds):
-            continue
-        h = run["history"]
-        ax.plot(*smooth(h["step"], h["loss"], width), color=VARIANT_COLOURS[variant], lw=1.2,
-                label=f"{VARIANT_NAMES[variant]} {seed}")
-    ax.set(xlabel="training step", ylabel="loss (nats / byte)", title=config)
-    ax.legend(fontsize=FONT)
-
-
-def plot_diagnostic(ax, runs: dict, config: str, key: str, ylabel: str, layer=None, log=False):
-    for name, run in runs.items():
-        c, variant, seed = parse_name(name)
-        if c != config:
-            continue
-        steps, values = monitor_series(run, key, layer)
-        ax.plot(steps, values, color=VARIANT_COLOURS[variant], lw=1.2, marker=".", ms=3,
-                label=f"{variant} {seed}")
-    ax.set(xlabel="training step", ylabel=ylabel)
-    if log:
-        ax.set_yscale("log")
-
-
-def plot_gap(ax, runs: dict, config: str, a: str = "U", b: str = "F", width: int = 20):
-    """Smoothed loss(a) − loss(b) per seed (same seed, same batches), next to the gap between two
-    seeds of variant b: how large a numerics effect is compared with seed-to-seed noise."""
-    by = {parse_name(n)[1:]: r["history"] for n, r in runs.items() if parse_name(n)[0] == config}
-    seeds = sorted({seed for _, seed in by})
-    for seed in seeds:
-        ha, hb = by[(a, seed)], by[(b, seed)]
-        n = min(len(ha["loss"]), len(hb["loss"]))
-        gap = np.asarray(ha["loss"][:n]) - np.asarray(hb["loss"][:n])
-        ax.plot(*smooth(ha["step"][:n], gap, width), lw=1.2, label=f"{a} − {b}, seed {seed[1:]}")
-    if len(seeds) >= 2:
-        h1, h2 = by[(b, seeds[0])], by[(b, seeds[1])]
-        n = min(len(h1["loss"]), len(h2["loss"]))
-        gap = np.asarray(h1["loss"][:n]) - np.asarray(h2["loss"][:n])
-        ax.plot(*smooth(h1["step"][:n], gap, width), color="k", lw=1, ls="--",
-                label=f"{b}: seed {seeds[0][1:]} − seed {seeds[1][1:]}")
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set(xlabel="training step", ylabel="loss difference (nats / byte)")
-    ax.legend(fontsize=FONT)
-
-
 def obits_of(run: dict) -> int:
     """Mantissa bits of Ō in a run (7 = bf16; fewer = the amplifier)."""
     from .attention import parse_spec
@@ -164,25 +118,6 @@ def outcome_table(runs: dict):
     return pd.DataFrame(rows)
 
 
-def plot_steps_to_failure(ax, table, variants=("U", "R", "F", "S")):
-    """Steps to failure against the mantissa bits of Ō; a run that did not fail is drawn as an
-    open marker at the step it reached, with an arrow up (failure, if any, comes later)."""
-    offsets = {v: (i - (len(variants) - 1) / 2) * 0.12 for i, v in enumerate(variants)}
-    for variant in variants:
-        rows = table[table.variant == variant]
-        failed, alive = rows[rows.step.notna()], rows[rows.step.isna()]
-        colour = VARIANT_COLOURS[variant]
-        if len(failed):
-            ax.scatter(failed.obits + offsets[variant], failed.step, color=colour, s=30,
-                       marker="o", label=f"{VARIANT_NAMES[variant]}: failed")
-        if len(alive):
-            ax.scatter(alive.obits + offsets[variant], alive.steps, facecolor="none", edgecolor=colour,
-                       s=40, marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
-    ax.set(yscale="log", xlabel="mantissa bits of Ō (7 = bf16)", ylabel="training steps",
-           title="steps to loss explosion or NaN")
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
     """An ESTIMATE of the wall time of ``steps`` on ``gpu_name`` from a speed measured on an H200."""
     if not gpu_name:
@@ -192,12 +127,11 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
     return steps / rate / 60.0, f"{gpu_name}: ~{factor:g}× an H200 (rough guess) → ~{rate:.0f} steps/s"
 
 
-__all__ = ["VARIANTS", "load_search", "summary_rows", "plot_losses", "plot_diagnostic", "monitor_series",
-           "estimate_minutes", "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
-           "plot_steps_to_failure", "obits_of", "PAIRS", "DEPARTURE_RULES", "rolling_mean",
-           "departure", "pair_departures", "departure_table", "delta_bias_share",
-           "matched_delta_stats", "outcome_rows", "plot_outcomes", "departure_legend",
-           "plot_precondition", "plot_similarity", "plot_bias_shares", "FONT"]
+__all__ = ["VARIANTS", "load_search", "summary_rows", "monitor_series", "estimate_minutes",
+           "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
+           "obits_of", "PAIRS", "DEPARTURE_RULES", "rolling_mean", "departure", "pair_departures",
+           "departure_table", "delta_bias_share", "matched_delta_stats", "FONT", "EVENT_WORDS",
+           "FIX_ORDER", "fix_runs", "wq_ratio", "wq_growth", "fix_table"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -297,143 +231,8 @@ def matched_delta_stats(runs: dict, seeds=("s1", "s2", "s3"), first_step: int = 
             "mean_abs": tuple(float(np.mean(a)) for _, a in per_layer)}
 
 
-# ------------------------------------------------------------------------------------------------
-# The chapter's figures of stored runs (each one message; fonts >= FONT points at 7.2 inches)
-# ------------------------------------------------------------------------------------------------
-def _schedule_label(run: dict) -> str:
-    bits = obits_of(run)
-    name = "bf16" if bits == 7 else f"{bits} bits"
-    steps = run["config"]["steps"]
-    return name if steps == 20_000 else f"{name}, {steps // 1000}k-step schedule"
-
-
-def outcome_rows(runs: dict, order="UTLPRSF"):
-    """One row per (Ō width and schedule, variant): label in words and the runs it holds, in
-    the order a reader scans them (narrowest Ō first, the failing path first)."""
-    groups = {}
-    for name, run in runs.items():
-        variant = parse_name(name)[1]
-        key = (obits_of(run), run["config"]["steps"], variant)
-        groups.setdefault(key, []).append(name)
-    keys = sorted(groups, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99))
-    return [(f"{_schedule_label(runs[groups[k][0]])}: {VARIANT_NAMES[k[2]]}", k[2], groups[k])
-            for k in keys]
-
-
-OUTCOME_MARKERS = {"explosion": dict(marker="o", s=36), "NaN": dict(marker="X", s=46),
-                   None: dict(marker=">", s=40)}
-OUTCOME_WORDS = {"explosion": "loss exploded", "NaN": "went NaN",
-                 None: "still training when its time ran out"}
-
-
-def plot_outcomes(ax, runs: dict, departures: dict | None = None):
-    """Every run as a dot: where its loss exploded (filled circle), where it went NaN (cross), or
-    the last step it reached while still training (open triangle). One row per Ō width,
-    schedule and variant; seeds share a row. Colour = variant, shape = outcome.
-    ``departures`` {run name: step} adds a bar where a run's ‖W_Q‖ left its control's."""
-    from matplotlib.lines import Line2D
-    rows = outcome_rows(runs)
-    departures = departures or {}
-    for y, (_, variant, names) in enumerate(rows):
-        colour = VARIANT_COLOURS[variant]
-        for name in names:
-            o = outcome(runs[name])
-            x = o["step"] if o["step"] is not None else o["steps"]
-            style = dict(OUTCOME_MARKERS[o["event"]])
-            if o["event"] is None:
-                style.update(facecolor="none", edgecolor=colour)
-            else:
-                style.update(color=colour)
-            ax.scatter(x, y, zorder=3, **style)
-            if departures.get(name) is not None:
-                ax.scatter(departures[name], y, marker="|", s=120, lw=2, color="0.25", zorder=2)
-    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=FONT)
-    ax.invert_yaxis()
-    ax.set(xscale="log", xlim=(700, 5e4))
-    ax.set_xlabel("training step (log scale)", fontsize=FONT)
-    proxies = [Line2D([], [], ls="", marker=OUTCOME_MARKERS[e]["marker"], ms=7,
-                      markerfacecolor="none" if e is None else "0.35", markeredgecolor="0.35",
-                      label=OUTCOME_WORDS[e]) for e in OUTCOME_MARKERS]
-    if departures:
-        proxies.append(Line2D([], [], ls="", marker="|", ms=10, mew=2, color="0.25",
-                              label="‖W_Q‖ left the control's"))
-    ax.legend(handles=proxies, fontsize=FONT, loc="upper center", ncol=2,
-              bbox_to_anchor=(0.3, -0.09))
-
-
-def _mark(ax, step, colour, style):
-    if step is not None:
-        ax.axvline(step, color=colour, ls=style, lw=1.2)
-
-
-def departure_legend(ax, keys=("rows_tied_bf16", "wq"), target=None, **kw):
-    """A legend for the vertical lines that mark departures, added to ``ax``'s own entries and
-    drawn on ``target`` (an axis or a figure; default ``ax``)."""
-    from matplotlib.lines import Line2D
-    words = {"rows_tied_bf16": ("--", "tie share leaves the control's"),
-             "wq": (":", "‖W_Q‖ leaves the control's"),
-             "rank1_token_cos": ("-.", "similarity leaves the control's")}
-    handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], color="0.3", ls=words[k][0], label=words[k][1]) for k in keys]
-    (target or ax).legend(handles=handles, fontsize=FONT, **kw)
-
-
-def plot_precondition(axes, failing: dict, control: dict, layer: int = 0, width: int = 25):
-    """Three stacked panels over training steps, failing run (red) and its control (blue): the
-    loss, the share of rows with repeated maxima (exactly tied maxima of a bf16 S, the paper's
-    App. E.1 count), and ‖W_Q‖₂; dashed: where the tie share leaves the control's, dotted: where
-    ‖W_Q‖ does (:data:`DEPARTURE_RULES`)."""
-    dep = pair_departures(failing, control, layer)
-    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
-                             (control, VARIANT_COLOURS["F"], "control")):
-        h = run["history"]
-        axes[0].plot(*smooth(h["step"], h["loss"], width), color=colour, lw=1.2, label=who)
-        steps, ties = monitor_series(run, "rows_tied_bf16", layer)
-        axes[1].plot(steps, rolling_mean(ties, 5), color=colour, lw=1.2)
-        steps, wq = monitor_series(run, "wq", layer)
-        axes[2].plot(steps, wq, color=colour, lw=1.2)
-    for ax in axes:
-        _mark(ax, dep["rows_tied_bf16"], "0.3", "--")
-        _mark(ax, dep["wq"], "0.3", ":")
-    axes[0].set_ylabel("loss (nats/byte)", fontsize=FONT)
-    axes[1].set_ylabel(f"rows with tied\nmaxima, layer {layer} (%)", fontsize=FONT)
-    axes[2].set(yscale="log")
-    axes[2].set_ylabel(f"‖W_Q‖₂, layer {layer}", fontsize=FONT)
-    axes[2].set_xlabel("training step", fontsize=FONT)
-    return dep
-
-
-def plot_similarity(ax, failing: dict, control: dict, layer: int = 0):
-    """The mean cosine similarity of the rank-1 terms (PK)[T]ᵀX[T] over pairs of tokens (Eq. 2,
-    the paper's Fig. 4), failing run and control, with the two departure steps marked."""
-    dep = pair_departures(failing, control, layer)
-    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
-                             (control, VARIANT_COLOURS["F"], "control")):
-        steps, cos = monitor_series(run, "rank1_token_cos", layer)
-        ax.plot(steps, rolling_mean(cos, 5), color=colour, lw=1.2, label=who)
-    _mark(ax, dep["rank1_token_cos"], "0.3", "-.")
-    _mark(ax, dep["wq"], "0.3", ":")
-    ax.set_xlabel("training step", fontsize=FONT)
-    ax.set_ylim(0, 1)
-    return dep
-
-
-def plot_bias_shares(ax, groups: dict):
-    """Dot plot of Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| per run, one row per group {label: values}."""
-    rng = np.random.default_rng(0)
-    for y, (label, (values, colour)) in enumerate(groups.items()):
-        values = np.asarray(values, dtype=float)
-        ax.scatter(100 * values, y + rng.uniform(-0.15, 0.15, len(values)), color=colour, s=24,
-                   alpha=0.8)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_yticks(range(len(groups)), list(groups), fontsize=FONT)
-    ax.invert_yaxis()
-    ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)
-
-
 EVENT_WORDS = {"explosion": "exploded", "NaN": "went NaN"}
 FIX_ORDER = "USCKDPF"   # the failing path, the β rule and its repairs, then the two δ routes
-FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too
 
 
 def fix_runs(stored: dict) -> dict:
@@ -485,39 +284,3 @@ def fix_table(runs: dict):
                          if any(o["event"] == kind for o in outs)) or "none",
                      "reached": max(alive) if alive else None})
     return pd.DataFrame(rows)
-
-
-def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str = FIX_ORDER):
-    """Layer ``layer``'s ‖W_Q‖₂ over its same-seed control's against the step, one line per run
-    of :func:`fix_runs` (colour = variant, in the order of ``order``), smoothed over ``width``
-    checks; each line ends in its outcome's marker (explosion, NaN, or still training). The
-    control of a run is ``k4-F-<its seed>``."""
-    drawn = set()
-    for variant in order:
-        if variant == "F":
-            continue
-        for name in sorted(n for n in runs if parse_name(n)[1] == variant):
-            steps, ratio = wq_ratio(runs[name], runs[f"k4-F-{parse_name(name)[2]}"], layer)
-            o = outcome(runs[name])
-            end = o["step"] if o["step"] is not None else o["steps"]
-            steps, ratio = steps[steps <= end], ratio[steps <= end]
-            if len(steps) > width:
-                ratio = np.convolve(ratio, np.ones(width) / width, mode="valid")
-                steps = steps[width - 1:]
-            colour = VARIANT_COLOURS[variant]
-            label = None if variant in drawn else VARIANT_NAMES[variant]
-            drawn.add(variant)
-            ax.plot(steps, ratio, color=colour, lw=1.4, label=label,
-                    ls=FIX_STYLES.get(variant, "-"))
-            style = dict(OUTCOME_MARKERS[o["event"]])
-            if o["event"] is None:
-                style.update(facecolor="none", edgecolor=colour)
-            else:
-                style.update(color=colour)
-            if len(steps):
-                ax.scatter(steps[-1], ratio[-1], zorder=3, **style)
-    ax.axhline(1.0, color=VARIANT_COLOURS["F"], lw=1, ls="--",
-               label=VARIANT_NAMES["F"] + " (= 1)")
-    ax.set_yscale("log")
-    ax.set_xlabel("training step", fontsize=FONT)
-    ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)

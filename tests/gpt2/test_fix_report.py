@@ -7,7 +7,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kernels.gpt2 import report  # noqa: E402
+from kernels.gpt2 import figures, report  # noqa: E402
 
 
 def _stored_fix_runs():
@@ -46,6 +46,6 @@ def test_fix_table_counts_every_run_once_and_matches_outcome():
         failed = sum(report.outcome(runs[n])["step"] is not None for n in names)
         assert row.failed == failed
     fig, ax = plt.subplots()
-    report.plot_fix_growth(ax, runs)
+    figures.plot_fix_growth(ax, runs)
     assert len(ax.lines) >= len(runs) - 3          # one line per run, the control as a rule
     plt.close(fig)

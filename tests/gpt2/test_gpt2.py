@@ -351,7 +351,7 @@ def _fake_run(losses, steps=None, attn="paper:delta=o,obits=4"):
 
 
 def test_report_outcome_finds_explosions_and_nans():
-    from kernels.gpt2 import report
+    from kernels.gpt2 import figures, report
     rng = np.random.default_rng()
     calm = list(2.0 - np.linspace(0, 1, 200) + 0.01 * rng.standard_normal(200))
     boom = calm[:100] + [4.0] * 100
@@ -368,7 +368,7 @@ def test_report_outcome_finds_explosions_and_nans():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots()
-    report.plot_steps_to_failure(ax, table)
+    figures.plot_steps_to_failure(ax, table)
     # U failed and F did not: one filled and one open marker set, no empty legend entries
     assert ax.get_yscale() == "log" and len(ax.collections) == 2
     assert len(ax.get_legend().get_texts()) == 2
