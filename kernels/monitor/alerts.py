@@ -42,8 +42,8 @@ RULES = {
 # The largest value each rule's number reached in any healthy stored run, all layers and
 # steps (thresholds_from_runs on results/gpt2_{probe,probe2,seeds,amplify,amp_seeds,
 # amp_final}.json; tests/monitor/test_alerts.py checks these against the files).
-THRESHOLDS = {"ties_bf16": 0.080322265625, "wq_growth": 3.1816958598536, "max_logit": 68.0,
-              "delta_lean": 0.0580839440979994}
+THRESHOLDS = {"ties_bf16": 0.080322265625, "wq_growth": 3.181695859853613, "max_logit": 68.0,
+              "delta_lean": 0.058083944097999364}
 EARLY = (500, 1000)      # steps whose median ‖W_Q‖ is a run's own early level
 WINDOW = 10              # readings in the δ lean
 
