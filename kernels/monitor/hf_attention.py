@@ -7,8 +7,9 @@ Hugging Face (registered with transformers' ``AttentionInterface`` under :data:`
 
     from kernels.monitor import hf_attention
     hf_attention.register()
-    model = GPT2LMHeadModel(config, attn_implementation=hf_attention.NAME)
-    # or, on a model already built: model.set_attn_implementation(hf_attention.NAME)
+    model = GPT2LMHeadModel(GPT2Config(..., attn_implementation=hf_attention.NAME))
+    # or from_pretrained(..., attn_implementation=hf_attention.NAME), or, on a model
+    # already built: model.set_attn_implementation(hf_attention.NAME)
 
 nanoGPT (a drop-in for the one SDPA call in ``CausalSelfAttention.forward``)::
 
