@@ -18,6 +18,8 @@
    loss curve stays as close to SDPA's of the same seed as SDPA's two seeds stay to each
    other (:func:`curve_gap`).
 
+The command fails (after writing the file) when the fix does not match SDPA within noise
+or a loss is not finite: on a GPU it is the test that the fix trains a stock model.
 ``--small`` runs both at tiny sizes on the CPU (the test of this script): its numbers
 are no measurement and its file says so (``small``: true, no GPU in the provenance).
 """
@@ -248,6 +250,9 @@ def main(argv=None):
     print(f"  HF GPT-2 with {hf['implementation']}: gap to SDPA {hf['gap_to_sdpa']}, "
           f"SDPA seed to seed {hf['noise_between_seeds']:.4f}: within noise "
           f"{hf['within_noise']}")
+    if not args.small and not (hf["within_noise"] and hf["finite"]):
+        raise SystemExit(f"the fix did not train as SDPA does (stored in {path}): its loss "
+                         f"curve left SDPA's by more than SDPA's two seeds differ")
     return out if out is not None else Path(path).parent
 
 

@@ -81,13 +81,6 @@ def _compiled(module) -> bool:
                is not None for m in module.modules())
 
 
-@torch._dynamo.disable
-def _traced_by_compile(monitor):
-    """Called from a hook that torch.compile traced: compiled code runs it (eagerly, as
-    a graph break) every time it runs, so the monitor learns it is being compiled."""
-    monitor._compile_seen = True
-
-
 def _has_padding(mask) -> bool:
     """True when an attention mask hides a key that the causal mask would show."""
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
@@ -397,7 +390,10 @@ class AttentionMonitor:
     def _qkv_hook(self, layer):
         def hook(module, inputs, output):
             if torch.compiler.is_compiling():
-                _traced_by_compile(self)
+                # traced by torch.compile: the compiled code replays this attribute write
+                # each time it runs (no graph break, so fullgraph=True works too), and the
+                # next step() switches the monitor off
+                self._compile_seen = True
                 return
             pending = self._pending
             if (pending is None or layer.index in pending["qkv"]
@@ -425,7 +421,10 @@ class AttentionMonitor:
     def _output_hook(self, layer):
         def hook(module, inputs):
             if torch.compiler.is_compiling():
-                _traced_by_compile(self)
+                # traced by torch.compile: the compiled code replays this attribute write
+                # each time it runs (no graph break, so fullgraph=True works too), and the
+                # next step() switches the monitor off
+                self._compile_seen = True
                 return
             pending = self._pending
             if (pending is None or layer.index in pending["forward"] or not inputs

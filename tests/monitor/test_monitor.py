@@ -524,6 +524,19 @@ def test_time_steps_reports_medians():
                    AttentionMonitor.attach(model, every=1))
 
 
+def test_time_steps_synchronises_around_every_pass():
+    """sync (torch.cuda.synchronize on a GPU) runs before the clock starts and before it
+    stops: twice per timed pass, three passes per round."""
+    model = book_model(attn="sdpa")
+    idx = torch.randint(0, 256, (2, 24))
+    calls = []
+    repeats, warmup = int(np.random.randint(3, 5)), int(np.random.randint(0, 2))
+    time_steps(model, lambda: book_loss(model, idx)[1],
+               AttentionMonitor.attach(model, every=10), repeats=repeats, warmup=warmup,
+               sync=lambda: calls.append(1))
+    assert len(calls) == 2 * 3 * (repeats + warmup)
+
+
 def test_ceiling_and_lead():
     steps = np.arange(0, 1000, 100)
     level = float(np.random.uniform(1, 5))

@@ -219,13 +219,18 @@ def whole(model):
     return torch.compile(model, backend="eager")
 
 
+def whole_fullgraph(model):
+    return torch.compile(model, backend="eager", fullgraph=True)
+
+
 def per_block(model):
     for i, block in enumerate(model.blocks):
         model.blocks[i] = torch.compile(block, backend="eager")
     return model
 
 
-@pytest.mark.parametrize("make", [whole, per_block], ids=["whole model", "per block"])
+@pytest.mark.parametrize("make", [whole, whole_fullgraph, per_block],
+                         ids=["whole model", "fullgraph", "per block"])
 def test_compile_after_attach_switches_the_monitor_off_once(make):
     torch._dynamo.reset()
     mon, messages = _compile_run(make)
