@@ -64,9 +64,10 @@ class Alert:
 
     @property
     def message(self) -> str:
+        whose = ", the most any healthy run of the book reached" \
+            if self.threshold == THRESHOLDS[self.rule] else " (your threshold)"
         return (f"monitor alert at step {self.step}, layer {self.layer}: {self.rule} = "
-                f"{self.value:.4g} passed {self.threshold:.4g}, the most any healthy run "
-                f"of the book reached ({RULES[self.rule]})")
+                f"{self.value:.4g} passed {self.threshold:.4g}{whose} ({RULES[self.rule]})")
 
 
 def _check_thresholds(thresholds) -> dict:

@@ -124,6 +124,9 @@ def test_the_monitor_warns_once_per_crossing_and_calls_on_alert():
     assert [(a.step, a.layer, a.rule) for a in got] == [(1, 0, "max_logit"),
                                                         (1, 1, "max_logit")]
     assert len(alerts) == 2 and "step 1, layer 0: max_logit" in str(alerts[0].message)
+    assert "(your threshold)" in str(alerts[0].message)
+    book = Alert(5, 0, "ties_bf16", 0.5, THRESHOLDS["ties_bf16"]).message
+    assert "the most any healthy run of the book reached" in book
     logits = {(s, l): v for s, l, h, m, v in mon.rows if m == "max_logit" and h == 0}
     assert got[0].value >= logits[(1, 0)]
     quiet = AttentionMonitor.attach(model, every=1, alerts=False)
