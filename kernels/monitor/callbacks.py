@@ -120,4 +120,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["MonitorTrainerCallback", "MonitorLightningCallback", "lightning_callback_class"]
+# the two callback classes are made on first access (module __getattr__), so that neither
+# transformers nor Lightning is imported before it is needed
+__all__ = ["MonitorLightningCallback", "MonitorTrainerCallback",  # noqa: F822
+           "lightning_callback_class"]

@@ -206,7 +206,20 @@ def test_callbacks_without_the_packages(monkeypatch):
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning"):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError, match="needs Lightning.*pip install lightning"):
-        callbacks.MonitorLightningCallback
+        _ = callbacks.MonitorLightningCallback
     with pytest.raises(ValueError, match="package must be"):
         callbacks.lightning_callback_class("keras")
     callbacks._BUILT.clear()
+
+
+def test_the_package_imports_neither_lightning_nor_transformers():
+    """kernels.monitor (and its callbacks module) work without Lightning: nothing imports
+    it, or transformers, until a callback or the registration is asked for."""
+    import subprocess
+    from kernels.env import REPO_ROOT
+    code = ("import sys, kernels.monitor, kernels.monitor.callbacks; "
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -4,7 +4,6 @@ know refused, GPTBigCode read right; a SummaryWriter or any callable as a sink; 
 after attach caught with one warning; step() idempotent within a step; a warning when a
 padding mask is seen. CPU only, tiny models, fresh random inputs each run."""
 import math
-import types
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch.nn as nn
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.gpt2 import GPT, GPTConfig
-from kernels.monitor import METRICS, AttentionMonitor, layer_table, read_rows
+from kernels.monitor import AttentionMonitor, layer_table, read_rows
 from kernels.monitor.sinks import FileSink
 
 FORWARD = ("ties_bf16", "p1_fa2", "wq_norm", "max_logit")
@@ -257,7 +256,7 @@ def test_step_is_idempotent_within_a_step():
     mon.close()
     assert read == [True] * micro + [False] * micro + [True] * micro + [False] * micro
     assert len(mon.rows) == 2 * 2 * 2 * len(FORWARD)
-    assert len(set(row[:4] for row in mon.rows)) == len(mon.rows)
+    assert len({row[:4] for row in mon.rows}) == len(mon.rows)
 
 
 def test_layer_table_warns_about_repeated_rows():
