@@ -6,15 +6,20 @@
         loss = ...; loss.backward(); optimizer.step()
     monitor.close()
 
-What it finds. Every module with a ``c_attn`` child (the projection to [Q; K; V]), a
+What it finds. Every module with a ``c_attn`` child (the projection to q, k, v), a
 ``c_proj`` child (the output projection) and a head count (``n_head``, ``num_heads`` or
-the ``n_head=`` argument) is an attention layer, numbered from 0 in module order:
+the ``n_head=`` argument) is an attention layer, numbered from 0 in module order. How
+q, k and v sit in the output of ``c_attn`` (its *layout*, :data:`LAYOUTS`) is known for
 nanoGPT's and the book's ``CausalSelfAttention`` (``c_attn`` an ``nn.Linear`` with a
-(3C, C) weight) and Hugging Face's ``GPT2Attention`` (``c_attn`` a ``Conv1D`` with the
-transposed (C, 3C) weight). The layer must be causal self-attention with 1/√d scaling
-(or a ``scaling`` attribute, as Hugging Face's has) and no padding mask; optional
-``q_norm``/``k_norm`` modules (the book's qk-norm) are applied as the layer applies
-them. Rotary position embeddings are not.
+(3C, C) weight: [Q; K; V]), Hugging Face's ``GPT2Attention`` (a ``Conv1D`` with the
+transposed (C, 3C) weight, [Q; K; V]) and ``GPTBigCodeAttention`` (per head
+[q; k; v], or one key/value head with ``multi_query=True``). Any other class is refused
+with a message naming it, unless ``layout=`` says how its output is laid out. The layer
+must be causal self-attention with 1/√d scaling (or a ``scaling`` attribute, as Hugging
+Face's has); optional ``q_norm``/``k_norm`` modules (the book's qk-norm) are applied as
+the layer applies them. Rotary position embeddings are not. An attention mask that hides
+more than the causal mask (padding) is read as if every position were visible: the
+monitor warns once when it sees one.
 
 How it reads. On a reading step it hooks each layer's ``c_attn`` (its output holds q,
 k, v) and ``c_proj`` (its input is the output O the layer really produced, heads side
@@ -25,9 +30,15 @@ on) is read; the hooks are removed as soon as it has been read, so between readi
 steps the model carries no hook at all. The monitor only reads: outputs and gradients
 are bit-identical with and without it (tests/monitor).
 
-What it writes: one row per step, layer, head and metric (:data:`METRICS`). Under
-DistributedDataParallel only rank 0 reads and writes. Under ``torch.compile`` the hooks
-are never called, so the monitor warns and switches itself off.
+What it writes: one row per step, layer, head and metric (:data:`METRICS`), to a file,
+TensorBoard or any callable (:mod:`.sinks`), and checks each layer's readings against
+the alert rules of :mod:`.alerts` (a warning once per crossing, and ``on_alert``).
+``step(s)`` called again with the same ``s`` (once per micro-batch) does nothing more.
+``detach()`` (or ``close()``) writes what is left, removes every hook and closes the
+files; the monitor then refuses further steps. Under DistributedDataParallel only rank 0
+reads and writes. Under ``torch.compile`` the hooks are never called, or called while
+compiled code is traced: the monitor warns once and switches itself off, whether the
+model was compiled before or after the monitor was attached.
 """
 from __future__ import annotations
 
@@ -35,8 +46,9 @@ import warnings
 
 import torch
 
-from .metrics import delta_error, exact_output, head_readings, wq_head_norms
-from .sinks import FileSink, TensorBoardSink
+from .alerts import Alerts
+from .metrics import delta_error, exact_output, head_readings, spectral_norm
+from .sinks import make_sink
 
 METRICS = {
     "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row "
@@ -51,13 +63,32 @@ METRICS = {
                  "(delta=True)",
 }
 HEAD_COUNT_NAMES = ("n_head", "num_heads", "n_heads", "num_attention_heads")
+LAYOUTS = {
+    "qkv": "[Q; K; V], each n_embd wide (nanoGPT, the book's GPT-2, Hugging Face GPT-2)",
+    "per_head": "per head [q; k; v], each head_dim wide (GPTBigCode, multi_query=False)",
+    "mqa": "[Q; K; V] with one key/value head of head_dim (GPTBigCode, multi_query=True)",
+}
+KNOWN_LAYOUTS = {"CausalSelfAttention": "qkv", "GPT2Attention": "qkv",
+                 "GPT2SdpaAttention": "qkv", "GPT2FlashAttention2": "qkv",
+                 "DecisionTransformerGPT2Attention": "qkv"}
+KV_HEAD_NAMES = ("kv_heads", "num_key_value_heads", "n_kv_head", "n_kv_heads")
 
 
 def _compiled(module) -> bool:
     """True for a torch.compile wrapper or a module compiled in place
-    (``module.compile()``)."""
-    return hasattr(module, "_orig_mod") or any(
-        getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
+    (``module.compile()``), at the top or anywhere inside (per-block compile)."""
+    return any(hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None)
+               is not None for m in module.modules())
+
+
+def _has_padding(mask) -> bool:
+    """True when an attention mask hides a key that the causal mask would show."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        return False
+    nq, nk = mask.shape[-2:]
+    shown = torch.ones(nq, nk, dtype=torch.bool, device=mask.device).tril(nk - nq)
+    hidden = ~mask if mask.dtype == torch.bool else mask < 0
+    return bool((hidden & shown).any())
 
 
 def _head_count(module, name: str, n_head) -> int:
@@ -82,6 +113,38 @@ def query_weight(c_attn: torch.nn.Module, width: int) -> torch.Tensor:
                      f"(C, 3C) for a width C = {width}")
 
 
+def _out_in_weight(c_attn: torch.nn.Module) -> torch.Tensor:
+    """c_attn's weight as (outputs, inputs): nn.Linear's as is, Hugging Face's Conv1D
+    (which stores (inputs, outputs)) transposed."""
+    w = c_attn.weight
+    return w.T if type(c_attn).__name__ == "Conv1D" else w
+
+
+def _layout(name: str, module, layout) -> str:
+    """How q, k, v sit in c_attn's output; refuses what the monitor cannot know."""
+    cls = type(module).__name__
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        return layout
+    if cls.startswith("GPTBigCode"):
+        multi = getattr(module, "multi_query", None)
+        if not isinstance(multi, bool):
+            raise ValueError(f"layer {name!r} ({cls}) has no multi_query flag: cannot tell "
+                             f"whether its c_attn output is {LAYOUTS['per_head']} or "
+                             f"{LAYOUTS['mqa']}; pass layout=")
+        return "mqa" if multi else "per_head"
+    if cls in KNOWN_LAYOUTS:
+        return KNOWN_LAYOUTS[cls]
+    raise ValueError(
+        f"layer {name!r} is a {cls}, a class the monitor does not know: it has c_attn "
+        f"and c_proj, but how q, k and v sit in c_attn's output cannot be told from the "
+        f"weights. Expected one of {', '.join(sorted(KNOWN_LAYOUTS))} or GPTBigCode; if "
+        f"your layer splits c_attn's output as nanoGPT does, pass layout='qkv' "
+        f"({LAYOUTS['qkv']}); the other layouts: " + "; ".join(
+            f"{key!r}: {text}" for key, text in LAYOUTS.items() if key != "qkv"))
+
+
 def find_attention(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """(name, module) of each self-attention layer the monitor can read, in order."""
     found = []
@@ -102,24 +165,54 @@ def _writes() -> bool:
 class _Layer:
     """One attention layer: where to hook it and how to cut its tensors into heads."""
 
-    def __init__(self, index, name, module, n_head):
+    def __init__(self, index, name, module, n_head, layout=None):
         self.index, self.name, self.module = index, name, module
         self.n_head = _head_count(module, name, n_head)
-        weight = module.c_attn.weight
-        self.width = min(weight.shape)
+        self.layout = _layout(name, module, layout)
+        weight = _out_in_weight(module.c_attn)
+        self.width = int(weight.shape[1])
         if self.width % self.n_head:
             raise ValueError(f"layer {name!r}: width {self.width} is not divisible by "
                              f"{self.n_head} heads")
-        query_weight(module.c_attn, self.width)          # checks the shape once
+        self.head_dim = self.width // self.n_head
+        kv_heads = 1 if self.layout == "mqa" else self.n_head
+        for attr in KV_HEAD_NAMES:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and value != kv_heads:
+                raise ValueError(f"layer {name!r} ({type(module).__name__}) has {attr} = "
+                                 f"{value}, but layout {self.layout!r} has {kv_heads} "
+                                 "key/value heads: grouped-query attention is not read")
+        outputs = self.width + 2 * kv_heads * self.head_dim
+        if tuple(weight.shape) != (outputs, self.width):
+            raise ValueError(
+                f"layer {name!r} ({type(module).__name__}): c_attn makes "
+                f"{weight.shape[0]} outputs from {weight.shape[1]} inputs, but layout "
+                f"{self.layout!r} ({LAYOUTS[self.layout]}) with {self.n_head} heads "
+                f"expects {outputs} outputs")
         scale = getattr(module, "scaling", None)
         self.scale = float(scale) if isinstance(scale, (int, float)) else None
 
+    def wq_norms(self) -> list[float]:
+        """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q."""
+        w, d = _out_in_weight(self.module.c_attn), self.head_dim
+        first = (lambda h: 3 * d * h) if self.layout == "per_head" else (lambda h: d * h)
+        return [spectral_norm(w[first(h):first(h) + d]) for h in range(self.n_head)]
+
     def split(self, qkv: torch.Tensor):
-        """(B, N, 3C) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if it
-        has them (applied under the autocast state of the layer's own forward pass)."""
+        """(B, N, outputs) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if
+        it has them (applied under the autocast state of the layer's own forward pass)."""
         b, n, _ = qkv.shape
-        q, k, v = (t.reshape(b, n, self.n_head, -1).transpose(1, 2)
-                   for t in qkv.split(self.width, dim=-1))
+        d = self.head_dim
+        if self.layout == "per_head":
+            q, k, v = qkv.reshape(b, n, self.n_head, 3 * d).transpose(1, 2).split(d, -1)
+        elif self.layout == "mqa":
+            q, k, v = qkv.split((self.width, d, d), dim=-1)
+            q = q.reshape(b, n, self.n_head, d).transpose(1, 2)
+            k, v = (t.reshape(b, n, 1, d).transpose(1, 2).expand(b, self.n_head, n, d)
+                    for t in (k, v))
+        else:
+            q, k, v = (t.reshape(b, n, self.n_head, -1).transpose(1, 2)
+                       for t in qkv.split(self.width, dim=-1))
         q_norm, k_norm = (getattr(self.module, a, None) for a in ("q_norm", "k_norm"))
         if isinstance(q_norm, torch.nn.Module) and isinstance(k_norm, torch.nn.Module):
             q, k = q_norm(q).to(v.dtype), k_norm(k).to(v.dtype)
@@ -134,12 +227,16 @@ class _Layer:
 class AttentionMonitor:
     """Reads a model's attention on every ``every``-th step (see the module docstring).
 
-    Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl), to a
-    TensorBoard log directory (``tensorboard=``), and to :attr:`rows` in memory.
+    Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl, or a
+    SummaryWriter, or a function of the rows), to TensorBoard (``tensorboard=``: a log
+    directory or a SummaryWriter), to ``sink`` (a function of the rows), and to
+    :attr:`rows` in memory. Each layer's readings go through the alert rules
+    (:mod:`.alerts`; ``alerts=False`` switches them off, a dict overrides thresholds).
     """
 
     def __init__(self, model, every=100, path=None, delta=False, tensorboard=None,
-                 layers=None, n_head=None, sequences=None, append=False):
+                 layers=None, n_head=None, sequences=None, append=False, layout=None,
+                 sink=None, alerts=True, on_alert=None):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive whole number of steps, got "
                              f"{every!r}")
@@ -147,12 +244,16 @@ class AttentionMonitor:
             raise ValueError(f"sequences must be a positive number or None, got "
                              f"{sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
-        self.enabled, self.rows = True, []
+        self.enabled, self.detached, self.rows = True, False, []
         self._pending, self._handles, self._counter = None, [], 0
+        self._last = None                       # (step, what step() returned)
+        self._compile_seen, self._padding_warned = False, False
         self._model = model
+        self.alerts = self._make_alerts(alerts, on_alert)
+        self._sinks = []
         if _compiled(model):
             self._disable("the model is compiled with torch.compile")
-            self.layers, self._sinks = [], []
+            self.layers = []
             return
         found = find_attention(model)
         if not found:
@@ -168,23 +269,45 @@ class AttentionMonitor:
                 raise ValueError(f"layer index {i!r} does not exist: the model has "
                                  f"{len(found)} attention layers, 0 to "
                                  f"{len(found) - 1} ({names})")
-        self.layers = [_Layer(i, *found[i], n_head) for i in picked]
+        self.layers = [_Layer(i, *found[i], n_head, layout) for i in picked]
         if self.delta:
             self._warn_about_dropout()
-        self._sinks = []
-        if path is not None:
-            self._sinks.append(FileSink(path, append=append))
-        if tensorboard is not None:
-            self._sinks.append(TensorBoardSink(tensorboard))
+        for target, option in ((path, "path"), (tensorboard, "tensorboard"),
+                               (sink, "sink")):
+            if target is not None:
+                self._sinks.append(make_sink(target, option, append=append))
+
+    @staticmethod
+    def _make_alerts(alerts, on_alert):
+        if isinstance(alerts, Alerts):
+            if on_alert is not None:
+                raise ValueError("give on_alert to your Alerts object, not to attach, "
+                                 "when you pass one")
+            return alerts
+        if alerts is False or alerts is None:
+            if on_alert is not None:
+                raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
+            return None
+        if alerts is True:
+            return Alerts(on_alert=on_alert)
+        if isinstance(alerts, dict):
+            return Alerts(alerts, on_alert=on_alert)
+        raise TypeError(f"alerts must be True, False, a dict of thresholds or an Alerts, "
+                        f"got {type(alerts).__name__}")
 
     @classmethod
     def attach(cls, model, every=100, path=None, delta=False, tensorboard=None,
                **options):
         """Attach a monitor to ``model``: every ``every`` steps, rows to ``path``
-        (.csv/.jsonl) and/or ``tensorboard`` (a log directory), Σ(δ_lp − δ_hp) when
-        ``delta``. Options: ``layers`` (indices of the attention layers to read, default
-        all), ``n_head`` (if the layers do not say), ``sequences`` (read only the first
-        few sequences of a batch: less memory), ``append`` (add to an existing file)."""
+        (.csv/.jsonl, a SummaryWriter or a function) and/or ``tensorboard`` (a log
+        directory or a SummaryWriter), Σ(δ_lp − δ_hp) when ``delta``. Options:
+        ``layers`` (indices of the attention layers to read, default all), ``n_head``
+        (if the layers do not say), ``layout`` (how c_attn's output holds q, k, v, for a
+        class the monitor does not know: see :data:`LAYOUTS`), ``sequences`` (read only
+        the first few sequences of a batch: less memory), ``append`` (add to an existing
+        file), ``sink`` (a function of each step's rows), ``alerts`` (True: the book's
+        thresholds; False: none; a dict: your thresholds), ``on_alert`` (a function of
+        each :class:`~kernels.monitor.alerts.Alert`)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard,
                    **options)
 
@@ -197,11 +320,29 @@ class AttentionMonitor:
         """Call once per training step, before its forward pass. Arms the hooks when
         ``step`` (or, without it, the count of calls so far) is a multiple of ``every``;
         returns whether this step is read. First writes what the previous armed step
-        left unwritten."""
+        left unwritten. Called again with the same ``step`` (once per micro-batch, as
+        Lightning's ``on_train_batch_start`` does), it does nothing and returns what
+        it returned the first time."""
+        if self.detached:
+            raise RuntimeError(
+                "this monitor was detached (detach() or close()): its hooks are gone and "
+                "its files closed, so it reads no more steps. Its rows are still in "
+                ".rows; to go on reading, attach a new monitor (append=True continues "
+                "the file)")
         if step is None:
             step = self._counter
+        elif self._last is not None and step == self._last[0]:
+            return self._last[1]
         self._counter = step + 1
+        read = self._arm(step)
+        self._last = (step, read)
+        return read
+
+    def _arm(self, step) -> bool:
         self._finish()
+        if self._compile_seen and self.enabled:
+            self._disable("the model was compiled with torch.compile after the monitor "
+                          "was attached")
         if not self.enabled or step % self.every or not _writes():
             return False
         if _compiled(self._model):
@@ -215,19 +356,29 @@ class AttentionMonitor:
                 self._qkv_hook(layer)))
             self._handles.append(layer.module.c_proj.register_forward_pre_hook(
                 self._output_hook(layer)))
+            self._handles.append(layer.module.register_forward_pre_hook(
+                self._mask_hook(layer), with_kwargs=True))
         return True
 
-    def close(self):
-        """Write what is left and close the files."""
+    def detach(self):
+        """Write what is left, remove every hook, close the files: the model is as it
+        was before :meth:`attach`. The rows stay in :attr:`rows`; later ``step`` calls
+        are refused."""
+        if self.detached:
+            return
         self._finish()
+        self._remove_hooks()
         for sink in self._sinks:
             sink.close()
+        self.detached, self.enabled = True, False
+
+    close = detach
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self.detach()
 
     def frame(self):
         """The rows read so far as a pandas table (step, layer, head, metric, value)."""
@@ -238,6 +389,12 @@ class AttentionMonitor:
     # ------------------------------------------------------------ hooks
     def _qkv_hook(self, layer):
         def hook(module, inputs, output):
+            if torch.compiler.is_compiling():
+                # traced by torch.compile: the compiled code replays this attribute write
+                # each time it runs (no graph break, so fullgraph=True works too), and the
+                # next step() switches the monitor off
+                self._compile_seen = True
+                return
             pending = self._pending
             if (pending is None or layer.index in pending["qkv"]
                     or not torch.is_grad_enabled()):
@@ -245,8 +402,30 @@ class AttentionMonitor:
             pending["qkv"][layer.index] = output.detach()
         return hook
 
+    def _mask_hook(self, layer):
+        def hook(module, args, kwargs):
+            if torch.compiler.is_compiling() or self._padding_warned:
+                return
+            mask = kwargs.get("attention_mask", kwargs.get("attn_mask"))
+            if _has_padding(mask):
+                self._padding_warned = True
+                warnings.warn(
+                    f"monitor: layer {layer.name!r} was given an attention mask that "
+                    "hides positions the causal mask shows (padding). The monitor reads "
+                    "every position up to the diagonal as visible, so padded positions "
+                    "enter its tie shares, logits and δ: read on batches without "
+                    "padding (pack the sequences) or take these readings as approximate",
+                    UserWarning, stacklevel=2)
+        return hook
+
     def _output_hook(self, layer):
         def hook(module, inputs):
+            if torch.compiler.is_compiling():
+                # traced by torch.compile: the compiled code replays this attribute write
+                # each time it runs (no graph break, so fullgraph=True works too), and the
+                # next step() switches the monitor off
+                self._compile_seen = True
+                return
             pending = self._pending
             if (pending is None or layer.index in pending["forward"] or not inputs
                     or layer.index not in pending["qkv"]
@@ -259,8 +438,7 @@ class AttentionMonitor:
                 q, k, v = layer.split(pending["qkv"].pop(layer.index)[:keep])
                 with torch.autocast(out.device.type, enabled=False):
                     stats = head_readings(q, k, scale=layer.scale)
-                    weight = query_weight(layer.module.c_attn, layer.width)
-                    stats["wq_norm"] = wq_head_norms(weight, layer.n_head)
+                    stats["wq_norm"] = layer.wq_norms()
                     o_hp = exact_output(q, k, v, layer.scale) if self.delta else None
             pending["forward"][layer.index] = stats
             if self.delta and out.requires_grad:
@@ -287,14 +465,20 @@ class AttentionMonitor:
     def _done_with(self, layer):
         """Remove the module hooks of one layer once it has been read."""
         keep = []
+        hooks_of = (layer.module.c_attn._forward_hooks,
+                    layer.module.c_proj._forward_pre_hooks,
+                    layer.module._forward_pre_hooks)
         for handle in self._handles:
-            hooks_of = (layer.module.c_attn._forward_hooks,
-                        layer.module.c_proj._forward_pre_hooks)
             if any(handle.id in d for d in hooks_of):
                 handle.remove()
             else:
                 keep.append(handle)
         self._handles = keep
+
+    def _remove_hooks(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _check_complete(self):
         p = self._pending
@@ -304,18 +488,17 @@ class AttentionMonitor:
 
     def _finish(self):
         """Write the pending step's rows (whatever was read) and remove every hook."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._remove_hooks()
         p, self._pending = self._pending, None
         if p is None:
             return
         if not p["seen"]:
+            if self._compile_seen:
+                return                  # step() switches the monitor off, with one warning
             warnings.warn(
                 f"monitor: step {p['step']} was armed but no training forward pass "
-                "reached the attention layers (was the model compiled after the "
-                "monitor was attached, or run without gradients?); nothing was read",
-                RuntimeWarning, stacklevel=3)
+                "reached the attention layers (was the model run without gradients?); "
+                "nothing was read", RuntimeWarning, stacklevel=3)
             return
         rows = []
         for layer in self.layers:
@@ -324,6 +507,8 @@ class AttentionMonitor:
             for metric in METRICS:
                 for head, value in enumerate(stats.get(metric, ())):
                     rows.append((p["step"], layer.index, head, metric, float(value)))
+            if self.alerts is not None and stats:
+                self.alerts.update(p["step"], layer.index, _combined(stats))
         self.rows.extend(rows)
         for sink in self._sinks:
             sink.write(rows)
@@ -333,11 +518,10 @@ class AttentionMonitor:
         warnings.warn(f"AttentionMonitor disables itself: {why}, and compiled code "
                       "never calls the hooks it reads through. To read the attention, "
                       "train the uncompiled model (attach the monitor to it and do not "
-                      "compile it).", UserWarning, stacklevel=3)
+                      "compile it).", UserWarning, stacklevel=4)
         self.enabled = False
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self._pending = [], None
+        self._remove_hooks()
+        self._pending = None
 
     def _warn_about_dropout(self):
         for layer in self.layers:
@@ -354,4 +538,13 @@ class AttentionMonitor:
                     UserWarning, stacklevel=3)
 
 
-__all__ = ["AttentionMonitor", "METRICS", "find_attention", "query_weight"]
+def _combined(stats: dict) -> dict:
+    """One layer's per-head readings combined as the stored runs hold them
+    (:data:`kernels.monitor.readings.LAYER_RULES`)."""
+    from .readings import LAYER_RULES
+    how = {"mean": lambda v: sum(v) / len(v), "max": max, "sum": sum}
+    return {metric: how[rule](stats[metric]) for metric, rule in LAYER_RULES.items()
+            if stats.get(metric)}
+
+
+__all__ = ["AttentionMonitor", "METRICS", "LAYOUTS", "find_attention", "query_weight"]

@@ -16,14 +16,19 @@ import time
 import numpy as np
 
 
-def _one_step(model, loss_fn, before=None):
+def _one_step(model, loss_fn, before=None, sync=None):
     """Seconds for ``before()`` (a monitor.step call, if any) and a forward +
-    backward."""
+    backward, with ``sync()`` (e.g. torch.cuda.synchronize) before the clock starts and
+    before it stops, so that queued GPU work is counted where it was issued."""
     model.zero_grad(set_to_none=True)
+    if sync is not None:
+        sync()
     start = time.perf_counter()
     if before is not None:
         before()
     loss_fn().backward()
+    if sync is not None:
+        sync()
     return time.perf_counter() - start
 
 
@@ -33,14 +38,16 @@ def _summary(values) -> dict:
 
 
 def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
-               seed: int = 0) -> dict:
+               seed: int = 0, sync=None) -> dict:
     """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed
     batch): ``off`` without calling the monitor, ``between`` with ``monitor.step`` on
     steps it does not read, ``reading`` on steps it reads; each round runs the three
     once, in a random order. Medians and interquartile ranges over ``repeats`` rounds;
     ``paired``: the same of ``between / off − 1`` within each round. ``call``: one
     ``monitor.step`` call on a step it does not read, timed alone (1,000 calls), which
-    is all the monitor adds between reading steps: it leaves no hook there."""
+    is all the monitor adds between reading steps: it leaves no hook there. ``sync``:
+    called before and after each timed pass (pass ``torch.cuda.synchronize`` on a GPU,
+    where work is queued and a clock alone measures only the launches)."""
     if repeats < 3:
         raise ValueError(f"need at least 3 repeats for a median and quartiles, got "
                          f"{repeats}")
@@ -56,7 +63,7 @@ def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
                   "reading": lambda: monitor.step(every * (i + 1))}  # read
         kinds = list(times)
         rng.shuffle(kinds)
-        got = {kind: _one_step(model, loss_fn, before[kind]) for kind in kinds}
+        got = {kind: _one_step(model, loss_fn, before[kind], sync) for kind in kinds}
         if i >= warmup:
             for kind, value in got.items():
                 times[kind].append(value)
@@ -104,7 +111,8 @@ LAYER_RULES = {"ties_bf16": "mean", "p1_fa2": "mean", "wq_norm": "max",
 def layer_table(rows):
     """One row per (step, layer), one column per metric, heads combined by
     :data:`LAYER_RULES`. ``rows``: a monitor, its rows, a table of them or a file
-    path."""
+    path. A (step, layer, head, metric) found more than once (a file appended to by a
+    resumed run that repeated steps) is kept once, its last value, with a warning."""
     import pandas as pd
     from .sinks import COLUMNS, read_rows
     if hasattr(rows, "rows"):
@@ -113,6 +121,16 @@ def layer_table(rows):
         rows = read_rows(rows)
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(
         rows, columns=list(COLUMNS))
+    key = ["step", "layer", "head", "metric"]
+    repeated = frame.duplicated(key, keep="last")
+    if repeated.any():
+        steps = sorted(set(frame.step[repeated]))
+        import warnings
+        warnings.warn(f"layer_table: {int(repeated.sum())} rows repeat a (step, layer, "
+                      f"head, metric) already read (steps {steps[:5]}"
+                      f"{' …' if len(steps) > 5 else ''}); each keeps its last value",
+                      UserWarning, stacklevel=2)
+        frame = frame[~repeated]
     tables = [frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how)
               .rename(metric) for metric, how in LAYER_RULES.items()
               if (frame.metric == metric).any()]

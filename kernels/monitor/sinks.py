@@ -1,14 +1,18 @@
-"""Where the monitor's rows go: a CSV file, a JSON-lines file, TensorBoard, or memory.
+"""Where the monitor's rows go: a CSV file, a JSON-lines file, TensorBoard (a log
+directory or a ``SummaryWriter`` of the reader's own), any callable, or memory.
 
 Every row is ``(step, layer, head, metric, value)``; the CSV file has exactly these
 columns (a header line, then one line per row) and the JSON-lines file one object with
 these keys per line. Files are opened on the first row written, so a process that never
-writes (a DDP rank other than 0) never creates one.
+writes (a DDP rank other than 0) never creates one. A file is opened once: a sink that
+was closed refuses to write again (it would start the file over), and :func:`make_sink`
+turns whatever the reader passed into a sink, or says what it cannot take.
 """
 from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 COLUMNS = ("step", "layer", "head", "metric", "value")
@@ -24,8 +28,14 @@ class FileSink:
         if suffix not in (".csv", ".jsonl"):
             raise ValueError(f"path must end in .csv or .jsonl, got {str(path)!r}")
         self.kind, self.append, self._file, self._csv = suffix[1:], append, None, None
+        self.closed = False
 
     def _open(self):
+        if self.closed:
+            raise RuntimeError(
+                f"the monitor file {str(self.path)!r} was closed: writing to it again "
+                "would start it over and lose its rows. Attach a new monitor with "
+                "append=True to continue it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not (self.append and self.path.exists() and self.path.stat().st_size)
         self._file = open(self.path, "a" if self.append else "w", newline="")
@@ -48,6 +58,7 @@ class FileSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self.closed = True
 
 
 def tensorboard_writer_class():
@@ -63,23 +74,60 @@ def tensorboard_writer_class():
 
 
 class TensorBoardSink:
-    """Rows as scalars ``<metric>/layer<l>/head<h>`` in a TensorBoard log directory."""
+    """Rows as scalars ``<metric>/layer<l>/head<h>`` in a TensorBoard log directory, or
+    through a writer the reader made (anything with ``add_scalar``: torch's
+    ``SummaryWriter``, tensorboardX's). A writer of the reader's is flushed, never
+    closed: the training loop that made it still uses it."""
 
-    def __init__(self, logdir):
-        self.logdir, self._writer = str(logdir), None
-        self._cls = tensorboard_writer_class()
+    def __init__(self, logdir=None, writer=None):
+        if (logdir is None) == (writer is None):
+            raise ValueError("give TensorBoardSink a log directory or a writer, not both")
+        self._own = writer is None
+        self.logdir, self._writer = (None if logdir is None else str(logdir)), writer
+        self._cls = tensorboard_writer_class() if self._own else None
 
     def write(self, rows):
         if self._writer is None:
             self._writer = self._cls(log_dir=self.logdir)
         for step, layer, head, metric, value in rows:
             self._writer.add_scalar(f"{metric}/layer{layer}/head{head}", value, step)
-        self._writer.flush()
+        if hasattr(self._writer, "flush"):
+            self._writer.flush()
 
     def close(self):
-        if self._writer is not None:
+        if self._own and self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class CallableSink:
+    """Rows handed to a function: ``fn(rows)``, a list of (step, layer, head, metric,
+    value) tuples per reading step (a logger, wandb.log wrapped, a queue)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def write(self, rows):
+        self.fn(list(rows))
+
+    def close(self):
+        pass
+
+
+def make_sink(target, option: str, append: bool = False):
+    """A sink for ``target``: a path ending in .csv or .jsonl (``option="path"``) or a log
+    directory (``option="tensorboard"``); an object with ``add_scalar`` (a SummaryWriter);
+    or any callable taking a list of rows."""
+    if isinstance(target, (str, os.PathLike)):
+        return FileSink(target, append=append) if option == "path" \
+            else TensorBoardSink(logdir=target)
+    if callable(getattr(target, "add_scalar", None)):
+        return TensorBoardSink(writer=target)
+    if callable(target):
+        return CallableSink(target)
+    raise TypeError(f"{option}= takes a file path, a TensorBoard SummaryWriter (anything "
+                    f"with add_scalar) or a function of a list of rows; got "
+                    f"{type(target).__name__}")
 
 
 def read_rows(path):

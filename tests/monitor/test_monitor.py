@@ -311,7 +311,7 @@ def test_no_hooks_between_monitoring_steps():
     count = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks)  # noqa: E731
                         for m in model.modules())
     assert mon.step(1) is False and count() == 0
-    assert mon.step(5) is True and count() == 2 * 2
+    assert mon.step(5) is True and count() == 2 * 3         # c_attn, c_proj, the layer
     book_loss(model, torch.randint(0, 256, (2, 24)))[1].backward()
     assert count() == 0 and len(mon.rows) == 2 * 2 * len(METRICS)
 
@@ -522,6 +522,19 @@ def test_time_steps_reports_medians():
     with pytest.raises(ValueError, match="every=1"):
         time_steps(model, lambda: book_loss(model, idx)[1],
                    AttentionMonitor.attach(model, every=1))
+
+
+def test_time_steps_synchronises_around_every_pass():
+    """sync (torch.cuda.synchronize on a GPU) runs before the clock starts and before it
+    stops: twice per timed pass, three passes per round."""
+    model = book_model(attn="sdpa")
+    idx = torch.randint(0, 256, (2, 24))
+    calls = []
+    repeats, warmup = int(np.random.randint(3, 5)), int(np.random.randint(0, 2))
+    time_steps(model, lambda: book_loss(model, idx)[1],
+               AttentionMonitor.attach(model, every=10), repeats=repeats, warmup=warmup,
+               sync=lambda: calls.append(1))
+    assert len(calls) == 2 * 3 * (repeats + warmup)
 
 
 def test_ceiling_and_lead():

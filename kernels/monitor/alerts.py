@@ -1,0 +1,209 @@
+"""Alerts: a reading that crosses a threshold drawn from the book's stored GPT-2 runs.
+
+Four rules, each on one number per attention layer (heads combined as
+:data:`kernels.monitor.readings.LAYER_RULES` says):
+
+* ``ties_bf16``   the share of the layer's rows whose bf16 S holds tied maxima
+* ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over an early window
+                  of steps (``early``, default steps 500 to 1,000): the form that carries
+                  over to another model
+* ``max_logit``   the layer's largest |S|
+* ``delta_lean``  Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the layer's last ``window`` readings
+                  (needs ``delta=True``). A lean alone is no warning (healthy bf16 runs
+                  lean as much, chapter 9 §6; in exact attention it is noise), so this rule
+                  fires only while the layer's ``wq_growth`` is above its threshold too
+
+:data:`THRESHOLDS` are the largest values any healthy stored run reached (the runs of the
+first search without qk-norm and the fp32-O controls, chapter 9 §6);
+:func:`thresholds_from_runs` draws them again from stored runs, and the tests check that
+the two agree. An alert fires once when a reading goes above its threshold (a
+``warnings.warn`` line of category :class:`AttentionAlert`, and ``on_alert(alert)`` if
+given); it fires again only after the reading has come back below. No rule fires before
+the early window has ended: early in training, while the logits are tiny, many BF16
+scores tie and every run (healthy ones too) shows a transient. :func:`replay` runs the
+rules over a stored run.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+RULES = {
+    "ties_bf16": "share of the layer's rows with tied maxima in a bf16 S",
+    "wq_growth": "the layer's largest ||W_Q||_2 over its median in the early window",
+    "max_logit": "the layer's largest |S|",
+    "delta_lean": "sum(delta_lp - delta_hp) / sum|delta_lp - delta_hp| over the last "
+                  "readings",
+}
+# The largest value each rule's number reached in any healthy stored run, all layers and
+# steps (thresholds_from_runs on results/gpt2_{probe,probe2,seeds,amplify,amp_seeds,
+# amp_final}.json; tests/monitor/test_alerts.py checks these against the files).
+THRESHOLDS = {"ties_bf16": 0.080322265625, "wq_growth": 3.181695859853613, "max_logit": 68.0,
+              "delta_lean": 0.058083944097999364}
+EARLY = (500, 1000)      # steps whose median ‖W_Q‖ is a run's own early level
+WINDOW = 10              # readings in the δ lean
+
+log = logging.getLogger("kernels.monitor")
+
+
+class AttentionAlert(UserWarning):
+    """The category of the monitor's alert warnings (filter them with ``warnings``)."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    step: int
+    layer: int
+    rule: str
+    value: float
+    threshold: float
+
+    @property
+    def message(self) -> str:
+        whose = ", the most any healthy run of the book reached" \
+            if self.threshold == THRESHOLDS[self.rule] else " (your threshold)"
+        return (f"monitor alert at step {self.step}, layer {self.layer}: {self.rule} = "
+                f"{self.value:.4g} passed {self.threshold:.4g}{whose} ({RULES[self.rule]})")
+
+
+def _check_thresholds(thresholds) -> dict:
+    merged = dict(THRESHOLDS)
+    for key, value in dict(thresholds or {}).items():
+        if key not in RULES:
+            raise ValueError(f"unknown alert rule {key!r}: the rules are "
+                             f"{', '.join(RULES)}")
+        if value is not None and not (isinstance(value, (int, float))
+                                      and math.isfinite(value)):
+            raise ValueError(f"threshold of {key!r} must be a finite number or None (rule "
+                             f"off), got {value!r}")
+        merged[key] = value
+    return merged
+
+
+class Alerts:
+    """The four rules, fed one layer's combined readings at a time (:meth:`update`).
+
+    ``thresholds``: a dict overriding :data:`THRESHOLDS` (None switches a rule off);
+    ``early``: the (first, last) step of the window whose median ‖W_Q‖ is the layer's
+    own level (without a reading there, the first reading after ``early[0]``);
+    ``window``: readings in the δ lean; ``on_alert``: called with each :class:`Alert`;
+    ``warn``: also ``warnings.warn`` each alert. Nothing fires at steps up to
+    ``early[1]``."""
+
+    def __init__(self, thresholds=None, early=EARLY, window=WINDOW, on_alert=None,
+                 warn=True):
+        self.thresholds = _check_thresholds(thresholds)
+        if len(early) != 2 or not early[0] <= early[1]:
+            raise ValueError(f"early must be (first step, last step), got {early!r}")
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive number of readings, got "
+                             f"{window!r}")
+        if on_alert is not None and not callable(on_alert):
+            raise TypeError(f"on_alert must be a function of one Alert, got "
+                            f"{type(on_alert).__name__}")
+        self.early, self.window, self.on_alert, self.warn = tuple(early), window, \
+            on_alert, bool(warn)
+        self.fired: list[Alert] = []
+        self._above: dict = {}
+        self._wq: dict = {}            # layer -> early readings
+        self._level: dict = {}         # layer -> early level
+        self._lean: dict = {}          # layer -> [(err, abs), ...]
+
+    def values(self, step: int, layer: int, readings: dict) -> dict:
+        """The rules' numbers for one reading (a rule without its inputs is left out)."""
+        out = {}
+        for key in ("ties_bf16", "max_logit"):
+            if readings.get(key) is not None:
+                out[key] = float(readings[key])
+        wq = readings.get("wq_norm")
+        if wq is not None:
+            if self.early[0] <= step <= self.early[1]:
+                self._wq.setdefault(layer, []).append(float(wq))
+            elif step > self.early[1] and layer not in self._level:
+                early = self._wq.get(layer) or [float(wq)]
+                self._level[layer] = float(np.median(early))
+            if layer in self._level and self._level[layer] > 0:
+                out["wq_growth"] = float(wq) / self._level[layer]
+        err, size = readings.get("delta_err"), readings.get("delta_abs")
+        if err is not None and size is not None and math.isfinite(err) \
+                and math.isfinite(size):
+            recent = self._lean.setdefault(layer, [])
+            recent.append((float(err), float(size)))
+            del recent[:-self.window]
+            total = sum(a for _, a in recent)
+            if total > 0:
+                out["delta_lean"] = sum(e for e, _ in recent) / total
+        return out
+
+    def update(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """Feed one layer's combined readings of one step; returns the alerts fired."""
+        fired = []
+        values = self.values(step, layer, readings)
+        if step <= self.early[1]:
+            return fired
+        for rule, value in values.items():
+            threshold = self.thresholds.get(rule)
+            if threshold is None or not math.isfinite(value):
+                continue
+            if rule == "delta_lean":
+                growth = self.thresholds.get("wq_growth")
+                if growth is None or not values.get("wq_growth", -math.inf) > growth:
+                    value = -math.inf        # a lean counts only while W_Q runs away
+            key = (layer, rule)
+            if value > threshold:
+                if not self._above.get(key):
+                    fired.append(Alert(int(step), int(layer), rule, value, threshold))
+                self._above[key] = True
+            else:
+                self._above[key] = False
+        for alert in fired:
+            self.fired.append(alert)
+            log.info(alert.message)
+            if self.warn:
+                warnings.warn(alert.message, AttentionAlert, stacklevel=4)
+            if self.on_alert is not None:
+                self.on_alert(alert)
+        return fired
+
+
+# ------------------------------------------------------------------ the stored runs
+def run_readings(run: dict):
+    """(step, layer, readings) of a run stored by ``kernels.gpt2.search``, heads combined
+    as the monitor combines them."""
+    for m in run["monitor"]:
+        for layer, st in enumerate(m["layers"]):
+            yield m["step"], layer, {
+                "ties_bf16": st["rows_tied_bf16"] / st["rows"],
+                "wq_norm": max(m["wq_norms"][layer]), "max_logit": st["max_logit"],
+                "delta_err": st.get("delta_err"), "delta_abs": st.get("delta_abs")}
+
+
+def replay(run: dict, thresholds=None, until=None, **options) -> list[Alert]:
+    """The alerts the rules fire over a stored run (readings before step ``until``), with
+    no warning printed."""
+    alerts = Alerts(thresholds, warn=False, **options)
+    for step, layer, readings in run_readings(run):
+        if until is None or step < until:
+            alerts.update(step, layer, readings)
+    return alerts.fired
+
+
+def thresholds_from_runs(healthy, early=EARLY, window=WINDOW) -> dict:
+    """Each rule's largest value over every layer and reading of the ``healthy`` runs."""
+    top = {}
+    for run in healthy:
+        alerts = Alerts({key: None for key in RULES}, early=early, window=window,
+                        warn=False)
+        for step, layer, readings in run_readings(run):
+            for rule, value in alerts.values(step, layer, readings).items():
+                if math.isfinite(value):
+                    top[rule] = max(top.get(rule, -math.inf), value)
+    return top
+
+
+__all__ = ["Alert", "Alerts", "AttentionAlert", "RULES", "THRESHOLDS", "EARLY", "WINDOW",
+           "replay", "run_readings", "thresholds_from_runs"]

@@ -1,0 +1,126 @@
+"""The monitor where practitioners train: a Hugging Face ``TrainerCallback`` and a
+Lightning ``Callback``. Neither package is imported until its callback is asked for, so
+``kernels.monitor`` works without them::
+
+    from kernels.monitor.callbacks import MonitorTrainerCallback       # Hugging Face
+    trainer = Trainer(model, args, train_dataset=data,
+                      callbacks=[MonitorTrainerCallback(every=100, path="monitor.csv")])
+
+    from kernels.monitor.callbacks import MonitorLightningCallback     # Lightning
+    trainer = L.Trainer(callbacks=[MonitorLightningCallback(every=100, path="m.csv")])
+
+Both attach an :class:`~kernels.monitor.AttentionMonitor` to the model when training
+starts (any option of ``attach`` passes through), call ``monitor.step`` with the
+optimizer-step count before each step (once per micro-batch under gradient
+accumulation: the monitor reads the first micro-batch of each reading step once) and
+detach it when training ends or fails. The monitor is the callback's ``monitor``
+attribute (its ``rows``, ``alerts``). ``MonitorLightningCallback`` subclasses
+``lightning.pytorch.Callback`` if the ``lightning`` package is installed, otherwise
+``pytorch_lightning.Callback``; :func:`lightning_callback_class` picks one explicitly.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .monitor import AttentionMonitor
+
+_BUILT: dict = {}
+
+
+class _Hooks:
+    """What both callbacks do, in terms of attach / step / detach."""
+
+    def __init__(self, every=100, **options):
+        self.every, self.options, self.monitor = every, options, None
+
+    def _attach(self, model):
+        if self.monitor is not None and not self.monitor.detached:
+            self.monitor.detach()
+        self.monitor = AttentionMonitor.attach(model, every=self.every, **self.options)
+
+    def _step(self, step):
+        if self.monitor is not None and not self.monitor.detached:
+            self.monitor.step(int(step))
+
+    def _detach(self):
+        if self.monitor is not None:
+            self.monitor.detach()
+
+
+def _trainer_callback_class():
+    try:
+        from transformers import TrainerCallback
+    except ImportError as err:
+        raise ImportError(f"MonitorTrainerCallback needs the 'transformers' package "
+                          f"(pip install transformers): {err}") from None
+
+    class MonitorTrainerCallback(_Hooks, TrainerCallback):
+        """Attaches the monitor at ``on_train_begin``, steps it at ``on_step_begin``
+        (``state.global_step``), detaches it at ``on_train_end``."""
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if model is None:
+                raise ValueError("MonitorTrainerCallback got no model at on_train_begin")
+            self._attach(model)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._step(state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._detach()
+
+    return MonitorTrainerCallback
+
+
+def lightning_callback_class(package=None):
+    """The Lightning callback class, built on ``package`` ("lightning.pytorch" or
+    "pytorch_lightning"; None: the first of the two that is installed)."""
+    names = ("lightning.pytorch", "pytorch_lightning") if package is None else (package,)
+    if package is not None and package not in ("lightning.pytorch", "pytorch_lightning"):
+        raise ValueError(f"package must be 'lightning.pytorch' or 'pytorch_lightning', got "
+                         f"{package!r}")
+    for name in names:
+        if name in _BUILT:
+            return _BUILT[name]
+        try:
+            base = importlib.import_module(name).Callback
+        except ImportError:
+            continue
+
+        class MonitorLightningCallback(_Hooks, base):
+            """Attaches the monitor at ``on_fit_start``, steps it at
+            ``on_train_batch_start`` (``trainer.global_step``), detaches it at
+            ``on_fit_end`` or on an exception."""
+
+            def on_fit_start(self, trainer, pl_module):
+                self._attach(pl_module)
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                self._step(trainer.global_step)
+
+            def on_fit_end(self, trainer, pl_module):
+                self._detach()
+
+            def on_exception(self, trainer, pl_module, exception):
+                self._detach()
+
+        _BUILT[name] = MonitorLightningCallback
+        return MonitorLightningCallback
+    raise ImportError(f"MonitorLightningCallback needs Lightning: none of {', '.join(names)} "
+                      "is installed (pip install lightning)")
+
+
+def __getattr__(name):
+    if name == "MonitorTrainerCallback":
+        if name not in _BUILT:
+            _BUILT[name] = _trainer_callback_class()
+        return _BUILT[name]
+    if name == "MonitorLightningCallback":
+        return lightning_callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# the two callback classes are made on first access (module __getattr__), so that neither
+# transformers nor Lightning is imported before it is needed
+__all__ = ["MonitorLightningCallback", "MonitorTrainerCallback",  # noqa: F822
+           "lightning_callback_class"]

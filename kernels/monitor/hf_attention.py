@@ -1,0 +1,112 @@
+"""The fix that held in training, for your own model: the book's FlashAttention-2 kernels
+(:func:`kernels.attention.flash_attention`) with δ taken from rowsum(dP ∘ P) instead of
+rowsum(dO ∘ O), so the backward pass never reads the rounded output O (chapter 7: with δ
+from dP∘P the failing path trained in 3 of 3 seeds).
+
+Hugging Face (registered with transformers' ``AttentionInterface`` under :data:`NAME`)::
+
+    from kernels.monitor import hf_attention
+    hf_attention.register()
+    model = GPT2LMHeadModel(GPT2Config(..., attn_implementation=hf_attention.NAME))
+    # or from_pretrained(..., attn_implementation=hf_attention.NAME), or, on a model
+    # already built: model.set_attn_implementation(hf_attention.NAME)
+
+nanoGPT (a drop-in for the one SDPA call in ``CausalSelfAttention.forward``)::
+
+    from kernels.monitor.hf_attention import scaled_dot_product_attention
+    y = scaled_dot_product_attention(q, k, v, is_causal=True)
+
+What it does not do, and says so when asked: attention dropout, padding masks (it
+registers SDPA's mask function, so a padded batch reaches it as a mask and is refused
+rather than silently ignored), grouped-query heads, head dims other than 16, 32, 64,
+128, and query lengths other than the key length or 1 (generation with a cache of more
+than one new token). Under BF16 autocast it runs the kernels in BF16; without autocast
+in the tensors' own dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention import flash_attention
+from ..attention.options import options_from
+from .monitor import _has_padding
+
+NAME = "book_dp_attention"   # no "flash" in it: transformers reads that as its own kernels
+
+
+def _options(causal: bool, scale):
+    return options_from({"causal": bool(causal), "scale": None if scale is None
+                         else float(scale), "delta_source": "dp"})
+
+
+def _same_dtype(*tensors):
+    """q, k, v in one dtype: under autocast, the one autocast computes in."""
+    if torch.is_autocast_enabled(tensors[0].device.type):
+        dtype = torch.get_autocast_dtype(tensors[0].device.type)
+    else:
+        dtype = tensors[0].dtype
+    return [t.to(dtype) for t in tensors]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention``'s signature, computed by the
+    book's kernels with δ from rowsum(dP ∘ P). (B, H, N, D) tensors; no mask other
+    than the causal one, no dropout, no grouped-query heads."""
+    if attn_mask is not None:
+        raise ValueError("the book's attention takes no attn_mask: use is_causal=True for "
+                         "causal attention (padding masks are not supported)")
+    if dropout_p:
+        raise ValueError(f"the book's attention has no dropout, got dropout_p="
+                         f"{dropout_p!r}: set the attention dropout to 0")
+    if enable_gqa or query.shape[-3] != key.shape[-3]:
+        raise ValueError(f"the book's attention needs as many key/value heads as query "
+                         f"heads, got {query.shape[-3]} and {key.shape[-3]} (grouped-query "
+                         "attention is not supported)")
+    with torch.autocast(query.device.type, enabled=False):
+        q, k, v = _same_dtype(query, key, value)
+        return flash_attention(q, k, v, _options(is_causal, scale))
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None,
+                      dropout=0.0, **kwargs):
+    """The function transformers calls for ``attn_implementation=NAME``: (B, H, N, D)
+    q, k, v in; the output as (B, N, H, D) and no attention weights out."""
+    where = type(module).__name__
+    if dropout:
+        raise ValueError(f"{NAME} ({where}) has no attention dropout, got p = {dropout:g}: "
+                         "build the model with attn_pdrop=0 (or config.attention_dropout=0)")
+    if _has_padding(attention_mask):
+        raise ValueError(f"{NAME} ({where}) got an attention mask with padding: it reads "
+                         "causal attention without padding only; pack the sequences or "
+                         "train this batch with attn_implementation='sdpa'")
+    if getattr(module, "is_causal", True) is False:
+        raise ValueError(f"{NAME} ({where}) reads causal self-attention only; this layer "
+                         "is not causal (cross-attention?)")
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    if n_q not in (n_k, 1):
+        raise ValueError(f"{NAME} ({where}): {n_q} queries against {n_k} keys; it takes "
+                         "equal lengths (training) or one new query (generation)")
+    if key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        raise ValueError(f"{NAME} ({where}): {key.shape[-3]} key/value heads for "
+                         f"{query.shape[-3]} query heads ({repeat} per group); grouped-"
+                         "query attention is not supported")
+    with torch.autocast(query.device.type, enabled=False):
+        q, k, v = _same_dtype(query, key, value)
+        out = flash_attention(q, k, v, _options(n_q == n_k and n_q > 1, scaling))
+    return out.transpose(1, 2), None
+
+
+def register(name: str = NAME) -> str:
+    """Register the attention (and SDPA's mask function, so padding reaches it as a mask)
+    with transformers under ``name``; returns the name to pass as
+    ``attn_implementation``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+__all__ = ["NAME", "register", "attention_forward", "scaled_dot_product_attention"]
