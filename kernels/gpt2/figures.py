@@ -208,3 +208,23 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
     ax.set_yscale("log")
     ax.set_xlabel("training step", fontsize=FONT)
     ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)
+
+
+SEED_STYLES = {"s0": "-", "s1": "--"}
+
+
+def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
+    """Real BF16: layer ``layer``'s ‖W_Q‖₂ (largest head, log scale) and the smoothed loss
+    against the step, one line per run of ``runs`` {legend label: (variant, seed, run)}; colour
+    = variant, line style = seed (solid 0, dashed 1), thin dotted = a repeated run."""
+    for label, (variant, seed, run, *repeat) in runs.items():
+        style = dict(color=VARIANT_COLOURS[variant], ls=":" if repeat else SEED_STYLES[seed],
+                     lw=1.0 if repeat else 1.4, label=label)
+        axes[0].plot(*monitor_series(run, "wq", layer), **style)
+        h = run["history"]
+        axes[1].plot(*smooth(h["step"], h["loss"], width), **style)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(f"‖W_Q‖₂, layer {layer}, largest head", fontsize=FONT)
+    axes[1].set_ylabel("loss (nats / byte)", fontsize=FONT)
+    for ax in axes:
+        ax.set_xlabel("training step", fontsize=FONT)

@@ -19,11 +19,12 @@ VARIANT_NAMES = {"U": "failing path (δ from rounded O)", "F": "control (δ from
                  "B": "control + constant δ bias", "N": "control + δ noise",
                  "M": "failing path, δ error → its mean", "G": "failing path, δ error ± at random",
                  "X": "failing path, exact O passed on", "C": "fix: β = 2, offset capped",
-                 "K": "fix: β = 2, ℓ clamped", "D": "fix: β = 2, capped and clamped"}
+                 "K": "fix: β = 2, ℓ clamped", "D": "fix: β = 2, capped and clamped",
+                 "Z": "the paper's fix as released (β = 2, clamped ℓ)"}
 VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray",
                    "R": "tab:orange", "T": "tab:brown", "L": "tab:pink", "B": "tab:olive",
                    "N": "tab:cyan", "M": "darkred", "G": "salmon", "X": "indigo",
-                   "C": "tab:olive", "K": "0.35", "D": "tab:cyan"}
+                   "C": "tab:olive", "K": "0.35", "D": "tab:cyan", "Z": "tab:green"}
 FONT = 9        # smallest font size in the chapter's figures (points): legible at 720 px
 
 # Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
@@ -40,6 +41,15 @@ def parse_name(name: str) -> tuple[str, str, str]:
     """'f-const3e-3-U-s1' -> ('f-const3e-3', 'U', 's1')."""
     config, variant, seed = name.rsplit("-", 2)
     return config, variant, seed
+
+
+def run_label(name: str, run: dict | None = None) -> str:
+    """A run in words, for tables and legends: 'Ō with 4 bits, seed 1' or 'BF16, seed 0'
+    (``run`` gives the width of Ō; without it the name's prefix does)."""
+    config, _, seed = parse_name(name)
+    bits = obits_of(run) if run is not None else (
+        int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
+    return f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
 
 
 def smooth(steps, values, width: int = 10):
@@ -131,7 +141,8 @@ __all__ = ["VARIANTS", "load_search", "summary_rows", "monitor_series", "estimat
            "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
            "obits_of", "PAIRS", "DEPARTURE_RULES", "rolling_mean", "departure", "pair_departures",
            "departure_table", "delta_bias_share", "matched_delta_stats", "FONT", "EVENT_WORDS",
-           "FIX_ORDER", "fix_runs", "wq_ratio", "wq_growth", "fix_table"]
+           "FIX_ORDER", "fix_runs", "wq_ratio", "wq_growth", "fix_table", "run_label",
+           "runaway_step"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,6 +265,18 @@ def wq_ratio(run: dict, control: dict, layer: int = 0):
     steps, at_run, at_ctl = np.intersect1d(s_run[keep_run], s_ctl[keep_ctl],
                                            return_indices=True)
     return steps, w_run[keep_run][at_run] / w_ctl[keep_ctl][at_ctl]
+
+
+def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10_000):
+    """The first check after step ``after`` at which layer ``layer``'s ‖W_Q‖₂ (largest head)
+    exceeds ``factor`` times its value at ``after``: a runaway measured against the run's own
+    level, so runs without a control of their own can be compared (None: never)."""
+    steps, wq = monitor_series(run, "wq", layer)
+    if not len(steps) or steps[-1] <= after:
+        return None                     # the run never got past ``after``
+    base = wq[np.searchsorted(steps, after)]
+    later = steps[(steps > after) & (wq > factor * base)]
+    return int(later[0]) if len(later) else None
 
 
 def wq_growth(run: dict, control: dict, step: int, layer: int = 0) -> float:

@@ -1,0 +1,18 @@
+"""``glue``: a measured number handed from a cell to the prose around it.
+
+In the book's build MyST-NB stores the value and ``{glue:text}`name:,.0f``` in a Markdown cell
+prints it, so a sentence can never drift from the cell that measures it; the build fails (``-W``)
+when a glued name goes missing. Where MyST-NB is not installed (Colab, a plain Jupyter) the
+value is simply returned: the cell's own printed output shows it there.
+"""
+from __future__ import annotations
+
+
+def glue(name: str, value, display: bool = False):
+    """Store ``value`` under ``name`` for the prose (MyST-NB); returns ``value``."""
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return value
+    myst_glue(name, value, display=display)
+    return value
