@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function, need_names
-from .perf_report import intensity
+from .roofline import intensity, p_bar
 
 
 def _number(x, name: str) -> float:
@@ -102,16 +102,9 @@ def _exp2_output(q, k, v, fold: bool):
     """Attention of one tile in fp32 with P̄ rounded to bf16 before P̄V (FA2's rounding), its
     exponential computed as exp (``fold=False``) or as exp2 with log2(e) folded into the scale;
     returns O rounded to bf16."""
-    import torch
     s = q.float() @ k.float().transpose(-1, -2)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    if fold:
-        s2 = s * (scale * math.log2(math.e))
-        p_bar = torch.exp2(s2 - s2.amax(-1, keepdim=True))
-    else:
-        scaled = s * scale
-        p_bar = torch.exp(scaled - scaled.amax(-1, keepdim=True))
-    out = (p_bar.bfloat16().float() @ v.float()) / p_bar.sum(-1, keepdim=True)
+    p = p_bar(s, 1.0 / math.sqrt(q.shape[-1]), fold)
+    out = (p.bfloat16().float() @ v.float()) / p.sum(-1, keepdim=True)
     return out.bfloat16()
 
 
@@ -121,23 +114,21 @@ def bit_changes(gen=None, rng=None) -> set:
     (what an autotuner may choose between), and the exp2 rewrite (in PyTorch, one tile per
     row: the kernel does not have it)."""
     import torch
+
     from ..attention import flash_attention, launch
-    from ..env import interpreting
+    from ..timing import on_gpu
+
     gen = gen or fresh_generator()
     rng = rng or fresh_rng()
-    device = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
+    device = "cuda" if on_gpu() else "cpu"
     n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
     q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device)
                for _ in range(3))
     tiles = dict(block_m=64, block_n=32)
 
     def run(**switches):
-        saved = dict(launch.SPEEDUPS)
-        launch.SPEEDUPS.update(switches)
-        try:
+        with launch.speedups(**switches):
             return flash_attention(q, k, v, causal=True, **tiles)
-        finally:
-            launch.SPEEDUPS.update(saved)
 
     base = run(direct_launch=True, causal_split=True)
     outputs = {"direct launch": run(direct_launch=False, causal_split=True),

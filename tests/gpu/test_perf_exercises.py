@@ -6,7 +6,7 @@ import pytest
 
 import kernels  # noqa: F401
 from kernels.gpu import exercises as ex
-from kernels.gpu.perf_report import intensity
+from kernels.gpu.roofline import intensity
 
 
 def test_exercise_checks_accept_only_the_solution():
