@@ -129,9 +129,7 @@ fa2 = _emulated("fa2")
 paper = _emulated("paper")
 
 
-def fa1(
-    q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False
-):
+def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False):
     """FlashAttention's Algorithm 1 with every tensor held in ``low``.
 
     The outer loop runs over key/value tiles of ``block_n`` (B_c), the inner over query
@@ -140,9 +138,7 @@ def fa1(
     returns, per row, how many times the running maximum grew after the first tile (the
     rescalings that change m)."""
     if block_n < 1 or (block_m is not None and block_m < 1):
-        raise ValueError(
-            f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}"
-        )
+        raise ValueError(f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}")
     rnd = lambda x: round_to(x, low)  # noqa: E731
     q, k, v = _inputs(q, k, v, low)
     scale = _scale(q, scale)
@@ -153,10 +149,7 @@ def fa1(
     out = torch.zeros_like(q)
     grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):  # B_c: key tiles (outer loop)
-        k_j, v_j = (
-            k[..., start : start + block_n, :],
-            v[..., start : start + block_n, :],
-        )
+        k_j, v_j = (k[..., start : start + block_n, :], v[..., start : start + block_n, :])
         for row in range(0, n_q, block_m):  # B_r: query blocks (inner loop)
             rows = slice(row, row + block_m)
             q_i, m_i, ell_i, o_i = (
@@ -194,13 +187,9 @@ RUNNERS = {
 def run(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
     """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype."""
     if impl not in RUNNERS:
-        raise ValueError(
-            f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}"
-        )
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     low = format_dtype(low)
-    return RUNNERS[impl](
-        q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n
-    )
+    return RUNNERS[impl](q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n)
 
 
 class OffsetCounter:

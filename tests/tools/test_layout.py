@@ -53,12 +53,18 @@ def _imports(path: Path) -> set[Path]:
             else:
                 module = node.module or ""
             # "from x import y": y may be a submodule of x, else a name in x
-            names = [f"{module}.{alias.name}" if _module_file(f"{module}.{alias.name}") else module
-                     for alias in node.names]
+            names = [
+                f"{module}.{alias.name}" if _module_file(f"{module}.{alias.name}") else module
+                for alias in node.names
+            ]
         else:
             continue
         for name in names:
-            if name.split(".")[0] == "kernels" and (target := _module_file(name)) and target != path:
+            if (
+                name.split(".")[0] == "kernels"
+                and (target := _module_file(name))
+                and target != path
+            ):
                 found.add(target)
     return found
 
