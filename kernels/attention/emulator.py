@@ -36,6 +36,7 @@ FA2's Algorithm 2 in PyTorch with a selectable source of δ; the GPT-2 chapter t
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -82,6 +83,24 @@ class ForwardResult:
     row_sum: torch.Tensor    # the final ℓ of each row
     ties: torch.Tensor       # bool: did the rule see a repeated maximum (rs > 1) at the end
     out_fp32: torch.Tensor   # Ō / ℓ before the final rounding (working dtype): "O in fp32"
+    offset_growths: torch.Tensor | None = None  # per row: how often m grew after its first
+                                                # visible tile (each growth rescales by α < 1)
+
+
+_WATCHERS: list[list] = []
+
+
+@contextlib.contextmanager
+def watch():
+    """``with watch() as seen:`` — ``seen`` gets the :class:`ForwardResult` of every
+    :func:`flash_forward` call inside the block, in order (chapter 8 counts the growths of m
+    with it: :func:`kernels.golden.implementations.count_offset_changes`)."""
+    seen: list = []
+    _WATCHERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _WATCHERS.remove(seen)
 
 
 class _Rounding:
@@ -104,6 +123,24 @@ class _Rounding:
         if self.opts.acc_rounding == "sr":
             return round_mantissa_stochastic(x, bits)
         return round_mantissa(x, bits)
+
+
+def rounding_points(numerics: str = "fa2", low: torch.dtype = torch.bfloat16) -> _Rounding:
+    """The rounding points of ``numerics`` (``.rnd``, ``.paper``), for code outside the
+    emulator that must round as it does (the lab's sliders)."""
+    return _Rounding(AttentionOptions(numerics=numerics), low)
+
+
+def _exp_offset(x, r: _Rounding):
+    """exp(x) at the rounding points of ``r``: P̄ = exp(S − m) and α = exp(m_old − m_new)."""
+    return r.paper(torch.exp(r.paper(x)))
+
+
+def p_bar(s, m, numerics: str = "fa2", low: torch.dtype = torch.bfloat16):
+    """P̄ = exp(S − m) as :func:`accumulate` computes it, rounded to ``low`` as it multiplies V
+    (``m`` broadcasts against ``s``)."""
+    r = rounding_points(numerics, low)
+    return r.rnd(_exp_offset(s - m, r))
 
 
 def offset_rule(rm, rs, beta, rnd, cap=None):
@@ -147,14 +184,14 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
     """ℓ = α ℓ + rowsum(P̄) and Ō = α Ō + rnd(P̄) V_j (the kernel's ``accumulate``)."""
     # A row with no visible key yet keeps m = -inf; exp(-inf - -inf) must give 0, not NaN.
     m_safe = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-    p_bar = r.paper(torch.exp(r.paper(s - m_safe.unsqueeze(-1))))
-    alpha = r.paper(torch.exp(r.paper(m - m_safe)))
+    p = _exp_offset(s - m_safe.unsqueeze(-1), r)
+    alpha = _exp_offset(m - m_safe, r)
     if r.is_paper:
-        ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p_bar.sum(-1)))
-        acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p_bar @ v_j))
+        ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p.sum(-1)))
+        acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p @ v_j))
     else:
-        p_low = r.rnd(p_bar)                     # what the matmul multiplies V by
-        ell = alpha * ell + (p_low if r.opts.ell_rounded else p_bar).sum(-1)
+        p_low = r.rnd(p)                         # what the matmul multiplies V by
+        ell = alpha * ell + (p_low if r.opts.ell_rounded else p).sum(-1)
         acc = alpha.unsqueeze(-1) * acc + p_low @ v_j
     return ell, acc
 
@@ -184,6 +221,7 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
     ell = torch.zeros_like(m)
     acc = torch.zeros(q.shape, dtype=work, device=q.device)
     ties = torch.zeros_like(m, dtype=torch.bool)
+    grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):
         k_j, v_j = k[..., start:start + block_n, :], v[..., start:start + block_n, :]
         s = r.paper(r.paper(q @ k_j.transpose(-1, -2)) * scale)
@@ -194,11 +232,15 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
         if ties_now is not None:
             ties = (ties | ties_now) if opts.stable == "tile" else ties_now
         ell, acc = accumulate(s, v_j, m, m_new, ell, acc, r)
+        grew += (torch.isfinite(m) & (m_new > m)).to(grew.dtype)
         m = m_new
     denominator = ell if opts.ell_clamp is None else ell.clamp(min=opts.ell_clamp)
     out_fp32 = acc / denominator.unsqueeze(-1)
-    return ForwardResult(out=r.rnd(out_fp32).to(low), lse=m + torch.log(ell), row_offset=m,
-                         row_sum=ell, ties=ties, out_fp32=out_fp32)
+    result = ForwardResult(out=r.rnd(out_fp32).to(low), lse=m + torch.log(ell), row_offset=m,
+                           row_sum=ell, ties=ties, out_fp32=out_fp32, offset_growths=grew)
+    for seen in _WATCHERS:
+        seen.append(result)
+    return result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -196,13 +196,17 @@ class OffsetCounter:
     """Per-row counts of running-maximum growth, one tensor per emulator call (see
     :func:`count_offset_changes`)."""
 
-    def __init__(self):
-        self.calls: list[torch.Tensor] = []
+    def __init__(self, results=None):
+        self._results = [] if results is None else results
+
+    @property
+    def calls(self) -> list[torch.Tensor]:
+        return [r.offset_growths for r in self._results]
 
     def total(self, dim: int = -2) -> torch.Tensor:
         """The calls' counts side by side along ``dim`` (default: the head axis of
         (B, H, N))."""
-        if not self.calls:
+        if not self._results:
             raise RuntimeError("no emulator call was counted")
         return torch.cat(self.calls, dim=dim)
 
@@ -214,23 +218,11 @@ def count_offset_changes():
 
     ``with count_offset_changes() as counter: emulator.flash_forward(...)``; then
     ``counter.calls[i]`` holds the per-row counts of call i (shaped like L) and
-    ``counter.total()`` all of them. It wraps the emulator's own offset step, so it
-    counts what the emulator did."""
-    original = emulator.offset_update
-    counter = OffsetCounter()
-
-    def counting(s, m, rm, rs, opts, r):
-        m_new, rm_new, rs_new, ties = original(s, m, rm, rs, opts, r)
-        if torch.isinf(m).all():  # the first tile of a new call
-            counter.calls.append(torch.zeros_like(m))
-        counter.calls[-1] += (torch.isfinite(m) & (m_new > m)).to(m.dtype)
-        return m_new, rm_new, rs_new, ties
-
-    emulator.offset_update = counting
-    try:
-        yield counter
-    finally:
-        emulator.offset_update = original
+    ``counter.total()`` all of them: the emulator's own counts
+    (:attr:`kernels.attention.emulator.ForwardResult.offset_growths`, seen through
+    :func:`kernels.attention.emulator.watch`)."""
+    with emulator.watch() as seen:
+        yield OffsetCounter(seen)
 
 
 def expected_record_count(tiles: int) -> float:

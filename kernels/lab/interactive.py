@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ..attention import emulator
 from ..attention.options import STABLE_MODES
 from ..numerics.rounding import error_in_ulps, round_to, ulp
 from ..numerics.stats import bias_summary
@@ -37,15 +38,9 @@ def largest_rm_rounding_to_one(beta: float) -> float:
 def p_bar_of_tied(rm: torch.Tensor, beta: float, numerics: str = "fa2") -> torch.Tensor:
     """P̄ of a tied maximum after the offset rule, as bf16 would see it (brute-force check)."""
     rm = rm.to(torch.float32)
-    if numerics == "paper":
-        m = torch.where(
-            rm > 0,
-            round_to(beta * rm, torch.bfloat16),
-            torch.where(rm < 0, torch.zeros_like(rm), rm),
-        )
-        return round_to(torch.exp(round_to(rm - m, torch.bfloat16)), torch.bfloat16)
-    m = torch.where(rm > 0, beta * rm, torch.where(rm < 0, torch.zeros_like(rm), rm))
-    return round_to(torch.exp(rm - m), torch.bfloat16)
+    tied = torch.full_like(rm, 2.0)  # the rule sees a repeated maximum
+    m = emulator.offset_rule(rm, tied, beta, emulator.rounding_points(numerics).paper)
+    return emulator.p_bar(rm, m, numerics)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,21 +56,16 @@ def running_error(scores_row, v_col, offset, numerics):
     α = exp(m_old − m_new) is an fp32 multiplication and does not change the picture)."""
     s = np.asarray(scores_row, dtype=np.float64)
     v = np.asarray(v_col, dtype=np.float64)
-    if numerics == "paper":
-        arg = torch.from_numpy(s - offset).float()
-        p_lp = round_to(torch.exp(round_to(arg, torch.bfloat16)), torch.bfloat16).double().numpy()
-        terms32 = (p_lp * v).astype(np.float32)  # bf16 × bf16 is exact in fp32
-        lp32 = np.add.accumulate(terms32, dtype=np.float32)  # sequential fp32 sum
+    # P̄ as the emulator rounds it, from S − m rounded once to fp32
+    p_lp = emulator.p_bar(torch.from_numpy(s - offset).float(), 0.0, numerics).double().numpy()
+    lp32 = np.add.accumulate((p_lp * v).astype(np.float32), dtype=np.float32)  # sequential
+    if numerics == "paper":  # bf16 × bf16 is exact in fp32; the paper holds the sum in bf16
         lp = round_to(torch.from_numpy(lp32), torch.bfloat16).double().numpy()
         hp = np.cumsum(p_lp * v)
-        p_used = p_lp
     else:
-        p32 = torch.exp(torch.from_numpy(s - offset).float())
-        p_lp = round_to(p32, torch.bfloat16).double().numpy()
-        lp = np.add.accumulate((p_lp * v).astype(np.float32), dtype=np.float32).astype(np.float64)
+        lp = lp32.astype(np.float64)
         hp = np.cumsum(np.exp(s - offset) * v)
-        p_used = p_lp
-    return {"error": lp - hp, "p_is_one": np.flatnonzero(p_used == 1.0), "lp": lp, "hp": hp}
+    return {"error": lp - hp, "p_is_one": np.flatnonzero(p_lp == 1.0), "lp": lp, "hp": hp}
 
 
 def lab(
@@ -202,10 +192,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
     messages = []
     if res.row_offset is not None:
         m = res.row_offset.unsqueeze(-1)
-        if impl.startswith("paper"):
-            p_bar = round_to(torch.exp(round_to(s - m, torch.bfloat16)), torch.bfloat16)
-        else:
-            p_bar = round_to(torch.exp(s - m), torch.bfloat16)
+        p_bar = emulator.p_bar(s, m, "paper" if impl.startswith("paper") else "fa2")
         counts["entries with P̄ = 1 (final offset m)"] = int((p_bar == 1.0).sum())
         counts["rows where the rule saw a tie"] = int(res.ties_seen.sum())
         ell = res.row_sum
