@@ -31,6 +31,7 @@ import os
 import torch
 
 from ..env import interpreting, native_bf16
+from ..numerics.rounding import work_dtype
 
 INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter (the
 # emulator's default block_n is 64 too)
@@ -107,10 +108,6 @@ def check_device(q) -> None:
             "CPU tensors need the Triton interpreter (import kernels before triton "
             "on a machine without a GPU), or move the tensors to the GPU"
         )
-
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def new_output(shape, dtype, device):

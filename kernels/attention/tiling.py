@@ -24,6 +24,8 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .reference import default_scale
+
 
 def _prepare(q, k, v, scale, block):
     if q.shape[:-2] != k.shape[:-2] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
@@ -32,7 +34,7 @@ def _prepare(q, k, v, scale, block):
         )
     if block < 1:
         raise ValueError(f"tile sizes must be positive, got {block}")
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return default_scale(q.shape[-1], scale)
 
 
 def _tile_scores(q_i, k_j, scale, causal, row0, col0):

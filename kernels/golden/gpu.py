@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import results
+from ..numerics.rounding import work_dtype
 from . import microbench as mb
 from . import training
 from .implementations import FORMATS
@@ -107,7 +108,7 @@ def kernel_extras(device: str, block_n=None) -> dict:
     def triton(q, k, v, low, scale):
         blocks = {} if block_n is None else dict(block_m=64, block_n=block_n)
         out = flash_attention(*(four_d(t, low) for t in (q, k, v)), scale=scale, **blocks)
-        return out.reshape(q.shape).to(torch.float64 if low == torch.float64 else torch.float32)
+        return out.reshape(q.shape).to(work_dtype(low))
 
     extras = {"triton": (triton, ("bf16", "fp16", "fp32", "fp64"))}
     if device != "cuda":

@@ -41,8 +41,8 @@ import torch
 
 from ..attention import emulator, registry
 from ..attention.options import AttentionOptions
-from ..attention.reference import attention_fp64
-from ..numerics.rounding import round_to
+from ..attention.reference import attention_fp64, default_scale
+from ..numerics.rounding import round_to, work_dtype
 
 FORMATS = {
     "bf16": torch.bfloat16,
@@ -74,12 +74,8 @@ def format_name(low: torch.dtype) -> str:
     raise ValueError(f"no format name for {low}")
 
 
-def work_dtype(low: torch.dtype) -> torch.dtype:
-    return torch.float64 if low == torch.float64 else torch.float32
-
-
 def _scale(q, scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return default_scale(q.shape[-1], scale)
 
 
 def _inputs(q, k, v, low):

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..attention.reference import default_scale
 from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function, need_names
 from .roofline import intensity, p_bar
 
@@ -117,7 +118,7 @@ def _exp2_output(q, k, v, fold: bool):
     exponential computed as exp (``fold=False``) or as exp2 with log2(e) folded into the scale;
     returns O rounded to bf16."""
     s = q.float() @ k.float().transpose(-1, -2)
-    p = p_bar(s, 1.0 / math.sqrt(q.shape[-1]), fold)
+    p = p_bar(s, default_scale(q.shape[-1]), fold)
     out = (p.bfloat16().float() @ v.float()) / p.sum(-1, keepdim=True)
     return out.bfloat16()
 

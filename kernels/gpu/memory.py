@@ -15,13 +15,14 @@ import torch
 
 from .. import timing
 from ..attention import registry
+from ..attention.reference import default_scale
 
 BENCH_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]  # (B, H, N, D)
 
 
 def naive_attention_tensors(q, k, v, causal=True) -> dict:
     """Run standard attention step by step and report the bytes of each tensor it creates."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = default_scale(q.shape[-1])
     scores = (q @ k.transpose(-1, -2)) * scale
     sizes = {"scores S (N×N)": scores.nbytes}
     if causal:

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from ..attention.reference import default_scale
 from ..tools.style import WIDTH_IN
 from .records import HBM_TB_S, PEAK_TFLOPS
 
@@ -102,7 +103,7 @@ def exp2_changes(rows=256, keys=256, d=64, seed=0) -> dict:
     q = torch.randn(rows, d, generator=gen).bfloat16().float()
     k = torch.randn(keys, d, generator=gen).bfloat16().float()
     s = q @ k.T  # bf16 products, fp32 sums (as the MMA)
-    scale = 1.0 / math.sqrt(d)
+    scale = default_scale(d)
     p_exp, p_exp2 = p_bar(s, scale, False), p_bar(s, scale, True)
     differ = (p_exp.view(torch.int32) != p_exp2.view(torch.int32)).double().mean().item()
     low_a, low_b = p_exp.bfloat16(), p_exp2.bfloat16()
