@@ -92,6 +92,14 @@ def step(attn, q, k, v, grad, mode):
     return forward_backward
 
 
+def row_of(name, shape, dtype_name, causal, mode) -> dict:
+    """The fields that say what a speed row measured (its numbers come after them)."""
+    batch, heads, n, d = shape
+    return dict(
+        impl=name, dtype=dtype_name, causal=causal, batch=batch, heads=heads, n=n, d=d, mode=mode
+    )
+
+
 def speed_row(
     name,
     attn,
@@ -108,10 +116,8 @@ def speed_row(
 ) -> dict:
     """One row of a speed table: median ms and TFLOP/s (and their ``fraction_of_peak`` of
     ``peak`` TFLOP/s when given), or the error when the implementation cannot run the case."""
+    row = row_of(name, shape, dtype_name, causal, mode)
     batch, heads, n, d = shape
-    row = dict(
-        impl=name, dtype=dtype_name, causal=causal, batch=batch, heads=heads, n=n, d=d, mode=mode
-    )
     run = step(attn, *tensors, mode)
     try:
         run()  # compile / autotune / fail here, outside the timing

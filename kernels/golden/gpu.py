@@ -38,59 +38,23 @@ from . import training
 from .implementations import FORMATS
 
 STAGES = ("precision", "seqlen", "tiles", "training")
+# fmt: off
 FULL = dict(
-    precision_n=4096,
-    precision_heads=4,
-    sink_n=4096,
-    sink_batch=16,
-    sink_dim=64,
-    seqlen_ns=(256, 512, 1024, 2048, 4096, 8192, 16384),
-    seqlen_heads=2,
-    rescaling_n=16384,
-    tile_n=1024,
-    tile_heads=2,
-    tiles=(
-        (16, 16),
-        (16, 64),
-        (32, 32),
-        (64, 16),
-        (32, 128),
-        (64, 64),
-        (128, 32),
-        (64, 128),
-        (128, 64),
-        (128, 128),
-        (256, 64),
-        (64, 256),
-    ),
-    autotune_ns=(1024, 4096, 16384),
-    golden_steps=4000,
-    failure_steps=5000,
-    snapshot_every=100,
-    early=200,
-    early_every=10,
-    stop_after_explosion=300,
+    precision_n=4096, precision_heads=4, sink_n=4096, sink_batch=16, sink_dim=64,
+    seqlen_ns=(256, 512, 1024, 2048, 4096, 8192, 16384), seqlen_heads=2, rescaling_n=16384,
+    tile_n=1024, tile_heads=2,
+    tiles=((16, 16), (16, 64), (32, 32), (64, 16), (32, 128), (64, 64), (128, 32), (64, 128),
+           (128, 64), (128, 128), (256, 64), (64, 256)),
+    autotune_ns=(1024, 4096, 16384), golden_steps=4000, failure_steps=5000, snapshot_every=100,
+    early=200, early_every=10, stop_after_explosion=300,
 )
 SMALL = dict(
-    precision_n=128,
-    precision_heads=1,
-    sink_n=128,
-    sink_batch=2,
-    sink_dim=16,
-    seqlen_ns=(64, 128, 256),
-    seqlen_heads=1,
-    rescaling_n=256,
-    tile_n=128,
-    tile_heads=1,
-    tiles=((16, 16), (16, 64), (64, 16), (32, 32)),
-    autotune_ns=(),
-    golden_steps=6,
-    failure_steps=6,
-    snapshot_every=3,
-    early=2,
-    early_every=1,
-    stop_after_explosion=3,
+    precision_n=128, precision_heads=1, sink_n=128, sink_batch=2, sink_dim=16,
+    seqlen_ns=(64, 128, 256), seqlen_heads=1, rescaling_n=256, tile_n=128, tile_heads=1,
+    tiles=((16, 16), (16, 64), (64, 16), (32, 32)), autotune_ns=(), golden_steps=6,
+    failure_steps=6, snapshot_every=3, early=2, early_every=1, stop_after_explosion=3,
 )
+# fmt: on
 MINUTES = dict(seqlen=1.0, tiles=0.8, golden=1.8, failure=3.2)
 
 

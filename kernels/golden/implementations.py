@@ -52,7 +52,8 @@ FORMATS = {
 }
 IMPLEMENTATIONS = registry.group("golden")
 # what the GPU script runs besides (kernels.golden.gpu), and the ideal output
-_NAMED = IMPLEMENTATIONS + ("ideal",) + registry.group("golden-run")
+RUN = registry.group("golden-run")
+_NAMED = IMPLEMENTATIONS + ("ideal",) + RUN
 LABELS = {name: registry.label(name) for name in _NAMED}
 SHORT = {name: registry.short(name) for name in _NAMED}
 

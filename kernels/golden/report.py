@@ -5,6 +5,7 @@ chapter runs before and after the GPU script."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import matplotlib.pyplot as plt
@@ -12,7 +13,7 @@ import numpy as np
 
 from .. import results
 from . import figures, training
-from .implementations import SHORT
+from .implementations import IMPLEMENTATIONS, RUN, SHORT
 from .microbench import block_m_identical, one, pick, ratio_table
 
 STAGE_FILES = {
@@ -232,22 +233,30 @@ def print_weights(record, labels=None, steps=None, matrices="median"):
 # --------------------------------------------------------------------------------------
 # stored GPU measurements, drawn with the live cells' figures
 # --------------------------------------------------------------------------------------
-def show_stored_precision(directory=None) -> bool:
-    rec = stored("precision", directory)
-    if rec is None:
-        return _missing("precision")
-    data = rec["data"]
+def _shows_stored(stage: str):
+    """``show_stored_<stage>(directory=None) -> bool`` made from a function that shows the
+    stored record's data: False, and the command that makes the record, where there is none;
+    after the figures and tables, where the record came from."""
+
+    def make(show):
+        @functools.wraps(show)
+        def show_stored(directory=None) -> bool:
+            rec = stored(stage, directory)
+            if rec is None:
+                return _missing(stage)
+            show(rec["data"])
+            print("stored:", results.describe(rec))
+            return True
+
+        return show_stored
+
+    return make
+
+
+@_shows_stored("precision")
+def show_stored_precision(data):
     fig, ax = plt.subplots(figsize=(6.2, 3.4))
-    impls = (
-        "baseline",
-        "baseline_fp32",
-        "fa2",
-        "paper",
-        "fa1",
-        "triton",
-        "sdpa_flash",
-        "torch_math",
-    )
+    impls = IMPLEMENTATIONS + RUN
     figures.plot_precision(ax, data["records"], impls=impls)
     ax.set_title(f"stored GPU measurement, Gaussian inputs, N = {data['n']:,}")
     plt.show()
@@ -255,15 +264,10 @@ def show_stored_precision(directory=None) -> bool:
         data["records"], impls=[i for i in impls if pick(data["records"], impl=i, format="bf16")]
     )
     print_ratios(data["records"])
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_seqlen(directory=None) -> bool:
-    rec = stored("seqlen", directory)
-    if rec is None:
-        return _missing("seqlen")
-    data = rec["data"]
+@_shows_stored("seqlen")
+def show_stored_seqlen(data):
     fig, axes = plt.subplots(1, 2, figsize=(6.2, 3.2), layout="constrained")
     figures.plot_seqlen(
         axes,
@@ -281,15 +285,10 @@ def show_stored_seqlen(directory=None) -> bool:
     print_rescalings(data["records"], data["by_count"])
     if data.get("stopped"):
         print("the sweep stopped early:", data["stopped"])
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_tiles(directory=None) -> bool:
-    rec = stored("tiles", directory)
-    if rec is None:
-        return _missing("tiles")
-    data = rec["data"]
+@_shows_stored("tiles")
+def show_stored_tiles(data):
     picked = sorted({(bm, bn) for bm, bn in data["autotuned"].values()})
     marks = {"Triton kernel, CPU / explicit path (64×64)": 64 * 64}
     if picked:
@@ -305,15 +304,10 @@ def show_stored_tiles(directory=None) -> bool:
         "the Triton kernel's autotuner picked (B_r × B_c) at N:",
         ", ".join(f"{n}: {bm}×{bn}" for n, (bm, bn) in data["autotuned"].items()) or "none",
     )
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_training(directory=None) -> bool:
-    rec = stored("training", directory)
-    if rec is None:
-        return _missing("training")
-    data = rec["data"]
+@_shows_stored("training")
+def show_stored_training(data):
     fig, axes = plt.subplots(2, 1, figsize=(6.2, 6.4), layout="constrained")
     figures.plot_weight_distance(axes[0], data["golden"], mark_explosion=False)
     axes[0].set_title(
@@ -325,8 +319,6 @@ def show_stored_training(directory=None) -> bool:
     print_weights(data["golden"])
     print_weights(data["failure"], matrices="0.W_Q")
     summarise_failure(data["failure"])
-    print("stored:", results.describe(rec))
-    return True
 
 
 def summarise_failure(record, matrices=("0.W_Q", "median")):

@@ -313,10 +313,8 @@ def memory(ns=(1024, 2048, 4096, 8192, 16384)):
             row = measure_memory(n, mode=mode)
             rows.append(row)
             fmt = lambda b: "OOM" if b is None else f"{b / 2**20:9.1f} MiB"  # noqa: E731
-            log(
-                f"memory {mode:8s} N={n:6d}: flash {fmt(row['flash_peak_bytes'])}, naive "
-                f"{fmt(row['naive_peak_bytes'])}"
-            )
+            peaks = ", ".join(f"{k} {fmt(row[f'{k}_peak_bytes'])}" for k in ("flash", "naive"))
+            log(f"memory {mode:8s} N={n:6d}: {peaks}")
     return rows
 
 

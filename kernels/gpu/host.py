@@ -91,14 +91,15 @@ def triton_launch_simulated():
         self.device_caches[device][0][key] = kernel  # cached, as a compiled kernel is
         return kernel
 
-    saved = (
-        jit.JITFunction._do_compile,
-        autotuner.Autotuner._bench,
-        driver._active,
-        launch._native_bf16,
-        launch.check_device,
-        launch.POISON_OUTPUTS,
-    )
+    patched = [
+        (jit.JITFunction, "_do_compile"),
+        (autotuner.Autotuner, "_bench"),
+        (driver, "_active"),
+        (launch, "_native_bf16"),
+        (launch, "check_device"),
+        (launch, "POISON_OUTPUTS"),
+    ]
+    saved = [getattr(owner, name) for owner, name in patched]
     jit.JITFunction._do_compile = stand_in
     autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
     driver.set_active(Driver())
@@ -111,14 +112,8 @@ def triton_launch_simulated():
     try:
         yield
     finally:
-        (
-            jit.JITFunction._do_compile,
-            autotuner.Autotuner._bench,
-            driver._active,
-            launch._native_bf16,
-            launch.check_device,
-            launch.POISON_OUTPUTS,
-        ) = saved
+        for (owner, name), value in zip(patched, saved):
+            setattr(owner, name, value)
         for module in modules:
             module.check_device = saved[4]
 

@@ -221,15 +221,8 @@ def memory(small, budget):
             if not budget.allows(f"memory {mode} N={n}", 5):
                 break
             tensors = timing.inputs((batch, heads, n, d), torch.bfloat16, "cuda")
-            row = dict(
-                n=n,
-                batch=batch,
-                heads=heads,
-                d=d,
-                mode=mode,
-                causal=True,
-                inputs_bytes=3 * tensors[0].nbytes,
-            )
+            row = dict(n=n, batch=batch, heads=heads, d=d, mode=mode, causal=True)
+            row["inputs_bytes"] = 3 * tensors[0].nbytes
             # the math backend holds several N×N fp32/bf16 tensors (scores, mask, softmax,
             # and in the backward their gradients): try it only where ~6 of them fit
             math_fits = 6 * batch * heads * n * n * 4 < 0.8 * free
@@ -251,10 +244,8 @@ def memory(small, budget):
                 torch.cuda.empty_cache()
             rows.append(row)
             fmt = lambda b: "—" if b is None else f"{b / 2**20:9.1f} MiB"  # noqa: E731
-            log(
-                f"memory {mode:7s} N={n:6d}: book {fmt(row.get('book_peak_bytes'))}, math "
-                f"{fmt(row.get('math_peak_bytes'))}"
-            )
+            peaks = ", ".join(f"{k} {fmt(row.get(f'{k}_peak_bytes'))}" for k in ("book", "math"))
+            log(f"memory {mode:7s} N={n:6d}: {peaks}")
             del tensors
             torch.cuda.empty_cache()
     return dict(rows=rows)
@@ -277,21 +268,9 @@ def speed(small, budget, rows, skipped, reserve=0):
                 for mode in ("fwd", "fwd+bwd"):
                     for name, impl in IMPLS.items():
                         if get(impl).kind == "sdpa" and not on_gpu():
-                            batch, heads, n, d = shape
-                            row = dict(
-                                impl=name,
-                                dtype=dtype_name,
-                                causal=causal,
-                                batch=batch,
-                                heads=heads,
-                                n=n,
-                                d=d,
-                                mode=mode,
-                                ms=None,
-                                tflops=None,
-                                fraction_of_peak=None,
-                                error=f"{NO_GPU}: SDPA's CUDA backends cannot run",
-                            )
+                            row = timing.row_of(name, shape, dtype_name, causal, mode)
+                            row.update(ms=None, tflops=None, fraction_of_peak=None)
+                            row["error"] = f"{NO_GPU}: SDPA's CUDA backends cannot run"
                         else:
                             row = timing.speed_row(
                                 name,
