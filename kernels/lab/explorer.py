@@ -1,4 +1,5 @@
-"""The lab as one function of its sliders (:func:`lab`), its text report and its widget."""
+"""The lab as one function of its sliders (:func:`lab`), its text report and its widget
+(the explorer of the bias chapters)."""
 
 from __future__ import annotations
 
