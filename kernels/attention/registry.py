@@ -120,6 +120,8 @@ FLASH_BENCH = {
     "sdpa-flash": "SDPA flash",
     "sdpa-cudnn": "SDPA cuDNN",
 }
+# ... and of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
+FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
 
 
 def parse(name: str) -> tuple[Implementation, str]:

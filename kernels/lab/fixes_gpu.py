@@ -130,7 +130,7 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
 
 
 def fix_speed() -> list[dict]:
-    from ..attention.registry import label, runner
+    from ..attention.registry import FIX_SPEED, runner
     from ..timing import measure_speed
 
     rows = []
@@ -140,8 +140,8 @@ def fix_speed() -> list[dict]:
                 if mode == "fwd" and "delta_source" in opts:
                     continue  # the δ source changes only the backward pass
                 rows.append(measure_speed(name, runner("triton", causal=True, **opts), shape, mode))
-            for sdpa in ("sdpa-flash", "sdpa-cudnn"):
-                rows.append(measure_speed(label(sdpa), runner(sdpa, causal=True), shape, mode))
+            for sdpa, stored in FIX_SPEED.items():
+                rows.append(measure_speed(stored, runner(sdpa, causal=True), shape, mode))
             print(f"speed {shape} {mode} done", flush=True)
     return rows
 

@@ -29,6 +29,7 @@ def test_labels_are_the_stored_ones():
     ]
     assert registry.get("sdpa_flash").name == "sdpa-flash"  # chapter 8's stored spelling
     assert registry.short("triton/cross") == "Triton/cross"
+    assert list(registry.FIX_SPEED.values()) == ["SDPA flash", "SDPA cudnn"]
     assert set(registry.FLASH_BENCH.values()) == {
         "ours (stable off)",
         "ours (stable cross)",
