@@ -15,6 +15,7 @@ nothing in it imports from ``lab``, ``gpt2`` or ``gpu``.
   ``run(name, q, k, v, opts)``
 * :mod:`.exercises`  the checks of the exercises of chapters 3 and 4
 """
+
 from .autograd import Gradients, backward_pass, flash_attention
 from .options import AttentionOptions, check_tensors
 
