@@ -186,20 +186,15 @@ def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dic
 
     rows = {}
     patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
-    saved = dict(launch.SPEEDUPS)
-    launch.SPEEDUPS.update(speedups or {})
-    try:
-        with patch:
-            for name, fn in (
-                ("forward", forward),
-                ("forward+backward", forward_backward),
-                ("autograd floor", floor),
-            ):
-                median, best = _median_us(fn, calls, repeats)
-                rows[name] = dict(median_us=median, best_us=best)
+    with launch.speedups(**(speedups or {})), patch:
+        for name, fn in (
+            ("forward", forward),
+            ("forward+backward", forward_backward),
+            ("autograd floor", floor),
+        ):
+            median, best = _median_us(fn, calls, repeats)
+            rows[name] = dict(median_us=median, best_us=best)
         plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
-    finally:
-        launch.SPEEDUPS.update(saved)
     rows["backward (difference)"] = {
         stat: rows["forward+backward"][stat] - rows["forward"][stat]
         for stat in ("median_us", "best_us")

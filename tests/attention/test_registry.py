@@ -64,3 +64,17 @@ def test_run_is_the_function_it_names():
     assert torch.equal(registry.run("torch_math", q, k, v, opts), standard_attention(q, k, v, True))
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert torch.equal(registry.run("sdpa", q, k, v, opts), sdpa)
+
+
+def test_one_place_for_backends_and_switches():
+    """SDPA's backends are mapped only here, and the speed-up switches are changed and
+    restored only through launch.speedups()."""
+    from pathlib import Path
+
+    package = Path(kernels.__file__).parent
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if path.name != "registry.py":
+            assert "SDPBackend" not in text, f"{path}: name SDPA backends in the registry"
+        if path.name != "launch.py":
+            assert "SPEEDUPS.update" not in text, f"{path}: use launch.speedups(...)"
