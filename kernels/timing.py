@@ -186,6 +186,21 @@ def profile_kernels(step, calls):
     return top(kernels_us), top(cpu_us), sum(kernels_us.values())
 
 
+def host_us_per_call(fn, calls, repeats) -> tuple[float, float]:
+    """(median, best) µs per call of ``fn()`` on the host, over ``repeats`` runs of ``calls``
+    calls after two unmeasured ones (caches fill): the wrapper's cost with the GPU taken out
+    (:mod:`kernels.gpu.host`)."""
+    fn()
+    fn()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter_ns() - start) / calls / 1e3)
+    return statistics.median(per_call), min(per_call)
+
+
 def host_and_wall_us(step, calls):
     """Host µs to issue one call (no synchronisation inside the loop) and wall µs per call
     of the whole stream (synchronised at the end): the larger of host and GPU time."""

@@ -29,10 +29,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 SHAPE = (2, 2, 128, 64)  # (B, H, N, D): small, so CPU allocations stay cheap
 MODES = ("stub", "triton")
@@ -127,18 +125,6 @@ def _modules_holding(fn):
     ]
 
 
-def _median_us(fn, calls, repeats):
-    fn()  # first call: caches fill, nothing measured
-    fn()
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter_ns() - start) / calls / 1e3)
-    return statistics.median(per_call), min(per_call)
-
-
 def _identity_function():
     import torch
 
@@ -162,6 +148,7 @@ def _identity_function():
 def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dict:
     import torch
 
+    from .. import timing
     from ..attention import flash_attention, launch
 
     batch, heads, n, d = shape
@@ -192,7 +179,7 @@ def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dic
             ("forward+backward", forward_backward),
             ("autograd floor", floor),
         ):
-            median, best = _median_us(fn, calls, repeats)
+            median, best = timing.host_us_per_call(fn, calls, repeats)
             rows[name] = dict(median_us=median, best_us=best)
         plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
     rows["backward (difference)"] = {
