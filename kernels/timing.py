@@ -219,8 +219,9 @@ class Budget:
     """Wall-clock budget of a whole run; its sections ask before they start, and what did not
     fit is listed in :attr:`skipped` (and said through ``log``)."""
 
-    def __init__(self, seconds, log=print):
-        self.start, self.seconds, self.log = time.time(), seconds, log
+    def __init__(self, seconds, log=print, start=None):
+        self.start = time.time() if start is None else start  # a time.time() value
+        self.seconds, self.log = seconds, log
         self.skipped: list[str] = []
 
     def elapsed(self):

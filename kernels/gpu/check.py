@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import results
+from kernels import results, timing
 from kernels.attention import flash_attention
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
@@ -36,7 +36,6 @@ from kernels.env import REPO_ROOT
 from kernels.gpu.memory import BENCH_SHAPES, measure_memory
 from kernels.numerics.rounding import ulp_distance
 from kernels.numerics.triton_rounding import round_tensor
-from kernels.timing import measure_speed
 
 TEST_FILES = [
     "tests/numerics/test_triton_rounding.py",
@@ -290,7 +289,7 @@ def speed(shapes=BENCH_SHAPES):
     for shape in shapes:
         for mode in ("fwd", "fwd+bwd"):
             for name, attn in impls:
-                row = measure_speed(name, attn, shape, mode)
+                row = timing.measure_speed(name, attn, shape, mode)
                 rows.append(row)
                 shown = (
                     f"{row['tflops']:.0f} TFLOP/s ({row['ms']:.3f} ms)"
@@ -380,11 +379,11 @@ def main(argv=None):
             if memory_rows:
                 results.save("flash_memory", memory_rows, COMMAND, directory=directory)
 
+    budget = timing.Budget(args.budget, log, start=START)
+
     def section(name, fn, need):
-        left = args.budget - (time.time() - START)
-        if left < need:
-            report.setdefault("skipped", []).append(f"{name} (needs ~{need}s, {left:.0f}s left)")
-            log(f"SKIP {name}: {left:.0f}s left")
+        if not budget.allows(name, need):
+            report.setdefault("skipped", []).append(budget.skipped[-1])
             return None
         log(f"--- {name}")
         try:
