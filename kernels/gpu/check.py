@@ -320,11 +320,11 @@ def memory(ns=(1024, 2048, 4096, 8192, 16384)):
 # ---------------------------------------------------------------------------------------
 def summary_table(report, bench_rows, memory_rows):
     print("\n=== summary ===")
-    for path, t in report.get("pytest", {}).items():
+    for path, t in (report.get("pytest") or {}).items():
         print(f"  {path:28s} rc={t['returncode']}  {t['last_line']}")
-    for key, r in report.get("rounding", {}).items():
+    for key, r in (report.get("rounding") or {}).items():
         print(f"  rounding {key:45s} mismatches {r['mismatches']} / {r['values']}")
-    for r in report.get("explicit_vs_native", []):
+    for r in report.get("explicit_vs_native") or []:
         if r["pass_"] == "fwd":
             a = r["native_vs_explicit"]
             print(
