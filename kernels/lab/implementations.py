@@ -1,5 +1,6 @@
 """Running one implementation on a built case: the emulator, torch SDPA, the Triton kernel,
 and two CPU models of the hardware accumulation (``fa2-fma``, ``fa2-mma``)."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import emulator
+from ..attention import emulator, registry
 from ..attention.options import STABLE_MODES
 from ..numerics.rounding import error_in_ulps, round_to
 from ..numerics.stats import bias_summary
@@ -15,14 +16,14 @@ from .cases import Built, Case, build, reference
 
 # implementations run by the emulator; "-untiled" uses one tile of the whole sequence (the
 # paper's own PyTorch code is untiled, so its Algorithm 3 sees every key at once)
-EMULATED = ("paper", "fa2", "paper-untiled", "fa2-untiled")
+EMULATED = tuple(n for n in registry.group("lab") if registry.get(n).kind == "emulator")
 # triton: the book's kernel (kernels.attention), hardware bf16 on a GPU; triton-explicit: the
 # same kernel on its explicit-rounding path (fp32 IEEE dots); fa2-mma: P̄V as one tensor-core
 # bf16 matmul with an fp32 result (torch.bmm(..., out_dtype=float32)), the rest as fa2, untiled
-GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton-explicit", "fa2-mma")
+GPU_ONLY = registry.group("lab-gpu")
 # fa2-fma: FA2 numerics with the products added one by one to the running accumulator (a CPU
 # model of what tl.dot(p, v, acc) does on a GPU; see fa2_fused_accumulation)
-IMPLEMENTATIONS = ("ideal", "fa2-fma") + EMULATED + GPU_ONLY
+IMPLEMENTATIONS = registry.group("lab") + GPU_ONLY  # ideal, fa2-fma, then EMULATED
 
 
 # running the implementations
@@ -31,41 +32,48 @@ IMPLEMENTATIONS = ("ideal", "fa2-fma") + EMULATED + GPU_ONLY
 
 @dataclass
 class Output:
-    out: torch.Tensor                 # O as computed (fp32 holding bf16 values, or NaN/inf)
-    row_offset: torch.Tensor | None   # final m of each row (emulator only)
-    row_sum: torch.Tensor | None      # final ℓ of each row (emulator only)
-    ties_seen: torch.Tensor | None    # did the rule see rs > 1 (emulator only)
+    out: torch.Tensor  # O as computed (fp32 holding bf16 values, or NaN/inf)
+    row_offset: torch.Tensor | None  # final m of each row (emulator only)
+    row_sum: torch.Tensor | None  # final ℓ of each row (emulator only)
+    ties_seen: torch.Tensor | None  # did the rule see rs > 1 (emulator only)
 
 
-def _sdpa(built: Built, backend_name: str) -> torch.Tensor:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+def _sdpa(built: Built, name: str) -> torch.Tensor:
     q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
-    with sdpa_kernel([backend]):
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
-    return o.squeeze(1).float()
+    return registry.run(name, q, k, v, scale=1.0).squeeze(1).float()
 
 
-def _triton(built: Built, stable, beta, eps, block_n, explicit=None) -> torch.Tensor:
-    from ..attention import flash_attention    # the book's kernel; the GPU script guards it
+def _triton(built: Built, name, stable, beta, eps, block_n) -> torch.Tensor:
+    """The book's kernel (``triton``, or ``triton-explicit``: its explicit-rounding path)."""
     q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
-    o = flash_attention(q, k, v, causal=False, scale=1.0, stable=stable, beta=beta, eps=eps,
-                        numerics="fa2", block_m=min(64, q.shape[-2]), block_n=block_n or 64,
-                        explicit=explicit)
+    o = registry.run(
+        name,
+        q,
+        k,
+        v,
+        causal=False,
+        scale=1.0,
+        stable=stable,
+        beta=beta,
+        eps=eps,
+        numerics="fa2",
+        block_m=min(64, q.shape[-2]),
+        block_n=block_n or 64,
+    )
     return o.squeeze(1).float()
 
 
 def _fa2_mma(built: Built) -> torch.Tensor:
     """FA2 numerics, untiled, with P̄V done by the GPU's bf16 matrix unit into fp32."""
     s = built.scores
-    p = torch.exp(s - s.amax(-1, keepdim=True))                      # fp32
+    p = torch.exp(s - s.amax(-1, keepdim=True))  # fp32
     acc = torch.bmm(p.to(torch.bfloat16), built.v.to(torch.bfloat16), out_dtype=torch.float32)
     return round_to(acc / p.sum(-1, keepdim=True), torch.bfloat16)
 
 
-def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0,
-        block_n=None) -> Output:
+def run(
+    impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0, block_n=None
+) -> Output:
     """Compute O with implementation ``impl`` (see :data:`IMPLEMENTATIONS`).
 
     ``ideal`` is the exact O_hp rounded once to bf16: the best any bf16 output can do."""
@@ -79,13 +87,21 @@ def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0
         return Output(fa2_fused_accumulation(built, block_n or 64), None, None, None)
     if impl in EMULATED:
         block = built.k.shape[-2] if impl.endswith("-untiled") else (block_n or 64)
-        res = emulator.flash_forward(built.q, built.k, built.v, scale=1.0,
-                                    numerics=impl.split("-")[0], block_n=block, stable=stable,
-                                    beta=beta, eps=eps, offset=offset)
+        res = emulator.flash_forward(
+            built.q,
+            built.k,
+            built.v,
+            scale=1.0,
+            numerics=impl.split("-")[0],
+            block_n=block,
+            stable=stable,
+            beta=beta,
+            eps=eps,
+            offset=offset,
+        )
         return Output(res.out.float(), res.row_offset, res.row_sum, res.ties)
-    if impl in ("triton", "triton-explicit"):   # native on a GPU, the interpreter on a CPU
-        explicit = True if impl == "triton-explicit" else None
-        return Output(_triton(built, stable, beta, eps, block_n, explicit), None, None, None)
+    if impl in ("triton", "triton-explicit"):  # native on a GPU, the interpreter on a CPU
+        return Output(_triton(built, impl, stable, beta, eps, block_n), None, None, None)
     if not built.q.is_cuda:
         raise ValueError(f"{impl} needs a CUDA GPU; build the case with device='cuda'")
     if impl == "fa2-mma":
@@ -93,14 +109,26 @@ def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0
     return Output(_sdpa(built, impl), None, None, None)
 
 
-def measure(case: Case, impl: str, stable="off", *, beta=2.0, eps=1e-3, offset=0.0, seed=0,
-            device="cpu", built: Built | None = None) -> dict:
+def measure(
+    case: Case,
+    impl: str,
+    stable="off",
+    *,
+    beta=2.0,
+    eps=1e-3,
+    offset=0.0,
+    seed=0,
+    device="cpu",
+    built: Built | None = None,
+) -> dict:
     """Bias of one implementation on one case: the numbers a sweep cell holds."""
     built = build(case, seed, device) if built is None else built
     o_hp = reference(built)
     res = run(impl, built, stable=stable, beta=beta, eps=eps, offset=offset, block_n=case.block_n)
     stats = bias_summary(error_in_ulps(res.out, o_hp))
-    stats["correctly_rounded"] = float((res.out.double() == round_to(o_hp, torch.bfloat16)).double().mean())
+    stats["correctly_rounded"] = float(
+        (res.out.double() == round_to(o_hp, torch.bfloat16)).double().mean()
+    )
     return stats
 
 
@@ -130,14 +158,14 @@ def fa2_fused_accumulation(built: Built, block_n: int = 64) -> torch.Tensor:
     ell = torch.zeros((b, d), device=s.device)
     acc = torch.zeros((b, d, v.shape[-1]), device=s.device)
     for start in range(0, n, block_n):
-        s_j = s[..., start:start + block_n]
+        s_j = s[..., start : start + block_n]
         m_new = torch.maximum(m, s_j.amax(-1))
         p = torch.exp(s_j - m_new.unsqueeze(-1))
         alpha = torch.exp(m - m_new)
         ell = alpha * ell + p.sum(-1)
         acc = alpha.unsqueeze(-1) * acc
         p_low = round_to(p, torch.bfloat16)
-        for t in range(s_j.shape[-1]):             # one fused multiply-add per key, in order
-            acc = acc + p_low[..., t:t + 1] * v[:, None, start + t, :]
+        for t in range(s_j.shape[-1]):  # one fused multiply-add per key, in order
+            acc = acc + p_low[..., t : t + 1] * v[:, None, start + t, :]
         m = m_new
     return round_to(acc / ell.unsqueeze(-1), torch.bfloat16)
