@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need, need_function,
+from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need_function,
                         need_names)
 from ..env import interpreting
 from . import reference, tiling

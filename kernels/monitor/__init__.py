@@ -16,15 +16,23 @@ monitor.py (finding the attention layers, the hooks), sinks.py (CSV, JSON lines,
 TensorBoard, any callable), alerts.py (thresholds from the stored runs, a warning once per
 crossing), readings.py (the cost of a step, thresholds from stored runs, heads combined
 per layer), callbacks.py (a Hugging Face TrainerCallback and a Lightning Callback),
-hf_attention.py (the book's attention with δ from rowsum(dP∘P), for Hugging Face's
-``attn_implementation=`` and as a drop-in for nanoGPT's SDPA call), gpu.py (the GPU
-measurements of chapter 9), exercises.py (the chapter's exercise checks). It imports
-:mod:`kernels.numerics` and, in hf_attention.py only, :mod:`kernels.attention`.
+exercises.py (the chapter's exercise checks). It imports only :mod:`kernels.numerics`. The
+fix practitioners can train with (δ from rowsum(dP∘P), for Hugging Face's
+``attn_implementation=`` and nanoGPT's SDPA call) is :mod:`kernels.attention.hf_attention`;
+chapter 9's GPU measurements are :mod:`kernels.gpt2.monitor_gpu`.
 """
 from .alerts import THRESHOLDS, Alert, Alerts, AttentionAlert, replay
-from .metrics import (causal_scores, delta_error, exact_output, head_readings,
-                      max_logit, rows_rounding_to_one, rows_with_tied_max,
-                      spectral_norm, wq_head_norms)
+from .metrics import (
+                      causal_scores,
+                      delta_error,
+                      exact_output,
+                      head_readings,
+                      max_logit,
+                      rows_rounding_to_one,
+                      rows_with_tied_max,
+                      spectral_norm,
+                      wq_head_norms,
+)
 from .monitor import LAYOUTS, METRICS, AttentionMonitor, find_attention, query_weight
 from .readings import LAYER_RULES, ceiling_and_lead, layer_table, time_steps
 from .sinks import COLUMNS, read_rows

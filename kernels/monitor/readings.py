@@ -114,6 +114,7 @@ def layer_table(rows):
     path. A (step, layer, head, metric) found more than once (a file appended to by a
     resumed run that repeated steps) is kept once, its last value, with a warning."""
     import pandas as pd
+
     from .sinks import COLUMNS, read_rows
     if hasattr(rows, "rows"):
         rows = rows.rows

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import kernels  # noqa: F401
 from kernels.gpt2 import GPT, GPTConfig
-from kernels.monitor import callbacks, hf_attention
+from kernels.attention import hf_attention
+from kernels.monitor import callbacks
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
             attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0,

@@ -1,4 +1,4 @@
-"""The CPU side of chapter 9's GPU script (kernels.monitor.gpu): --small runs both stages
+"""The CPU side of chapter 9's GPU script (kernels.gpt2.monitor_gpu): --small runs both stages
 at tiny sizes and writes a file the chapter can read; the curve comparison that decides
 "within noise" is checked on constructed curves."""
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 
 import kernels  # noqa: F401
 from kernels import results
-from kernels.monitor import gpu
+from kernels.gpt2 import monitor_gpu as gpu
 
 
 def test_curve_gap_on_constructed_curves():
@@ -39,7 +39,7 @@ def test_small_run_end_to_end(tmp_path):
     out = gpu.main(["--small", "--out", str(tmp_path)])
     assert out == tmp_path
     record = results.load("monitor_gpu", directory=tmp_path)
-    assert record["provenance"]["command"] == "python -m kernels.monitor.gpu --small " \
+    assert record["provenance"]["command"] == "python -m kernels.gpt2.monitor_gpu --small " \
         f"--out {tmp_path}"
     if not torch.cuda.is_available():
         assert record["provenance"]["gpu"] is None

@@ -1,6 +1,6 @@
 """Chapter 9's GPU measurements, in one command (sized for under 5 minutes on an H100)::
 
-    python -m kernels.monitor.gpu --out DIR        # writes DIR/monitor_gpu.json
+    python -m kernels.gpt2.monitor_gpu --out DIR        # writes DIR/monitor_gpu.json
 
 1. **What the monitor costs on a GPU.** Chapter 7's GPT-2 (4 layers, width 256, 4 heads,
    context 256, SDPA attention), 64 sequences per step under BF16 autocast, AdamW. Whole
@@ -13,7 +13,7 @@
 2. **The fix in a stock Hugging Face GPT-2.** ``GPT2LMHeadModel`` from a small config (no
    download: 4 layers, width 256, context 256, byte vocabulary), 200 steps on the book's
    bytes of Python under BF16 autocast with ``attn_implementation="sdpa"`` and with the
-   book's attention with δ from rowsum(dP∘P) (:mod:`.hf_attention`), seeds 0 and 1, the
+   book's attention with δ from rowsum(dP∘P) (:mod:`kernels.attention.hf_attention`), seeds 0 and 1, the
    same batches. The fix matches SDPA "within noise" when, for each seed, its smoothed
    loss curve stays as close to SDPA's of the same seed as SDPA's two seeds stay to each
    other (:func:`curve_gap`).
@@ -53,7 +53,7 @@ def _autocast(device):
 
 
 def _data(sizes, steps, seed):
-    from ..gpt2 import BatchOrder, load_corpus
+    from .data import BatchOrder, load_corpus
     corpus = load_corpus("stdlib", max_bytes=4_000_000 if sizes is FULL else 200_000)
     order = BatchOrder.draw(len(corpus.train), steps, sizes["batch"], sizes["block_size"],
                             seed=seed)
@@ -63,8 +63,8 @@ def _data(sizes, steps, seed):
 # ------------------------------------------------------------------------- overhead
 def overhead_stage(sizes, device, seed=0) -> dict:
     """Seconds per synchronised training step, without the monitor and with it."""
-    from ..gpt2 import GPT, GPTConfig
-    from .monitor import AttentionMonitor
+    from .model import GPT, GPTConfig
+    from ..monitor import AttentionMonitor
     torch.manual_seed(seed)
     cfg = GPTConfig(n_layer=sizes["n_layer"], n_head=sizes["n_head"],
                     n_embd=sizes["n_embd"], block_size=sizes["block_size"], attn="sdpa")
@@ -174,12 +174,12 @@ def within_noise(curves: dict, width, seeds) -> dict:
 
 def hf_stage(sizes, device) -> dict:
     from transformers import logging as hf_logging
-    from . import hf_attention
+    from ..attention import hf_attention
     hf_logging.set_verbosity_error()
     name = hf_attention.register()
     steps, n = sizes["hf_steps"], sizes["block_size"]
     corpus, _ = _data(sizes, 1, 0)
-    from ..gpt2 import BatchOrder
+    from .data import BatchOrder
     order = BatchOrder.draw(len(corpus.train), steps, sizes["hf_batch"], n, seed=123)
     curves, seconds = {}, {}
     from ..attention import launch
@@ -242,7 +242,7 @@ def main(argv=None):
     from .. import results
     device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
     if device == "cpu" and not args.small:
-        raise SystemExit("kernels.monitor.gpu measures on a CUDA GPU; on a CPU run it with "
+        raise SystemExit("kernels.gpt2.monitor_gpu measures on a CUDA GPU; on a CPU run it with "
                          "--small (a test of the script, not a measurement)")
     sizes = SMALL if args.small else FULL
     begin = time.time()
@@ -251,7 +251,7 @@ def main(argv=None):
     data["overhead_seconds"] = time.time() - begin
     data["hf"] = hf_stage(sizes, device)
     data["seconds"] = time.time() - begin
-    command = "python -m kernels.monitor.gpu" + (" " + " ".join(argv) if argv else "")
+    command = "python -m kernels.gpt2.monitor_gpu" + (" " + " ".join(argv) if argv else "")
     out = Path(args.out) if args.out else None
     path = results.save("monitor_gpu", data, command, directory=out)
     print(f"wrote {path} in {data['seconds']:.0f} s")

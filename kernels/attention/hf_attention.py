@@ -5,7 +5,7 @@ from dP∘P the failing path trained in 3 of 3 seeds).
 
 Hugging Face (registered with transformers' ``AttentionInterface`` under :data:`NAME`)::
 
-    from kernels.monitor import hf_attention
+    from kernels.attention import hf_attention
     hf_attention.register()
     model = GPT2LMHeadModel(GPT2Config(..., attn_implementation=hf_attention.NAME))
     # or from_pretrained(..., attn_implementation=hf_attention.NAME), or, on a model
@@ -13,7 +13,7 @@ Hugging Face (registered with transformers' ``AttentionInterface`` under :data:`
 
 nanoGPT (a drop-in for the one SDPA call in ``CausalSelfAttention.forward``)::
 
-    from kernels.monitor.hf_attention import scaled_dot_product_attention
+    from kernels.attention.hf_attention import scaled_dot_product_attention
     y = scaled_dot_product_attention(q, k, v, is_causal=True)
 
 What it does not do, and says so when asked: attention dropout, padding masks (it
@@ -27,11 +27,18 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import flash_attention
-from ..attention.options import options_from
-from .monitor import _has_padding
+from .autograd import flash_attention
+from .options import options_from
 
 NAME = "book_dp_attention"   # no "flash" in it: transformers reads that as its own kernels
+
+
+def _hides_a_visible_key(mask) -> bool:
+    """True when a mask (bool: True = keep; float: −inf = hide) hides a key causality shows."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        return False
+    keep = mask if mask.dtype == torch.bool else mask >= 0
+    return bool((~keep & torch.ones_like(keep).tril(keep.shape[-1] - keep.shape[-2])).any())
 
 
 def _options(causal: bool, scale):
@@ -76,7 +83,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None,
     if dropout:
         raise ValueError(f"{NAME} ({where}) has no attention dropout, got p = {dropout:g}: "
                          "build the model with attn_pdrop=0 (or config.attention_dropout=0)")
-    if _has_padding(attention_mask):
+    if _hides_a_visible_key(attention_mask):
         raise ValueError(f"{NAME} ({where}) got an attention mask with padding: it reads "
                          "causal attention without padding only; pack the sequences or "
                          "train this batch with attn_implementation='sdpa'")
