@@ -23,6 +23,7 @@ The decision that matters for the whole book is the *numerics path*:
 The interpreter switch must be set before :mod:`triton` is imported; importing
 :mod:`kernels` does that (see :func:`configure_triton`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,13 +38,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "results"
 
 # Packages a chapter needs beyond torch/triton; installed on Colab only if missing.
-_COLAB_EXTRAS = {"ml_dtypes": "ml_dtypes", "ipywidgets": "ipywidgets", "tqdm": "tqdm",
-                 "matplotlib": "matplotlib", "pandas": "pandas"}
+_COLAB_EXTRAS = {
+    "ml_dtypes": "ml_dtypes",
+    "ipywidgets": "ipywidgets",
+    "tqdm": "tqdm",
+    "matplotlib": "matplotlib",
+    "pandas": "pandas",
+}
 
 
 def _cuda_capability():
     """(major, minor) of GPU 0, or None without a usable CUDA device."""
     import torch
+
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_capability(0)
@@ -83,7 +90,6 @@ def _fix_interpreter_loop_bounds() -> None:
     interpreter._lpfa_index_fix = True
 
 
-
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -98,8 +104,9 @@ def native_bf16() -> bool:
 @dataclasses.dataclass(frozen=True)
 class Env:
     """What :func:`setup` found. ``small`` tells chapters to use CPU-sized problems."""
-    path: str            # 'gpu-native' | 'gpu-explicit' | 'cpu-emulation'
-    device: str          # 'cuda' | 'cpu'
+
+    path: str  # 'gpu-native' | 'gpu-explicit' | 'cpu-emulation'
+    device: str  # 'cuda' | 'cpu'
     gpu_name: str | None
     capability: tuple | None
     in_colab: bool
@@ -151,6 +158,7 @@ def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every GPU)."""
     import numpy as np
     import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds all CUDA devices
@@ -160,7 +168,7 @@ def cores_available() -> int:
     """CPU cores this process may run on (the affinity mask, not the machine's total)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:          # macOS and Windows have no sched_getaffinity
+    except AttributeError:  # macOS and Windows have no sched_getaffinity
         return max(1, os.cpu_count() or 1)
 
 
@@ -168,11 +176,12 @@ def pin_threads() -> int:
     """Give torch one intra-op thread per available core, and no more: on a busy 2-core machine
     more threads than cores made a chapter run 8 times slower. Returns the thread count."""
     import torch
+
     n = cores_available()
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)
-    except RuntimeError:            # already set, or inter-op work has started: leave it
+    except RuntimeError:  # already set, or inter-op work has started: leave it
         pass
     return n
 
@@ -182,9 +191,12 @@ def describe() -> Env:
     configure_triton()
     cap = _cuda_capability()
     if cap is None:
-        why = "no CUDA GPU: Triton interpreter on the CPU, bf16 rounded explicitly (RNE), small sizes"
+        why = (
+            "no CUDA GPU: Triton interpreter on the CPU, bf16 rounded explicitly (RNE), small sizes"
+        )
         return Env("cpu-emulation", "cpu", None, None, in_colab(), in_ci(), 0, why)
     import torch
+
     name = torch.cuda.get_device_name(0)
     if interpreting():
         why = f"{name} present but TRITON_INTERPRET=1 was set: interpreter with explicit rounding"
@@ -192,8 +204,10 @@ def describe() -> Env:
     if cap >= (8, 0):
         why = f"{name} is sm_{cap[0]}{cap[1]} (>= sm_80): real bf16 instructions, full sizes"
         return Env("gpu-native", "cuda", name, cap, in_colab(), in_ci(), 0, why)
-    why = (f"{name} is sm_{cap[0]}{cap[1]} (< sm_80, no bf16 in Triton): bf16 carried in fp32 "
-           "and rounded explicitly (RNE), full sizes")
+    why = (
+        f"{name} is sm_{cap[0]}{cap[1]} (< sm_80, no bf16 in Triton): bf16 carried in fp32 "
+        "and rounded explicitly (RNE), full sizes"
+    )
     return Env("gpu-explicit", "cuda", name, cap, in_colab(), in_ci(), 0, why)
 
 
@@ -214,4 +228,5 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
 def _style_plots() -> None:
     """A readable default look for every figure in the book."""
     from .tools import style
+
     style.install()

@@ -4,6 +4,7 @@ A chapter that cannot measure something on the machine it runs on (a GPU speed, 
 training run) loads the stored file instead and says so. Every file records the GPU, the
 torch and triton versions, the date and the exact command that produced it.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -17,8 +18,10 @@ from .env import RESULTS_DIR
 def provenance(command: str) -> dict:
     """Where and how a measurement was taken."""
     import torch
+
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:  # pragma: no cover - triton is a requirement
         triton_version = None
@@ -51,7 +54,9 @@ def load(name: str, directory=None) -> dict:
     directory = RESULTS_DIR if directory is None else directory
     path = directory / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"no stored measurement {path}; run the GPU script named in the chapter")
+        raise FileNotFoundError(
+            f"no stored measurement {path}; run the GPU script named in the chapter"
+        )
     with open(path) as f:
         return json.load(f)
 
@@ -62,10 +67,14 @@ def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     lines indented) so that it fits the site's text column. The default leaves room for a short
     prefix printed in front of it ("stored: ")."""
     import textwrap
+
     p = record["provenance"]
     where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
-    command = p["command"].replace(" ", "\0")   # a command is never split across lines
-    text = (f"{prefix}{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
-            f"with `{command}`")
-    return textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False,
-                         break_on_hyphens=False).replace("\0", " ")
+    command = p["command"].replace(" ", "\0")  # a command is never split across lines
+    text = (
+        f"{prefix}{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
+        f"with `{command}`"
+    )
+    return textwrap.fill(
+        text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    ).replace("\0", " ")

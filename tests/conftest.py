@@ -4,6 +4,7 @@ Import the book's package first: it switches Triton to its CPU interpreter when 
 which must happen before any test module imports triton. Every test runs with poisoned outputs:
 kernel output buffers start as NaN, so an entry a kernel forgets to write shows up.
 """
+
 import pytest
 
 import kernels  # noqa: F401

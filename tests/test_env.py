@@ -3,6 +3,7 @@
 On this CPU machine the path must be 'cpu-emulation'. The GPU decisions (Colab's T4 ->
 'gpu-explicit', an H100 -> 'gpu-native') are checked by pretending torch sees such a GPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,14 @@ def test_interpreter_is_switched_on_before_triton_is_imported():
         print("ok")
     """)
     child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=kenv.REPO_ROOT, env=child_env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=kenv.REPO_ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
 
@@ -131,8 +138,15 @@ def test_h100_takes_the_native_path(monkeypatch):
     assert kenv.native_bf16()
 
 
-@pytest.mark.parametrize("capability, path", [((8, 0), "gpu-native"), ((8, 6), "gpu-native"),
-                                              ((7, 0), "gpu-explicit"), ((6, 1), "gpu-explicit")])
+@pytest.mark.parametrize(
+    "capability, path",
+    [
+        ((8, 0), "gpu-native"),
+        ((8, 6), "gpu-native"),
+        ((7, 0), "gpu-explicit"),
+        ((6, 1), "gpu-explicit"),
+    ],
+)
 def test_path_boundary_is_sm80(monkeypatch, capability, path):
     pretend_gpu(monkeypatch, capability, "some GPU")
     assert kenv.describe().path == path
@@ -147,8 +161,10 @@ def test_gpu_with_interpreter_forced_stays_on_cpu_path(monkeypatch):
 
 def test_setup_pins_torch_threads_to_the_available_cores():
     import torch
+
     from kernels import env as kenv
-    torch.set_num_threads(max(2, kenv.cores_available() * 4))   # a thrashing default
+
+    torch.set_num_threads(max(2, kenv.cores_available() * 4))  # a thrashing default
     kernels.setup(seed=fresh_seed(), quiet=True)
     assert torch.get_num_threads() == kenv.cores_available()
 
@@ -156,10 +172,21 @@ def test_setup_pins_torch_threads_to_the_available_cores():
 def test_import_sets_a_passive_openmp_wait_policy_unless_the_reader_chose_one():
     code = "import kernels, os; print(os.environ['OMP_WAIT_POLICY'])"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    default = subprocess.run([sys.executable, "-c", code], cwd=kenv.REPO_ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+    default = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=kenv.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert default.stdout.strip() == "PASSIVE", default.stderr[-500:]
-    chosen = subprocess.run([sys.executable, "-c", code], cwd=kenv.REPO_ROOT,
-                            env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
-                            capture_output=True, text=True, timeout=120)
+    chosen = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=kenv.REPO_ROOT,
+        env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert chosen.stdout.strip() == "ACTIVE", chosen.stderr[-500:]

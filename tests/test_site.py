@@ -22,6 +22,7 @@ real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fa
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
 and ``selenium`` (requirements.txt).
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from kernels.tools import booktools, style
 from kernels.env import REPO_ROOT
+from kernels.tools import booktools, style
 
 pytestmark = pytest.mark.site
 
@@ -65,8 +66,18 @@ TEXT_PAGES = [p for p in PAGES if p not in CHAPTERS]
 
 # Words from the authors' workshop that must never reach a reader: names of internal notes, a
 # placeholder, a debugging prefix, a missing value printed into a sentence.
-INTERNAL_WORDS = ("GUIDE", "seed paper", "seeds/", "TODO", "[local]", "FIXME", "XXX",
-                  "measured on None", "computed on None", "a bug to find")
+INTERNAL_WORDS = (
+    "GUIDE",
+    "seed paper",
+    "seeds/",
+    "TODO",
+    "[local]",
+    "FIXME",
+    "XXX",
+    "measured on None",
+    "computed on None",
+    "a bug to find",
+)
 
 
 # ---------------------------------------------------------------- fixtures: server and browser
@@ -79,8 +90,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def site_url():
     """Serve _build/html on 127.0.0.1 (a free port) for the whole session."""
     if not (SITE / "index.html").is_file():
-        pytest.fail(f"{SITE} has no index.html: build the site first "
-                    "(jupyter-book build . -W -n --keep-going)")
+        pytest.fail(
+            f"{SITE} has no index.html: build the site first "
+            "(jupyter-book build . -W -n --keep-going)"
+        )
     handler = functools.partial(_QuietHandler, directory=str(SITE))
     server = http.server.ThreadingHTTPServer((LOCAL_HOST, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -102,10 +115,19 @@ def browser():
     profile = tempfile.mkdtemp(prefix="site-test-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1280,1600", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1600",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
@@ -147,8 +169,11 @@ def open_page(browser, url: str, lands_on: str | None = None) -> list[dict]:
     browser.get(url)
     if lands_on:  # index.html is a meta-refresh redirect: wait for the page it leads to
         WebDriverWait(browser, 30).until(
-            lambda b: b.current_url.endswith(lands_on)
-            and b.execute_script("return document.readyState") == "complete")
+            lambda b: (
+                b.current_url.endswith(lands_on)
+                and b.execute_script("return document.readyState") == "complete"
+            )
+        )
     browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;"
@@ -158,7 +183,8 @@ def open_page(browser, url: str, lands_on: str | None = None) -> list[dict]:
         "  if (ready()) { MathJax.startup.promise.then(() => done(true), () => done(false)); }"
         "  else if (!wanted || Date.now() - start > 20000) { done(false); }"
         "  else { setTimeout(wait, 100); }"
-        "})();")
+        "})();"
+    )
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
@@ -184,7 +210,8 @@ def assert_math_rendered(browser, page: str) -> None:
         "            if (n.parentElement.closest(skip)) continue;"
         "            if (/[$]|\\\\[(\\[]/.test(n.textContent)) hits.push(n.textContent.trim().slice(0, 80));"
         "          }"
-        "          return hits; })()};")
+        "          return hits; })()};"
+    )
     assert math["local"], f"{page}: MathJax is not loaded from the site's _static/mathjax"
     assert math["spans"] > 0, f"{page}: no math on the page"
     assert math["raw"] == 0, f"{page}: {math['raw']} of {math['spans']} formulas not typeset"
@@ -194,8 +221,10 @@ def assert_math_rendered(browser, page: str) -> None:
     assert math["stray"] == [], f"{page}: LaTeX left unparsed in the text: {math['stray']}"
 
 
-CLIPPABLE = ("article div.cell_input pre, article div.cell_output pre, "
-             "article div.highlight pre, article mjx-container[display='true']")
+CLIPPABLE = (
+    "article div.cell_input pre, article div.cell_output pre, "
+    "article div.highlight pre, article mjx-container[display='true']"
+)
 
 
 def clipped_elements(browser) -> list[str]:
@@ -204,7 +233,9 @@ def clipped_elements(browser) -> list[str]:
     return browser.execute_script(
         "return Array.from(document.querySelectorAll(arguments[0]))"
         "  .filter(el => el.scrollWidth > el.clientWidth + 1)"
-        "  .map(el => (el.textContent || '').trim().slice(0, 60));", CLIPPABLE)
+        "  .map(el => (el.textContent || '').trim().slice(0, 60));",
+        CLIPPABLE,
+    )
 
 
 # 'None' where a value belongs ("measured on None", "= None"), not the English "None of them".
@@ -221,7 +252,8 @@ def internal_words(browser) -> list[str]:
         "const parts = [];"
         "for (let n = walk.nextNode(); n; n = walk.nextNode()) {"
         "  if (!n.parentElement.closest(skip)) parts.push(n.textContent); }"
-        "return parts.join(' ');")
+        "return parts.join(' ');"
+    )
     found = [word for word in INTERNAL_WORDS if word in text]
     found += [f"'{m.group(0)}' in prose" for m in NONE_AS_VALUE.finditer(prose)]
     return found
@@ -236,7 +268,8 @@ def external_resources(browser) -> list[str]:
         "    img[src], iframe[src]')) urls.push(el.src || el.href);"
         "for (const r of performance.getEntriesByType('resource')) urls.push(r.name);"
         "return urls.filter(u => { try { const h = new URL(u, location.href).hostname;"
-        "  return h !== location.hostname; } catch (e) { return true; } });")
+        "  return h !== location.hostname; } catch (e) { return true; } });"
+    )
 
 
 def illegible_figures(browser) -> list[str]:
@@ -245,7 +278,8 @@ def illegible_figures(browser) -> list[str]:
     its bare-heatmap count (kernels.tools.style); the browser says how wide it is displayed."""
     shown = browser.execute_script(
         "return Array.from(document.querySelectorAll('article img')).map("
-        "  im => [new URL(im.currentSrc).pathname, im.getBoundingClientRect().width, im.naturalWidth]);")
+        "  im => [new URL(im.currentSrc).pathname, im.getBoundingClientRect().width, im.naturalWidth]);"
+    )
     problems = []
     for path, shown_width, image_width in shown:
         file = SITE / path.lstrip("/")
@@ -256,22 +290,30 @@ def illegible_figures(browser) -> list[str]:
         if style.PNG_KEY_FONT not in record:
             problems.append(f"{path}: made without kernels.tools.style (no legibility record)")
             continue
-        px = style.rendered_font_px(float(record[style.PNG_KEY_FONT]), float(record[style.PNG_KEY_DPI]),
-                                    shown_width, image_width)
+        px = style.rendered_font_px(
+            float(record[style.PNG_KEY_FONT]),
+            float(record[style.PNG_KEY_DPI]),
+            shown_width,
+            image_width,
+        )
         if px < MIN_TEXT_PX:
-            problems.append(f"{path}: smallest text {px:.1f} px as shown "
-                            f"({record[style.PNG_KEY_FONT]} pt, image {image_width} px shown "
-                            f"{shown_width:.0f} px wide)")
+            problems.append(
+                f"{path}: smallest text {px:.1f} px as shown "
+                f"({record[style.PNG_KEY_FONT]} pt, image {image_width} px shown "
+                f"{shown_width:.0f} px wide)"
+            )
         if int(record.get(style.PNG_KEY_NO_COLORBAR, "0")):
-            problems.append(f"{path}: {record[style.PNG_KEY_NO_COLORBAR]} heatmap(s) without a colour bar")
+            problems.append(
+                f"{path}: {record[style.PNG_KEY_NO_COLORBAR]} heatmap(s) without a colour bar"
+            )
     return problems
 
 
-MIN_TEXT_PX = style.MIN_FONT_PT * 96 / 72 - 0.05   # 9 pt = 12 CSS px
+MIN_TEXT_PX = style.MIN_FONT_PT * 96 / 72 - 0.05  # 9 pt = 12 CSS px
 
 
-TABLE_LINE = re.compile(r"(\S {2,}\S.*){2,}")   # a row of a printed table: columns apart by spaces
-MAX_TABLE_WIDTH, MAX_TABLE_ROWS = 88, 13          # characters; 12 rows and a header
+TABLE_LINE = re.compile(r"(\S {2,}\S.*){2,}")  # a row of a printed table: columns apart by spaces
+MAX_TABLE_WIDTH, MAX_TABLE_ROWS = 88, 13  # characters; 12 rows and a header
 
 
 def unreadable_tables(browser) -> list[str]:
@@ -279,7 +321,8 @@ def unreadable_tables(browser) -> list[str]:
     columns fall apart) or more than 12 rows (a figure says it better)."""
     outputs = browser.execute_script(
         "return Array.from(document.querySelectorAll('article div.cell_output pre'))"
-        "  .map(el => el.textContent);")
+        "  .map(el => el.textContent);"
+    )
     return [problem for text in outputs for problem in table_problems(text)]
 
 
@@ -305,8 +348,9 @@ def page_url(site_url: str, chapter: str) -> str:
 def test_toc_lists_the_chapters_and_they_were_built():
     assert CHAPTERS, "_toc.yml lists no chapters"
     for page in PAGES:
-        assert (REPO_ROOT / f"{page}.ipynb").is_file() or (REPO_ROOT / f"{page}.md").is_file(), \
+        assert (REPO_ROOT / f"{page}.ipynb").is_file() or (REPO_ROOT / f"{page}.md").is_file(), (
             f"{page} listed in _toc.yml is missing"
+        )
         assert (SITE / f"{page}.html").is_file(), f"{page}.html was not built"
     assert "book/references" in TEXT_PAGES, "the book has no references page"
 
@@ -328,14 +372,19 @@ def test_references_are_cited_and_linked(browser, site_url):
     open_page(browser, page_url(site_url, "book/references"))
     entries = browser.execute_script(
         "return Array.from(document.querySelectorAll('article .citation, article dl.citation > dt'"
-        ")).length;")
+        ")).length;"
+    )
     links = browser.execute_script(
         "return Array.from(document.querySelectorAll('article a.reference.external'))"
-        "  .map(a => a.href).filter(h => h.startsWith('https://'));")
+        "  .map(a => a.href).filter(h => h.startsWith('https://'));"
+    )
     assert entries >= 5 and len(links) >= 5, (entries, links)
-    citing = [c for c in CHAPTERS
-              if "references.html#id" in (SITE / f"{c}.html").read_text(errors="replace")
-              or "references.html#" in (SITE / f"{c}.html").read_text(errors="replace")]
+    citing = [
+        c
+        for c in CHAPTERS
+        if "references.html#id" in (SITE / f"{c}.html").read_text(errors="replace")
+        or "references.html#" in (SITE / f"{c}.html").read_text(errors="replace")
+    ]
     assert len(citing) >= len(CHAPTERS) // 2, f"only {citing} cite the references page"
 
 
@@ -356,7 +405,9 @@ def test_chapter_page(browser, site_url, chapter):
     # Loads: a title and content, not an error page.
     title = browser.find_element("css selector", "article h1").text.strip()
     assert title, f"{chapter}: no title"
-    assert len(browser.find_element("css selector", "article").text) > 500, f"{chapter}: page nearly empty"
+    assert len(browser.find_element("css selector", "article").text) > 500, (
+        f"{chapter}: page nearly empty"
+    )
 
     # No console errors except fetches of external hosts (no internet in CI).
     errors = [e for e in severe if not forgivable(e)]
@@ -365,7 +416,8 @@ def test_chapter_page(browser, site_url, chapter):
     # Figures: at least one (every experiment ends in a figure), every image decoded.
     images = browser.execute_script(
         "return Array.from(document.querySelectorAll('article img')).map("
-        "  im => [im.currentSrc, im.complete, im.naturalWidth]);")
+        "  im => [im.currentSrc, im.complete, im.naturalWidth]);"
+    )
     assert images, f"{chapter}: no figure on the page"
     broken = [src for src, complete, width in images if not (complete and width > 0)]
     assert broken == [], f"{chapter}: images that did not load: {broken}"
@@ -377,22 +429,29 @@ def test_chapter_page(browser, site_url, chapter):
     assert clipped_elements(browser) == [], f"{chapter}: clipped {clipped_elements(browser)}"
 
     # Colab: the launch button opens exactly this chapter's notebook of the configured repo.
-    colab = [a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]")
-             if a.get_attribute("href").startswith("https://colab.research.google.com/")]
+    colab = [
+        a.get_attribute("href")
+        for a in browser.find_elements("css selector", "a[href]")
+        if a.get_attribute("href").startswith("https://colab.research.google.com/")
+    ]
     want = booktools.colab_url(REPO_ROOT / f"{chapter}.ipynb")
     assert colab == [want], f"{chapter}: Colab links {colab}, expected [{want}]"
     # ... and the repository and issue buttons point at the same repository.
     repo_url, _ = booktools.repository()
     links = {a.get_attribute("href") for a in browser.find_elements("css selector", "a[href]")}
     assert repo_url in links, f"{chapter}: no repository button"
-    assert any(link.startswith(f"{repo_url}/issues/new") for link in links), f"{chapter}: no issue button"
+    assert any(link.startswith(f"{repo_url}/issues/new") for link in links), (
+        f"{chapter}: no issue button"
+    )
 
     # Legible figures and tables, plain words, nothing fetched from elsewhere.
     assert unreadable_tables(browser) == [], f"{chapter}: {unreadable_tables(browser)}"
     assert illegible_figures(browser) == [], f"{chapter}: {illegible_figures(browser)}"
     assert internal_words(browser) == [], f"{chapter}: internal words {internal_words(browser)}"
     assert external_resources(browser) == [], f"{chapter}: loads {external_resources(browser)}"
-    widgets = browser.find_elements("css selector", "script[type='application/vnd.jupyter.widget-view+json']")
+    widgets = browser.find_elements(
+        "css selector", "script[type='application/vnd.jupyter.widget-view+json']"
+    )
     assert widgets == [], f"{chapter}: {len(widgets)} live widget(s), blank on a static site"
 
     save_screenshot(browser, chapter)
@@ -419,8 +478,12 @@ def save_screenshot(browser, page: str) -> None:
 
 def chapters_with_interactive_figures() -> list[str]:
     """Chapter pages whose built HTML holds a Plotly figure made by kernels.tools.interactive."""
-    return [c for c in CHAPTERS if (SITE / f"{c}.html").is_file()
-            and 'class="book-plotly"' in (SITE / f"{c}.html").read_text(errors="replace")]
+    return [
+        c
+        for c in CHAPTERS
+        if (SITE / f"{c}.html").is_file()
+        and 'class="book-plotly"' in (SITE / f"{c}.html").read_text(errors="replace")
+    ]
 
 
 def test_interactive_figures_move(browser, site_url):
@@ -442,10 +505,15 @@ def check_interactive_figure(browser, site_url, chapter):
     sources = browser.execute_script("return Array.from(document.scripts).map(s => s.src)")
     plotly = [s for s in sources if s.endswith("plotly.min.js")]
     assert plotly and all(urlparse(s).hostname == LOCAL_HOST for s in plotly), plotly
-    WebDriverWait(browser, 20).until(lambda b: b.execute_script(
-        "const g = document.querySelector('.book-plotly'); return g && g.data && g.layout;"))
-    state = ("const g = document.querySelector('.book-plotly');"
-             "return [g.layout.sliders[0].active, g.data.map(t => t.visible === false ? 0 : 1)];")
+    WebDriverWait(browser, 20).until(
+        lambda b: b.execute_script(
+            "const g = document.querySelector('.book-plotly'); return g && g.data && g.layout;"
+        )
+    )
+    state = (
+        "const g = document.querySelector('.book-plotly');"
+        "return [g.layout.sliders[0].active, g.data.map(t => t.visible === false ? 0 : 1)];"
+    )
     before = browser.execute_script(state)
     rail = browser.find_element("css selector", ".book-plotly .slider-rail-touch-rect")
     width = rail.size["width"]
@@ -472,20 +540,44 @@ def test_the_table_rule_tells_tables_from_prose():
 
 def test_forgiven_log_entries_are_narrow():
     """The rule above must not hide real errors."""
+
     def entry(source, message):
         return {"source": source, "level": "SEVERE", "message": message}
+
     local = f"http://{LOCAL_HOST}:8000"
-    assert forgivable(entry("network", "https://cdn.example.org/x.js - Failed to load resource: "
-                                       "net::ERR_NAME_NOT_RESOLVED"))
-    assert forgivable(entry("network", f"{local}/favicon.ico - Failed to load resource: the "
-                                       "server responded with a status of 404 (File not found)"))
-    assert not forgivable(entry("network", f"{local}/_static/x.js - Failed to load resource: the "
-                                           "server responded with a status of 404 (File not found)"))
-    assert not forgivable(entry("network", "https://cdn.example.org/x.js - Failed to load "
-                                           "resource: the server responded with a status of 500"))
-    assert not forgivable(entry("javascript", "https://cdn.example.org/x.js 12:3 Uncaught "
-                                              "TypeError: x is undefined"))
-    assert not forgivable(entry("console-api", f"{local}/_static/a.js 0:1 \"Got invalid theme mode\""))
+    assert forgivable(
+        entry(
+            "network",
+            "https://cdn.example.org/x.js - Failed to load resource: net::ERR_NAME_NOT_RESOLVED",
+        )
+    )
+    assert forgivable(
+        entry(
+            "network",
+            f"{local}/favicon.ico - Failed to load resource: the "
+            "server responded with a status of 404 (File not found)",
+        )
+    )
+    assert not forgivable(
+        entry(
+            "network",
+            f"{local}/_static/x.js - Failed to load resource: the "
+            "server responded with a status of 404 (File not found)",
+        )
+    )
+    assert not forgivable(
+        entry(
+            "network",
+            "https://cdn.example.org/x.js - Failed to load "
+            "resource: the server responded with a status of 500",
+        )
+    )
+    assert not forgivable(
+        entry("javascript", "https://cdn.example.org/x.js 12:3 Uncaught TypeError: x is undefined")
+    )
+    assert not forgivable(
+        entry("console-api", f'{local}/_static/a.js 0:1 "Got invalid theme mode"')
+    )
 
 
 # ---------------------------------------------------------------- the build itself
@@ -495,19 +587,41 @@ def build_mini_book(root: Path, intro: str, code: str) -> subprocess.CompletedPr
     shutil.copy(REPO_ROOT / "_config.yml", root / "_config.yml")
     shutil.copy(REPO_ROOT / "book" / "references.bib", root / "book" / "references.bib")
     for folder in ("_ext", "_static"):
-        shutil.copytree(REPO_ROOT / "book" / folder, root / "book" / folder, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/01_probe\n")
+        shutil.copytree(
+            REPO_ROOT / "book" / folder,
+            root / "book" / folder,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    (root / "_toc.yml").write_text(
+        "format: jb-book\nroot: book/intro\nchapters:\n  - file: book/01_probe\n"
+    )
     (root / "book" / "intro.md").write_text(intro)
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": "# Probe\n\nMath: $x^2$."},
-             {"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
-              "execution_count": None}]
-    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                      "language": "python"}}}
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": "# Probe\n\nMath: $x^2$."},
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "source": code,
+            "outputs": [],
+            "execution_count": None,
+        },
+    ]
+    nb = {
+        "cells": cells,
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+    }
     (root / "book" / "01_probe.ipynb").write_text(json.dumps(nb))
-    return subprocess.run(["jupyter-book", "build", str(root), "-W", "-n", "--keep-going"],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["jupyter-book", "build", str(root), "-W", "-n", "--keep-going"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_build_fails_on_a_warning_and_on_a_raising_cell(tmp_path):
@@ -519,7 +633,9 @@ def test_the_build_fails_on_a_warning_and_on_a_raising_cell(tmp_path):
     assert "_static/mathjax/tex-chtml.js" in page
     assert (tmp_path / "_build" / "html" / "_static" / "mathjax" / "tex-chtml.js").is_file()
 
-    warned = build_mini_book(tmp_path, "# Front\n\nSee {ref}`no-such-label`.\n", f"print('{value}')")
+    warned = build_mini_book(
+        tmp_path, "# Front\n\nSee {ref}`no-such-label`.\n", f"print('{value}')"
+    )
     assert warned.returncode != 0
     assert "undefined label" in warned.stdout + warned.stderr
 

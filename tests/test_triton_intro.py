@@ -1,5 +1,6 @@
 """Chapter 2's teaching kernels (kernels/triton_intro.py) against torch (the exercise checks are
 tested in tests/lab_kit)."""
+
 import kernels  # noqa: F401,I001  first: without a GPU it turns on the interpreter before triton loads
 
 import pytest
@@ -38,7 +39,7 @@ def test_tile_dot_upcast_is_exact_products():
     b = torch.randn(32, 32, device=DEVICE).bfloat16()
     want = a.double() @ b.double()
     got = ti.tile_dot(a, b, upcast=True).double()
-    assert (got - want).abs().max().item() < 1e-4   # fp32 accumulation of exact products
+    assert (got - want).abs().max().item() < 1e-4  # fp32 accumulation of exact products
 
 
 def test_tile_dot_native_bf16():
@@ -49,20 +50,25 @@ def test_tile_dot_native_bf16():
     if native_bf16():
         assert (ti.tile_dot(a, b, upcast=False).double() - want).abs().max().item() < 1e-4
     elif DEVICE == "cpu":
-        assert ti.tile_dot(a, b, upcast=False).abs().max().item() > 1e6   # the documented trap
+        assert ti.tile_dot(a, b, upcast=False).abs().max().item() > 1e6  # the documented trap
     else:  # pre-sm_80 GPU (a T4): Triton cannot compile a bf16 dot at all, and must say so
         with pytest.raises(Exception):
             ti.tile_dot(a, b, upcast=False)
 
 
-@pytest.mark.parametrize("bad", [
-    lambda: ti.vector_add(torch.zeros(3), torch.zeros(4)),
-    lambda: ti.vector_add(torch.zeros(3), torch.zeros(3), block=100),
-    lambda: ti.row_softmax(torch.zeros(3)),
-    lambda: ti.tile_dot(torch.zeros(16, 16), torch.zeros(16, 16), upcast=True),
-    lambda: ti.tile_dot(torch.zeros(16, 8).bfloat16(), torch.zeros(8, 16).bfloat16(), upcast=True),
-    lambda: source_of(ti.add_kernel, start="no such line"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: ti.vector_add(torch.zeros(3), torch.zeros(4)),
+        lambda: ti.vector_add(torch.zeros(3), torch.zeros(3), block=100),
+        lambda: ti.row_softmax(torch.zeros(3)),
+        lambda: ti.tile_dot(torch.zeros(16, 16), torch.zeros(16, 16), upcast=True),
+        lambda: ti.tile_dot(
+            torch.zeros(16, 8).bfloat16(), torch.zeros(8, 16).bfloat16(), upcast=True
+        ),
+        lambda: source_of(ti.add_kernel, start="no such line"),
+    ],
+)
 def test_bad_input_is_refused(bad):
     with pytest.raises((ValueError, TypeError)):
         bad()

@@ -13,6 +13,7 @@ it). The forward kernel is :mod:`.flash_fwd`, the backward kernels :mod:`.flash_
 with compute capability >= 8.0 bf16 runs natively; in the CPU interpreter and on older GPUs the
 explicit-rounding path gives the same numbers (pass ``explicit=`` to force a path).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,9 +31,9 @@ class Gradients:
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
-    delta: torch.Tensor      # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
-    out: torch.Tensor        # the O the backward pass used
-    lse: torch.Tensor        # L = m + log ℓ of the forward pass
+    delta: torch.Tensor  # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
+    out: torch.Tensor  # the O the backward pass used
+    lse: torch.Tensor  # L = m + log ℓ of the forward pass
 
 
 def _prepare(q, k, v, opts: AttentionOptions, explicit):
@@ -48,12 +49,14 @@ def _backward(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
     out_fp32 = None
     if opts.delta_source == "o_fp32":
         # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
-        out_fp32, _, _ = flash_forward(q, k, v, opts, explicit=explicit, round_out=False,
-                                       checked=True)
+        out_fp32, _, _ = flash_forward(
+            q, k, v, opts, explicit=explicit, round_out=False, checked=True
+        )
     if d_out.dtype != q.dtype:
         d_out = d_out.to(q.dtype)
-    dq, dk, dv, delta = flash_backward(q, k, v, out, d_out, lse, opts, explicit=explicit,
-                                       out_fp32=out_fp32)
+    dq, dk, dv, delta = flash_backward(
+        q, k, v, out, d_out, lse, opts, explicit=explicit, out_fp32=out_fp32
+    )
     return Gradients(dq, dk, dv, delta, out, lse)
 
 
@@ -95,8 +98,18 @@ def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=N
     return FlashAttention.apply(q, k, v, opts, explicit)
 
 
-def backward_pass(q, k, v, d_out, opts: AttentionOptions | None = None, *, out=None, lse=None,
-                  explicit=None, **options) -> Gradients:
+def backward_pass(
+    q,
+    k,
+    v,
+    d_out,
+    opts: AttentionOptions | None = None,
+    *,
+    out=None,
+    lse=None,
+    explicit=None,
+    **options,
+) -> Gradients:
     """The backward kernels on their own: dQ, dK, dV and δ for the upstream gradient ``d_out``.
 
     The forward pass runs first unless ``out`` and ``lse`` are given; giving another ``out``

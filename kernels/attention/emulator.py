@@ -286,25 +286,25 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
     qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
-    if fused.usable(qw, low):                                # the same bits, fewer passes
+    if fused.usable(qw, low):  # the same bits, fewer passes
         probs = fused.probs(qw, kw, lse.to(work), scale, opts.causal)
     else:
-        scores = paper_scores(qw, kw, scale, low, opts.causal)   # recompute S as the forward did
-        probs = torch.exp(scores - lse.to(work).unsqueeze(-1))   # P = exp(S - L)
-    d_v = probs.transpose(-1, -2) @ d_out                    # dV = Pᵀ dO
-    d_probs = d_out @ vw.transpose(-1, -2)                   # dP = dO Vᵀ
+        scores = paper_scores(qw, kw, scale, low, opts.causal)  # recompute S as the forward did
+        probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
+    d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
+    d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
     if opts.delta_source == "o":
         delta = (d_out * out_low.to(work)).sum(-1)  # δ = rowsum(dO ∘ O_lp)
     elif opts.delta_source == "dp":
         delta = (d_probs * probs).sum(-1)  # δ = rowsum(dP ∘ P)
     else:
-        delta = (d_out * (probs @ vw)).sum(-1)               # δ = rowsum(dO ∘ PV), PV in fp32
+        delta = (d_out * (probs @ vw)).sum(-1)  # δ = rowsum(dO ∘ PV), PV in fp32
     if fused.usable(probs, low):
-        d_scores = fused.d_scores(d_probs, probs, delta)     # written over dP
+        d_scores = fused.d_scores(d_probs, probs, delta)  # written over dP
     else:
-        d_scores = probs * (d_probs - delta.unsqueeze(-1))   # dS = P ∘ (dP − δ)
-    d_q = (d_scores @ kw) * scale                            # dQ = α dS K
-    d_k = (d_scores.transpose(-1, -2) @ qw) * scale          # dK = α dSᵀ Q
+        d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)
+    d_q = (d_scores @ kw) * scale  # dQ = α dS K
+    d_k = (d_scores.transpose(-1, -2) @ qw) * scale  # dK = α dSᵀ Q
     return d_q, d_k, d_v
 
 

@@ -19,6 +19,7 @@ CUDA ``exp`` calls. So the fused path must give the *same bits* as the emulator:
 On a CPU the emulator never calls these kernels (the interpreter would be slower than torch);
 the unit tests run them through the interpreter on small tensors.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,7 @@ from ..numerics.triton_rounding import round_to_bf16
 BLOCK = 1024
 # LPFA_FUSED=0 switches the fused path off (the emulator then runs op by op, as on a CPU)
 ENABLED = os.environ.get("LPFA_FUSED", "1") != "0"
-FUSED_EXP = True        # False: the kernels stop before exp, torch.exp_ runs in place after
+FUSED_EXP = True  # False: the kernels stop before exp, torch.exp_ runs in place after
 # the interpreter has no libdevice: there (CPU tests only) exp is NumPy's, through tl.exp
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -47,7 +48,7 @@ def usable(x: torch.Tensor, low: torch.dtype) -> bool:
 def _exp(x, INTERPRETED: tl.constexpr):
     if INTERPRETED:
         return tl.exp(x)
-    return libdevice.exp(x)        # expf, the function torch's CUDA exp calls
+    return libdevice.exp(x)  # expf, the function torch's CUDA exp calls
 
 
 @triton.jit
@@ -56,8 +57,7 @@ def _row_col(offs, n_q, n_k, col0):
 
 
 @triton.jit
-def _scores_kernel(x_ptr, total, n_q, n_k, col0, scale, CAUSAL: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _scores_kernel(x_ptr, total, n_q, n_k, col0, scale, CAUSAL: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
     s = round_to_bf16(round_to_bf16(tl.load(x_ptr + offs, mask=inside)) * scale)
@@ -68,20 +68,39 @@ def _scores_kernel(x_ptr, total, n_q, n_k, col0, scale, CAUSAL: tl.constexpr,
 
 
 @triton.jit
-def _p_bar_kernel(s_ptr, m_ptr, out_ptr, total, n_k, EXP: tl.constexpr, INTERPRETED: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _p_bar_kernel(
+    s_ptr,
+    m_ptr,
+    out_ptr,
+    total,
+    n_k,
+    EXP: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
-    shifted = round_to_bf16(tl.load(s_ptr + offs, mask=inside)
-                            - tl.load(m_ptr + offs // n_k, mask=inside))
+    shifted = round_to_bf16(
+        tl.load(s_ptr + offs, mask=inside) - tl.load(m_ptr + offs // n_k, mask=inside)
+    )
     if EXP:
         shifted = round_to_bf16(_exp(shifted, INTERPRETED))
     tl.store(out_ptr + offs, shifted, mask=inside)
 
 
 @triton.jit
-def _probs_kernel(x_ptr, lse_ptr, total, n_q, n_k, scale, CAUSAL: tl.constexpr,
-                  EXP: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK: tl.constexpr):
+def _probs_kernel(
+    x_ptr,
+    lse_ptr,
+    total,
+    n_q,
+    n_k,
+    scale,
+    CAUSAL: tl.constexpr,
+    EXP: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < total
     s = round_to_bf16(round_to_bf16(tl.load(x_ptr + offs, mask=inside)) * scale)
@@ -117,16 +136,19 @@ def _grid(t: torch.Tensor):
 def _check(*tensors):
     for t in tensors:
         if t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"fused kernels take contiguous fp32 tensors, got {t.dtype}, "
-                             f"contiguous={t.is_contiguous()}")
+            raise ValueError(
+                f"fused kernels take contiguous fp32 tensors, got {t.dtype}, "
+                f"contiguous={t.is_contiguous()}"
+            )
 
 
 def scores(q, k, scale: float, causal: bool, col0: int = 0) -> torch.Tensor:
     """S = rnd(rnd(Q Kᵀ)·scale), −inf where key col0 + j lies after query i (fp32 in, fp32 out)."""
     s = (q @ k.transpose(-1, -2)).contiguous()
     _check(s)
-    _scores_kernel[_grid(s)](s, s.numel(), s.shape[-2], s.shape[-1], col0, scale, causal,
-                             BLOCK=BLOCK)
+    _scores_kernel[_grid(s)](
+        s, s.numel(), s.shape[-2], s.shape[-1], col0, scale, causal, BLOCK=BLOCK
+    )
     return s
 
 
@@ -135,8 +157,7 @@ def p_bar(s, m) -> torch.Tensor:
     m = m.contiguous()
     _check(s, m)
     out = torch.empty_like(s)
-    _p_bar_kernel[_grid(s)](s, m, out, s.numel(), s.shape[-1], FUSED_EXP, _INTERPRETED,
-                             BLOCK=BLOCK)
+    _p_bar_kernel[_grid(s)](s, m, out, s.numel(), s.shape[-1], FUSED_EXP, _INTERPRETED, BLOCK=BLOCK)
     if not FUSED_EXP:
         out.exp_()
         _round_kernel[_grid(out)](out, out.numel(), BLOCK=BLOCK)
@@ -148,8 +169,18 @@ def probs(q, k, lse, scale: float, causal: bool) -> torch.Tensor:
     p = (q @ k.transpose(-1, -2)).contiguous()
     lse = lse.contiguous()
     _check(p, lse)
-    _probs_kernel[_grid(p)](p, lse, p.numel(), p.shape[-2], p.shape[-1], scale, causal,
-                            FUSED_EXP, _INTERPRETED, BLOCK=BLOCK)
+    _probs_kernel[_grid(p)](
+        p,
+        lse,
+        p.numel(),
+        p.shape[-2],
+        p.shape[-1],
+        scale,
+        causal,
+        FUSED_EXP,
+        _INTERPRETED,
+        BLOCK=BLOCK,
+    )
     return p if FUSED_EXP else p.exp_()
 
 

@@ -23,6 +23,7 @@ rather than silently ignored), grouped-query heads, head dims other than 16, 32,
 than one new token). Under BF16 autocast it runs the kernels in BF16; without autocast
 in the tensors' own dtype.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,7 @@ import torch
 from .autograd import flash_attention
 from .options import options_from
 
-NAME = "book_dp_attention"   # no "flash" in it: transformers reads that as its own kernels
+NAME = "book_dp_attention"  # no "flash" in it: transformers reads that as its own kernels
 
 
 def _hides_a_visible_key(mask) -> bool:
@@ -42,8 +43,13 @@ def _hides_a_visible_key(mask) -> bool:
 
 
 def _options(causal: bool, scale):
-    return options_from({"causal": bool(causal), "scale": None if scale is None
-                         else float(scale), "delta_source": "dp"})
+    return options_from(
+        {
+            "causal": bool(causal),
+            "scale": None if scale is None else float(scale),
+            "delta_source": "dp",
+        }
+    )
 
 
 def _same_dtype(*tensors):
@@ -55,50 +61,68 @@ def _same_dtype(*tensors):
     return [t.to(dtype) for t in tensors]
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """``torch.nn.functional.scaled_dot_product_attention``'s signature, computed by the
     book's kernels with δ from rowsum(dP ∘ P). (B, H, N, D) tensors; no mask other
     than the causal one, no dropout, no grouped-query heads."""
     if attn_mask is not None:
-        raise ValueError("the book's attention takes no attn_mask: use is_causal=True for "
-                         "causal attention (padding masks are not supported)")
+        raise ValueError(
+            "the book's attention takes no attn_mask: use is_causal=True for "
+            "causal attention (padding masks are not supported)"
+        )
     if dropout_p:
-        raise ValueError(f"the book's attention has no dropout, got dropout_p="
-                         f"{dropout_p!r}: set the attention dropout to 0")
+        raise ValueError(
+            f"the book's attention has no dropout, got dropout_p="
+            f"{dropout_p!r}: set the attention dropout to 0"
+        )
     if enable_gqa or query.shape[-3] != key.shape[-3]:
-        raise ValueError(f"the book's attention needs as many key/value heads as query "
-                         f"heads, got {query.shape[-3]} and {key.shape[-3]} (grouped-query "
-                         "attention is not supported)")
+        raise ValueError(
+            f"the book's attention needs as many key/value heads as query "
+            f"heads, got {query.shape[-3]} and {key.shape[-3]} (grouped-query "
+            "attention is not supported)"
+        )
     with torch.autocast(query.device.type, enabled=False):
         q, k, v = _same_dtype(query, key, value)
         return flash_attention(q, k, v, _options(is_causal, scale))
 
 
-def attention_forward(module, query, key, value, attention_mask, scaling=None,
-                      dropout=0.0, **kwargs):
+def attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     """The function transformers calls for ``attn_implementation=NAME``: (B, H, N, D)
     q, k, v in; the output as (B, N, H, D) and no attention weights out."""
     where = type(module).__name__
     if dropout:
-        raise ValueError(f"{NAME} ({where}) has no attention dropout, got p = {dropout:g}: "
-                         "build the model with attn_pdrop=0 (or config.attention_dropout=0)")
+        raise ValueError(
+            f"{NAME} ({where}) has no attention dropout, got p = {dropout:g}: "
+            "build the model with attn_pdrop=0 (or config.attention_dropout=0)"
+        )
     if _hides_a_visible_key(attention_mask):
-        raise ValueError(f"{NAME} ({where}) got an attention mask with padding: it reads "
-                         "causal attention without padding only; pack the sequences or "
-                         "train this batch with attn_implementation='sdpa'")
+        raise ValueError(
+            f"{NAME} ({where}) got an attention mask with padding: it reads "
+            "causal attention without padding only; pack the sequences or "
+            "train this batch with attn_implementation='sdpa'"
+        )
     if getattr(module, "is_causal", True) is False:
-        raise ValueError(f"{NAME} ({where}) reads causal self-attention only; this layer "
-                         "is not causal (cross-attention?)")
+        raise ValueError(
+            f"{NAME} ({where}) reads causal self-attention only; this layer "
+            "is not causal (cross-attention?)"
+        )
     n_q, n_k = query.shape[-2], key.shape[-2]
     if n_q not in (n_k, 1):
-        raise ValueError(f"{NAME} ({where}): {n_q} queries against {n_k} keys; it takes "
-                         "equal lengths (training) or one new query (generation)")
+        raise ValueError(
+            f"{NAME} ({where}): {n_q} queries against {n_k} keys; it takes "
+            "equal lengths (training) or one new query (generation)"
+        )
     if key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
-        raise ValueError(f"{NAME} ({where}): {key.shape[-3]} key/value heads for "
-                         f"{query.shape[-3]} query heads ({repeat} per group); grouped-"
-                         "query attention is not supported")
+        raise ValueError(
+            f"{NAME} ({where}): {key.shape[-3]} key/value heads for "
+            f"{query.shape[-3]} query heads ({repeat} per group); grouped-"
+            "query attention is not supported"
+        )
     with torch.autocast(query.device.type, enabled=False):
         q, k, v = _same_dtype(query, key, value)
         out = flash_attention(q, k, v, _options(n_q == n_k and n_q > 1, scaling))
@@ -111,6 +135,7 @@ def register(name: str = NAME) -> str:
     ``attn_implementation``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

@@ -56,7 +56,7 @@ KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
 # where the backward pass takes δ = rowsum(dO ∘ O) from
 DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
-ELL_CLAMP_AT = ("out", "tiles")    # the clamp on ℓ: final denominator only, or each tile's sum
+ELL_CLAMP_AT = ("out", "tiles")  # the clamp on ℓ: final denominator only, or each tile's sum
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -186,7 +186,9 @@ class AttentionOptions:
                 raise ValueError("ell_clamp models the paper's released code: numerics='paper'")
             object.__setattr__(self, "ell_clamp", clamp)
         if self.ell_clamp_at not in ELL_CLAMP_AT:
-            raise ValueError(f"ell_clamp_at must be one of {ELL_CLAMP_AT}, got {self.ell_clamp_at!r}")
+            raise ValueError(
+                f"ell_clamp_at must be one of {ELL_CLAMP_AT}, got {self.ell_clamp_at!r}"
+            )
 
     def _check_accumulator(self):
         if self.acc_rounding not in ACC_ROUNDINGS:

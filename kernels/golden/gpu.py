@@ -33,8 +33,7 @@ import torch
 
 from .. import results
 from ..numerics.rounding import work_dtype
-from . import microbench as mb
-from . import training
+from . import microbench as mb, training
 from .implementations import FORMATS
 
 STAGES = ("precision", "seqlen", "tiles", "training")

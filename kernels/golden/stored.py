@@ -78,9 +78,7 @@ def against_band(runs: dict, failing: str, control: str, band_names, layer: int 
     return common, pick(steps, dist), pick(band_steps, band)
 
 
-def lead_table(
-    runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=range(4)
-):
+def lead_table(runs: dict, prefix: str = "k4", seeds=("s1", "s2", "s3"), layers=range(4)):
     """One row per seed: for each layer, the step from which W₁(failing, control) of the
     layer's head norms stays above the seed band of the controls (None: not before the
     run ended); the GPT-2 chapter's departure steps of layer 0 (‖W_Q‖ 25 % above the

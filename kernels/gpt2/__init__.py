@@ -8,6 +8,7 @@ named plans of runs), search.py (many runs at once, dealt over the visible GPUs,
 calls), report.py (reading stored runs and the chapter's figures), exercises.py (the chapter's
 exercise checks).
 """
+
 from ..attention.emulator import EmulatedAttention
 from .attention import AttnSpec, attend, exact_attention, parse_spec
 from .data import BatchOrder, Corpus, load_corpus
@@ -21,9 +22,25 @@ def __getattr__(name):
     # train.py is imported lazily so that `python -m kernels.gpt2.train` runs it exactly once
     if name in _TRAIN_NAMES:
         import importlib
+
         return getattr(importlib.import_module(__name__ + ".train"), name)
     raise AttributeError(f"module 'kernels.gpt2' has no attribute {name!r}")
 
 
-__all__ = ["AttnSpec", "EmulatedAttention", "attend", "exact_attention", "parse_spec", "BatchOrder",
-           "Corpus", "load_corpus", "GPT", "GPTConfig", "PLANS", "VARIANTS", "plan", "variant_options", *_TRAIN_NAMES]
+__all__ = [
+    "AttnSpec",
+    "EmulatedAttention",
+    "attend",
+    "exact_attention",
+    "parse_spec",
+    "BatchOrder",
+    "Corpus",
+    "load_corpus",
+    "GPT",
+    "GPTConfig",
+    "PLANS",
+    "VARIANTS",
+    "plan",
+    "variant_options",
+    *_TRAIN_NAMES,
+]

@@ -31,6 +31,7 @@ Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``
 
 Every option is checked once, by :class:`kernels.attention.AttentionOptions` (``spec.options``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,13 +57,13 @@ class AttnSpec:
     beta: float = 2.0
     eps: float = 1e-3
     block: int = 0
-    numerics: str = "fa2"      # only for kind="triton"
-    obits: int = 7             # only for kind="paper": mantissa bits of Ō (7 = bf16)
-    oround: str = "rne"        # only for kind="paper" with obits < 7: "rne" or "sr"
-    cap: float | None = None   # Algorithm 3's offset at most this far above the row maximum
+    numerics: str = "fa2"  # only for kind="triton"
+    obits: int = 7  # only for kind="paper": mantissa bits of Ō (7 = bf16)
+    oround: str = "rne"  # only for kind="paper" with obits < 7: "rne" or "sr"
+    cap: float | None = None  # Algorithm 3's offset at most this far above the row maximum
     clamp: float | None = None  # paper numerics: ℓ ≥ clamp (see clamp_at)
-    clamp_at: str = "out"      # "out": final denominator only; "tiles": each tile's sum, as released
-    dshift: float = 0.0        # the δ controls of kernels.gpt2.controls
+    clamp_at: str = "out"  # "out": final denominator only; "tiles": each tile's sum, as released
+    dshift: float = 0.0  # the δ controls of kernels.gpt2.controls
     dnoise: float = 0.0
     derr: str = "keep"
     out: str = "low"
@@ -74,9 +75,15 @@ class AttnSpec:
             raise ValueError(f"stable must be off, cross or tile, got {self.stable!r}")
         if self.obits != 7 and self.kind != "paper":
             raise ValueError(f"obits applies to the 'paper' kind only, got it with {self.kind!r}")
-        if self.kind == "triton" and self.block and (self.block < 16 or self.block & (self.block - 1)):
-            raise ValueError(f"block must be a power of two >= 16 for the triton kind, got {self.block}")
-        self.options(self.block or 1)   # every other field is checked by AttentionOptions
+        if (
+            self.kind == "triton"
+            and self.block
+            and (self.block < 16 or self.block & (self.block - 1))
+        ):
+            raise ValueError(
+                f"block must be a power of two >= 16 for the triton kind, got {self.block}"
+            )
+        self.options(self.block or 1)  # every other field is checked by AttentionOptions
         check_control(self.kind, self.delta, self.dshift, self.dnoise, self.derr, self.out)
 
     @property
@@ -91,7 +98,9 @@ class AttnSpec:
     def __str__(self):
         if self.kind in ("sdpa", "math32"):
             return self.kind
-        opts = [f"delta={self.delta}"] + ([f"numerics={self.numerics}"] if self.kind == "triton" else [])
+        opts = [f"delta={self.delta}"] + (
+            [f"numerics={self.numerics}"] if self.kind == "triton" else []
+        )
         opts.append(f"stable={self.stable}")
         if self.stable != "off":
             opts += [f"beta={self.beta:g}", f"eps={self.eps:g}"]
@@ -101,12 +110,18 @@ class AttnSpec:
             opts.append(f"obits={self.obits}")
         if self.oround != "rne":
             opts.append(f"oround={self.oround}")
-        opts += [f"{key}={getattr(self, key)!r}" for key in ("cap", "clamp")   # repr: exact
-                 if getattr(self, key) is not None]
+        opts += [
+            f"{key}={getattr(self, key)!r}"
+            for key in ("cap", "clamp")  # repr: exact
+            if getattr(self, key) is not None
+        ]
         opts += [f"clamp_at={self.clamp_at}"] * (self.clamp_at != "out")
-        opts += [f"{key}={getattr(self, key)!r}" for key in ("dshift", "dnoise")
-                 if getattr(self, key)]
-        opts += [f"derr={self.derr}"] * (self.derr != "keep") + [f"out={self.out}"] * (self.out != "low")
+        opts += [
+            f"{key}={getattr(self, key)!r}" for key in ("dshift", "dnoise") if getattr(self, key)
+        ]
+        opts += [f"derr={self.derr}"] * (self.derr != "keep") + [f"out={self.out}"] * (
+            self.out != "low"
+        )
         return f"{self.kind}:" + ",".join(opts)
 
 
@@ -116,11 +131,19 @@ def _options(spec: AttnSpec, n: int) -> AttentionOptions:
     if spec.obits == 7 and spec.oround != "rne":
         raise ValueError("oround=sr needs obits < 7 (it rounds the narrower amplifier format)")
     return AttentionOptions(
-        causal=True, numerics="paper" if paper else spec.numerics, stable=spec.stable,
-        beta=spec.beta, eps=spec.eps, delta_source=spec.delta,
+        causal=True,
+        numerics="paper" if paper else spec.numerics,
+        stable=spec.stable,
+        beta=spec.beta,
+        eps=spec.eps,
+        delta_source=spec.delta,
         block_n=(spec.block or n) if paper else (spec.block or None),
-        acc_bits=spec.obits if spec.obits != 7 else None, acc_rounding=spec.oround,
-        offset_cap=spec.cap, ell_clamp=spec.clamp, ell_clamp_at=spec.clamp_at)
+        acc_bits=spec.obits if spec.obits != 7 else None,
+        acc_rounding=spec.oround,
+        offset_cap=spec.cap,
+        ell_clamp=spec.clamp,
+        ell_clamp_at=spec.clamp_at,
+    )
 
 
 def parse_spec(text: str) -> AttnSpec:
@@ -128,7 +151,9 @@ def parse_spec(text: str) -> AttnSpec:
     if isinstance(text, AttnSpec):
         return text
     if not isinstance(text, str):
-        raise TypeError(f"an attention spec is a string like 'paper:delta=o', got {type(text).__name__}")
+        raise TypeError(
+            f"an attention spec is a string like 'paper:delta=o', got {type(text).__name__}"
+        )
     kind, _, rest = text.strip().partition(":")
     fields = {}
     for item in filter(None, rest.split(",")):

@@ -7,6 +7,7 @@ continues bit-identically to an uninterrupted one (``tests/gpt2/test_resume.py``
 each rank saves and restores its own generators. :class:`Checkpointing` is the part of
 :class:`kernels.gpt2.train.Trainer` that does this.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,12 +25,23 @@ class Checkpointing:
 
     # options that may change between the calls of one resumable run; every other option must
     # match the checkpoint
-    RESUMABLE_OPTIONS = ("resume", "max_minutes", "stop_at", "progress", "out_dir",
-                         "checkpoint_every", "device", "batch_order")
+    RESUMABLE_OPTIONS = (
+        "resume",
+        "max_minutes",
+        "stop_at",
+        "progress",
+        "out_dir",
+        "checkpoint_every",
+        "device",
+        "batch_order",
+    )
 
     def _rng_state(self) -> dict:
-        state = {"python": random.getstate(), "numpy": np.random.get_state(),
-                 "torch": torch.get_rng_state()}
+        state = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        }
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
@@ -48,17 +60,25 @@ class Checkpointing:
 
     def save_checkpoint(self):
         """Everything the next step depends on, written atomically (a kill leaves the old one)."""
-        if self.world > 1:                             # each rank's own generators
+        if self.world > 1:  # each rank's own generators
             torch.save(self._rng_state(), self._rank_rng_path())
         if self.rank != 0:
             return
-        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                 "history": self.history, "monitor": self.monitor, "evals": self.evals,
-                 "delta_running": self.delta_running, "wall_offset": self.wall_offset,
-                 "detector": (self.ema, self.ema_min, self.exploded_for),
-                 "probes": [b.attn.probe.prev_rank1 for b in self.model.blocks],
-                 "rng": self._rng_state(), "order": self.order.fingerprint(),
-                 "config": dataclasses.asdict(self.cfg)}
+        state = {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "step": self.step,
+            "history": self.history,
+            "monitor": self.monitor,
+            "evals": self.evals,
+            "delta_running": self.delta_running,
+            "wall_offset": self.wall_offset,
+            "detector": (self.ema, self.ema_min, self.exploded_for),
+            "probes": [b.attn.probe.prev_rank1 for b in self.model.blocks],
+            "rng": self._rng_state(),
+            "order": self.order.fingerprint(),
+            "config": dataclasses.asdict(self.cfg),
+        }
         path = self.checkpoint_path()
         tmp = path.with_name(path.name + ".tmp")
         torch.save(state, tmp)
@@ -72,8 +92,10 @@ class Checkpointing:
         mine, saved = dataclasses.asdict(self.cfg), state["config"]
         changed = [k for k in mine if k not in self.RESUMABLE_OPTIONS and saved.get(k) != mine[k]]
         if changed:
-            raise ValueError(f"checkpoint {path} was made with other options: "
-                             + ", ".join(f"{k}={saved.get(k)!r} (now {mine[k]!r})" for k in changed))
+            raise ValueError(
+                f"checkpoint {path} was made with other options: "
+                + ", ".join(f"{k}={saved.get(k)!r} (now {mine[k]!r})" for k in changed)
+            )
         if state["order"] != self.order.fingerprint():
             raise ValueError(f"checkpoint {path} was made with another batch order")
         self.model.load_state_dict(state["model"])
@@ -90,4 +112,3 @@ class Checkpointing:
         self._set_rng_state(rng)
         if self.rank == 0:
             self._write_csv()
-

@@ -24,6 +24,7 @@ global generator, so they are seeded with the run and saved in its checkpoints.
 :func:`control_delta` is the rule itself (a pure function, tested on tiny tensors);
 :class:`ControlledAttention` is the emulated paper attention with that rule in its backward pass.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,19 +51,30 @@ def check_control(kind: str, delta: str, dshift: float, dnoise: float, derr: str
     if active and kind != "paper":
         raise ValueError(f"the δ controls belong to the 'paper' kind, got {kind!r}")
     if derr != "keep" and delta != "o":
-        raise ValueError(f"derr={derr} rewrites the failing path's error: it needs delta=o, "
-                         f"got delta={delta}")
+        raise ValueError(
+            f"derr={derr} rewrites the failing path's error: it needs delta=o, got delta={delta}"
+        )
     return active
 
 
-def control_delta(d_out, out_low, out_high, d_probs, probs, *, delta: str = "o",
-                  dshift: float = 0.0, dnoise: float = 0.0, derr: str = "keep"):
+def control_delta(
+    d_out,
+    out_low,
+    out_high,
+    d_probs,
+    probs,
+    *,
+    delta: str = "o",
+    dshift: float = 0.0,
+    dnoise: float = 0.0,
+    derr: str = "keep",
+):
     """(δ, δ_hp): the δ the backward pass uses, and δ_hp = rowsum(dO ∘ O_hp) for reference.
 
     Shapes: d_out, out_low, out_high (..., N, D); d_probs, probs (..., N, N); δ (..., N)."""
     delta_hp = (d_out * out_high).sum(-1)
     if delta == "o":
-        base = (d_out * out_low).sum(-1)                 # the failing path
+        base = (d_out * out_low).sum(-1)  # the failing path
     elif delta == "dp":
         base = (d_probs * probs).sum(-1)
     elif delta == "o_fp32":
@@ -121,13 +133,21 @@ class ControlledAttention(torch.autograd.Function):
             d_out = grad_out.to(work)
             scale = opts.scale_for(q.shape[-1])
             scores = paper_scores(qw, kw, scale, low, opts.causal)
-            probs = torch.exp(scores - lse.to(work).unsqueeze(-1))       # P = exp(S - L)
-            d_v = probs.transpose(-1, -2) @ d_out                        # dV = Pᵀ dO
-            d_probs = d_out @ vw.transpose(-1, -2)                       # dP = dO Vᵀ
+            probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
+            d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
+            d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
             delta, delta_hp = control_delta(
-                d_out, out_low.to(work), probs @ vw, d_probs, probs, delta=opts.delta_source,
-                dshift=c.dshift, dnoise=c.dnoise, derr=c.derr)
-            d_scores = probs * (d_probs - delta.unsqueeze(-1))           # dS = P ∘ (dP − δ)
+                d_out,
+                out_low.to(work),
+                probs @ vw,
+                d_probs,
+                probs,
+                delta=opts.delta_source,
+                dshift=c.dshift,
+                dnoise=c.dnoise,
+                derr=c.derr,
+            )
+            d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)
             d_q = (d_scores @ kw) * scale
             d_k = (d_scores.transpose(-1, -2) @ qw) * scale
             if ctx.probe is not None and ctx.probe.active:

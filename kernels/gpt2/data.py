@@ -15,6 +15,7 @@ The batch order is the paper's determinism trick (§3.1): the start offsets of e
 every step are drawn once from a seed, saved to disk, and replayed identically by every run that
 should see the same data in the same order (unstable run, stabilised run, fp32-O control).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,15 +35,17 @@ GUTENBERG_URL = "https://www.gutenberg.org/cache/epub/{id}/pg{id}.txt"
 
 @dataclass
 class Corpus:
-    train: np.ndarray      # token ids (uint16)
+    train: np.ndarray  # token ids (uint16)
     val: np.ndarray
     vocab_size: int
-    source: str            # what was actually used
-    fingerprint: str       # sha256 of the token stream (first 16 hex digits)
+    source: str  # what was actually used
+    fingerprint: str  # sha256 of the token stream (first 16 hex digits)
 
     def describe(self) -> str:
-        return (f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, "
-                f"vocab {self.vocab_size}, sha256 {self.fingerprint}")
+        return (
+            f"{self.source}: {len(self.train):,} train + {len(self.val):,} val tokens, "
+            f"vocab {self.vocab_size}, sha256 {self.fingerprint}"
+        )
 
 
 def stdlib_files() -> list[Path]:
@@ -77,7 +80,9 @@ def stdlib_bytes(max_bytes: int | None = None) -> bytes:
 def download_gutenberg(cache_dir: str | Path = "~/.cache/lpfa_gutenberg", ids=GUTENBERG_IDS) -> str:
     """Download public-domain books once (progress bar), return their text. Needs a network."""
     import urllib.request
+
     from tqdm.std import tqdm
+
     cache = Path(cache_dir).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     texts = []
@@ -93,14 +98,19 @@ def download_gutenberg(cache_dir: str | Path = "~/.cache/lpfa_gutenberg", ids=GU
 def _tokenise_text(text: str) -> tuple[np.ndarray, int, str]:
     try:
         import tiktoken
+
         enc = tiktoken.get_encoding("gpt2")
         return np.array(enc.encode_ordinary(text), dtype=np.uint16), enc.n_vocab, "tiktoken gpt2"
     except Exception:  # tiktoken missing or its BPE files cannot be fetched offline
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16), 256, "bytes"
 
 
-def load_corpus(source: str = "stdlib", max_bytes: int | None = None, val_fraction: float = 0.05,
-                cache_dir: str | Path = "~/.cache/lpfa_gutenberg") -> Corpus:
+def load_corpus(
+    source: str = "stdlib",
+    max_bytes: int | None = None,
+    val_fraction: float = 0.05,
+    cache_dir: str | Path = "~/.cache/lpfa_gutenberg",
+) -> Corpus:
     """Load and tokenise a corpus. ``source``: "stdlib" (offline default) or "gutenberg" (online)."""
     if source not in ("stdlib", "gutenberg"):
         raise ValueError(f"source must be 'stdlib' or 'gutenberg', got {source!r}")
@@ -112,13 +122,17 @@ def load_corpus(source: str = "stdlib", max_bytes: int | None = None, val_fracti
             tokens, vocab, how = _tokenise_text(download_gutenberg(cache_dir))
             used = f"Project Gutenberg books {list(GUTENBERG_IDS)} ({how})"
         except OSError as err:
-            print(f"[data] cannot download Project Gutenberg ({err.__class__.__name__}); "
-                  "falling back to the offline Python standard-library corpus")
+            print(
+                f"[data] cannot download Project Gutenberg ({err.__class__.__name__}); "
+                "falling back to the offline Python standard-library corpus"
+            )
             source = "stdlib"
     if source == "stdlib":
         blob = stdlib_bytes(max_bytes)
         tokens, vocab = np.frombuffer(blob, dtype=np.uint8).astype(np.uint16), 256
-        used = f"Python {sysconfig.get_python_version()} standard-library sources (PSF licence, bytes)"
+        used = (
+            f"Python {sysconfig.get_python_version()} standard-library sources (PSF licence, bytes)"
+        )
     elif max_bytes is not None:
         tokens = tokens[:max_bytes]
     n_val = max(int(len(tokens) * val_fraction), 1)
@@ -140,17 +154,21 @@ class BatchOrder:
         self.offsets = offsets
 
     @classmethod
-    def draw(cls, n_tokens: int, steps: int, batch_size: int, block_size: int, seed: int) -> "BatchOrder":
+    def draw(
+        cls, n_tokens: int, steps: int, batch_size: int, block_size: int, seed: int
+    ) -> BatchOrder:
         if n_tokens <= block_size + 1:
             raise ValueError(f"corpus of {n_tokens} tokens is too short for context {block_size}")
         rng = np.random.default_rng(seed)
-        return cls(rng.integers(0, n_tokens - block_size - 1, size=(steps, batch_size), dtype=np.int64))
+        return cls(
+            rng.integers(0, n_tokens - block_size - 1, size=(steps, batch_size), dtype=np.int64)
+        )
 
     def save(self, path) -> None:
         np.save(path, self.offsets)
 
     @classmethod
-    def load(cls, path) -> "BatchOrder":
+    def load(cls, path) -> BatchOrder:
         return cls(np.load(path))
 
     @property
@@ -160,8 +178,15 @@ class BatchOrder:
     def fingerprint(self) -> str:
         return hashlib.sha256(self.offsets.tobytes()).hexdigest()[:16]
 
-    def batch(self, tokens: np.ndarray, step: int, block_size: int, rank: int = 0, world: int = 1,
-              device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self,
+        tokens: np.ndarray,
+        step: int,
+        block_size: int,
+        rank: int = 0,
+        world: int = 1,
+        device="cpu",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets of ``step`` for this rank, shape (batch/world, block_size)."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} is outside the recorded order of {self.steps} steps")
@@ -171,10 +196,16 @@ class BatchOrder:
         return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
 
 
-def eval_batches(tokens: np.ndarray, n_batches: int, batch_size: int, block_size: int, device="cpu"):
+def eval_batches(
+    tokens: np.ndarray, n_batches: int, batch_size: int, block_size: int, device="cpu"
+):
     """A fixed set of validation batches (evenly spaced, no randomness)."""
     span = len(tokens) - block_size - 1
-    starts = np.linspace(0, span - 1, n_batches * batch_size).astype(np.int64).reshape(n_batches, batch_size)
+    starts = (
+        np.linspace(0, span - 1, n_batches * batch_size)
+        .astype(np.int64)
+        .reshape(n_batches, batch_size)
+    )
     out = []
     for row in starts:
         idx = row[:, None] + np.arange(block_size + 1)[None, :]

@@ -18,6 +18,7 @@ off for its own arithmetic, so its fp32 products (QKᵀ for the FA2 count and th
 PV for O_hp) are fp32 products. (Runs stored before 2026-11-25 were probed with autocast on:
 their O_hp was formed in bf16, which blurs δ_hp; chapter 7 says which runs are which.)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,9 +26,15 @@ import torch
 
 # The pure functions of the monitor live once, in kernels.monitor.metrics; the trainer's
 # diagnostics are computed by that code (re-exported here for the chapter and the tests).
-from ..monitor.metrics import (causal_scores, delta_error, max_logit,
-                               rows_rounding_to_one, rows_with_tied_max, spectral_norm,
-                               wq_head_norms)
+from ..monitor.metrics import (
+    causal_scores,
+    delta_error,
+    max_logit,
+    rows_rounding_to_one,
+    rows_with_tied_max,
+    spectral_norm,
+    wq_head_norms,
+)
 
 
 def pairwise_rank1_cosine(u: torch.Tensor, x: torch.Tensor) -> float:
@@ -66,7 +73,7 @@ def find_explosion(steps, losses, rise: float = 1.0, smooth: int = 20):
             return int(steps[first_bad])
     width = min(smooth, len(losses))
     sm = np.convolve(losses, np.ones(width) / width, mode="valid")
-    offset = (width - 1) // 2          # report the centre of the smoothing window
+    offset = (width - 1) // 2  # report the centre of the smoothing window
     run_min = np.minimum.accumulate(sm)
     above = sm > run_min + rise
     for i in np.flatnonzero(above):
@@ -84,12 +91,12 @@ class AttentionProbe:
     def __init__(self):
         self.active = False
         self.stats: dict = {}
-        self.prev_rank1 = None     # mean rank-1 matrix of the previous monitoring step
+        self.prev_rank1 = None  # mean rank-1 matrix of the previous monitoring step
 
     @torch.no_grad()
     def observe(self, x, q, k, v, out, wq_norms):
         """Forward-side statistics. x (B, N, C) input of the layer; q, k, v, out (B, H, N, D)."""
-        with torch.autocast(device_type=q.device.type, enabled=False):   # fp32 means fp32
+        with torch.autocast(device_type=q.device.type, enabled=False):  # fp32 means fp32
             self._observe(x, q, k, v, out, wq_norms)
 
     def _observe(self, x, q, k, v, out, wq_norms):
@@ -99,10 +106,10 @@ class AttentionProbe:
         probs = torch.softmax(s32, dim=-1)
         out_high = probs @ v.float()
         head = int(np.argmax(wq_norms))
-        pk = probs[0, head] @ k[0, head].float()             # (PK)[T] of the largest-‖W_Q‖ head
+        pk = probs[0, head] @ k[0, head].float()  # (PK)[T] of the largest-‖W_Q‖ head
         xs = x[0].float()
         tokens = torch.arange(pk.shape[0] // 2, pk.shape[0], device=pk.device)  # rows with context
-        rank1 = pk[tokens].T @ xs[tokens] / len(tokens)      # mean of (PK)[T]ᵀ X[T]
+        rank1 = pk[tokens].T @ xs[tokens] / len(tokens)  # mean of (PK)[T]ᵀ X[T]
         step_cos = None if self.prev_rank1 is None else matrix_cosine(rank1, self.prev_rank1)
         self.prev_rank1 = rank1
         self.stats = {
@@ -120,7 +127,7 @@ class AttentionProbe:
     def backward_hook(self, d_out):
         """Receives dO (B, H, N, D): Σ_T (δ_lp − δ_hp)[T], mean over the batch, per head."""
         with torch.no_grad():
-            err = delta_error(d_out, self._out_low, self._out_high)   # (B, H, N)
+            err = delta_error(d_out, self._out_low, self._out_high)  # (B, H, N)
             per_head = err.sum(-1).mean(0)
             self.stats["delta_err_per_head"] = [float(t) for t in per_head]
             self.stats["delta_err"] = float(per_head.sum())
@@ -129,6 +136,16 @@ class AttentionProbe:
         self._out_low = self._out_high = None
 
 
-__all__ = ["spectral_norm", "wq_head_norms", "causal_scores", "rows_rounding_to_one",
-           "rows_with_tied_max", "max_logit", "delta_error", "pairwise_rank1_cosine",
-           "matrix_cosine", "find_explosion", "AttentionProbe"]
+__all__ = [
+    "spectral_norm",
+    "wq_head_norms",
+    "causal_scores",
+    "rows_rounding_to_one",
+    "rows_with_tied_max",
+    "max_logit",
+    "delta_error",
+    "pairwise_rank1_cosine",
+    "matrix_cosine",
+    "find_explosion",
+    "AttentionProbe",
+]

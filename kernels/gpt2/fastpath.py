@@ -15,6 +15,7 @@ the fused elementwise kernels of :mod:`kernels.attention.fused` and the CUDA gra
 4. speed: steps per second of each way alone, and of the fast way with 2, 4 and 6 runs sharing
    the GPU (:func:`kernels.gpt2.profile.sharing`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def check_attention(variant: str, shape=(64, 4, 256, 64)) -> dict:
     spec = parse_spec(VARIANTS[variant])
     opts = spec.options(shape[-2])
     gen = torch.Generator(device="cuda").manual_seed(torch.seed())
-    q, k, v = (torch.randn(shape, device="cuda", generator=gen).bfloat16().requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(shape, device="cuda", generator=gen).bfloat16().requires_grad_()
+        for _ in range(3)
+    )
     d_out = torch.randn(shape, device="cuda", generator=gen).bfloat16()
 
     def run():
@@ -73,12 +76,14 @@ def check_attention(variant: str, shape=(64, 4, 256, 64)) -> dict:
 
 def train_weights(variant: str, fused_on: bool, graph: bool, steps: int = 60) -> dict:
     """Train ``steps`` steps of the variant (seed 0); returns the final weights."""
+
     def run():
         trainer = trainer_for(variant, monitor_every=20, steps=steps, cuda_graph=graph)
         for _ in range(steps):
             trainer.train_step()
         torch.cuda.synchronize()
         return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
     return _with_fused(fused_on, run)
 
 
@@ -87,13 +92,16 @@ def differing(a: dict, b: dict) -> int:
 
 
 def speed(variant: str, fused_on: bool, graph: bool, steps: int) -> float:
-    return _with_fused(fused_on, lambda: steps_per_s(
-        trainer_for(variant, steps=steps + 40, cuda_graph=graph), steps))
+    return _with_fused(
+        fused_on,
+        lambda: steps_per_s(trainer_for(variant, steps=steps + 40, cuda_graph=graph), steps),
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="results")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--share", default="2,4,6")
@@ -101,29 +109,41 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("kernels.gpt2.fastpath checks the GPU path: it needs a CUDA GPU")
     from ..results import provenance
+
     data = {"exp": check_exp()}
     print("exp:", data["exp"], flush=True)
     data["attention"] = {v: check_attention(v) for v in "UFPZ"}
     print("attention, fused vs op by op (differing elements):", data["attention"], flush=True)
     ref = train_weights("U", False, False)
-    data["training"] = {"op by op, again": differing(ref, train_weights("U", False, False)),
-                        "fused": differing(ref, train_weights("U", True, False))}
+    data["training"] = {
+        "op by op, again": differing(ref, train_weights("U", False, False)),
+        "fused": differing(ref, train_weights("U", True, False)),
+    }
     try:
         data["training"]["fused + CUDA graph"] = differing(ref, train_weights("U", True, True))
-    except Exception as err:                  # a graph that cannot be recorded: say why
+    except Exception as err:  # a graph that cannot be recorded: say why
         data["graph_error"] = repr(err)[:500]
-    print("training, 60 steps, weights differing from op by op:", data["training"],
-          data.get("graph_error", ""), flush=True)
+    print(
+        "training, 60 steps, weights differing from op by op:",
+        data["training"],
+        data.get("graph_error", ""),
+        flush=True,
+    )
     deterministic = data["training"]["op by op, again"] == 0
     # where op-by-op training is not even deterministic, no bitwise claim about whole training
     # can be made: the attention calls must then be identical, and the record says so
-    calls_same = (data["exp"]["mismatches"] == 0
-                  and all(n == 0 for r in data["attention"].values() for n in r.values()))
+    calls_same = data["exp"]["mismatches"] == 0 and all(
+        n == 0 for r in data["attention"].values() for n in r.values()
+    )
     fused_ok = calls_same and (data["training"]["fused"] == 0 or not deterministic)
-    graph_ok = fused_ok and "graph_error" not in data and (
-        data["training"]["fused + CUDA graph"] == 0 or not deterministic)
-    data.update(training_deterministic=deterministic, fused_same_bits=fused_ok,
-                graph_same_bits=graph_ok)
+    graph_ok = (
+        fused_ok
+        and "graph_error" not in data
+        and (data["training"]["fused + CUDA graph"] == 0 or not deterministic)
+    )
+    data.update(
+        training_deterministic=deterministic, fused_same_bits=fused_ok, graph_same_bits=graph_ok
+    )
     ways = {"op by op": (False, False)}
     if fused_ok:
         ways["fused"] = (True, False)
@@ -131,22 +151,29 @@ def main(argv=None):
         ways["fused + CUDA graph"] = (True, True)
     data["steps_per_s"] = {way: speed("U", f, g, args.steps) for way, (f, g) in ways.items()}
     print("steps/s alone:", {k: round(v, 1) for k, v in data["steps_per_s"].items()}, flush=True)
-    os.environ["LPFA_FUSED"] = str(int(fused_ok))        # the sharing runs' processes
-    data["sharing_fast"] = [sharing(int(k), args.steps, fast=graph_ok)
-                            for k in args.share.split(",") if k]
+    os.environ["LPFA_FUSED"] = str(int(fused_ok))  # the sharing runs' processes
+    data["sharing_fast"] = [
+        sharing(int(k), args.steps, fast=graph_ok) for k in args.share.split(",") if k
+    ]
     for row in data["sharing_fast"]:
-        print(f"{row['processes']} runs sharing: {row['steps_per_s_total']:.1f} steps/s "
-              f"in all", flush=True)
+        print(
+            f"{row['processes']} runs sharing: {row['steps_per_s_total']:.1f} steps/s in all",
+            flush=True,
+        )
     command = f"python -m kernels.gpt2.fastpath --steps {args.steps} --share {args.share}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpt2_fastpath.json").write_text(
-        json.dumps({"provenance": provenance(command), "data": data}, indent=1))
+        json.dumps({"provenance": provenance(command), "data": data}, indent=1)
+    )
     # what the training calls that follow may use, for a shell to `source`
-    (out / "fast.env").write_text(f"export LPFA_FUSED={int(fused_ok)}\n"
-                                  f"FAST={'--fast' if graph_ok else ''}\n")
-    print(f"fused kernels: {'same bits' if fused_ok else 'NOT used'}; CUDA graph: "
-          f"{'same bits' if graph_ok else 'NOT used'}")
+    (out / "fast.env").write_text(
+        f"export LPFA_FUSED={int(fused_ok)}\nFAST={'--fast' if graph_ok else ''}\n"
+    )
+    print(
+        f"fused kernels: {'same bits' if fused_ok else 'NOT used'}; CUDA graph: "
+        f"{'same bits' if graph_ok else 'NOT used'}"
+    )
 
 
 if __name__ == "__main__":

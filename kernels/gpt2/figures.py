@@ -1,6 +1,7 @@
 """The GPT-2 chapter's figures of stored runs: one message each, fonts of at least ``FONT`` points
 at the column's width. The data they draw come from :mod:`.report` (reading and measuring runs).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,13 +31,30 @@ def plot_steps_to_failure(ax, table, variants=("U", "R", "F", "S")):
         failed, alive = rows[rows.step.notna()], rows[rows.step.isna()]
         colour = VARIANT_COLOURS[variant]
         if len(failed):
-            ax.scatter(failed.obits + offsets[variant], failed.step, color=colour, s=30,
-                       marker="o", label=f"{VARIANT_NAMES[variant]}: failed")
+            ax.scatter(
+                failed.obits + offsets[variant],
+                failed.step,
+                color=colour,
+                s=30,
+                marker="o",
+                label=f"{VARIANT_NAMES[variant]}: failed",
+            )
         if len(alive):
-            ax.scatter(alive.obits + offsets[variant], alive.steps, facecolor="none", edgecolor=colour,
-                       s=40, marker="^", label=f"{VARIANT_NAMES[variant]}: still training")
-    ax.set(yscale="log", xlabel="mantissa bits of Ō (7 = bf16)", ylabel="training steps",
-           title="steps to loss explosion or NaN")
+            ax.scatter(
+                alive.obits + offsets[variant],
+                alive.steps,
+                facecolor="none",
+                edgecolor=colour,
+                s=40,
+                marker="^",
+                label=f"{VARIANT_NAMES[variant]}: still training",
+            )
+    ax.set(
+        yscale="log",
+        xlabel="mantissa bits of Ō (7 = bf16)",
+        ylabel="training steps",
+        title="steps to loss explosion or NaN",
+    )
     ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
@@ -56,14 +74,22 @@ def outcome_rows(runs: dict, order="UTLPRSF"):
         key = (obits_of(run), run["config"]["steps"], variant)
         groups.setdefault(key, []).append(name)
     keys = sorted(groups, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99))
-    return [(f"{_schedule_label(runs[groups[k][0]])}: {VARIANT_NAMES[k[2]]}", k[2], groups[k])
-            for k in keys]
+    return [
+        (f"{_schedule_label(runs[groups[k][0]])}: {VARIANT_NAMES[k[2]]}", k[2], groups[k])
+        for k in keys
+    ]
 
 
-OUTCOME_MARKERS = {"explosion": dict(marker="o", s=36), "NaN": dict(marker="X", s=46),
-                   None: dict(marker=">", s=40)}
-OUTCOME_WORDS = {"explosion": "loss exploded", "NaN": "went NaN",
-                 None: "still training when its time ran out"}
+OUTCOME_MARKERS = {
+    "explosion": dict(marker="o", s=36),
+    "NaN": dict(marker="X", s=46),
+    None: dict(marker=">", s=40),
+}
+OUTCOME_WORDS = {
+    "explosion": "loss exploded",
+    "NaN": "went NaN",
+    None: "still training when its time ran out",
+}
 
 
 def plot_outcomes(ax, runs: dict, departures: dict | None = None):
@@ -72,6 +98,7 @@ def plot_outcomes(ax, runs: dict, departures: dict | None = None):
     schedule and variant; seeds share a row. Colour = variant, shape = outcome.
     ``departures`` {run name: step} adds a bar where a run's ‖W_Q‖ left its control's."""
     from matplotlib.lines import Line2D
+
     rows = outcome_rows(runs)
     departures = departures or {}
     for y, (_, variant, names) in enumerate(rows):
@@ -91,14 +118,35 @@ def plot_outcomes(ax, runs: dict, departures: dict | None = None):
     ax.invert_yaxis()
     ax.set(xscale="log", xlim=(700, 5e4))
     ax.set_xlabel("training step (log scale)", fontsize=FONT)
-    proxies = [Line2D([], [], ls="", marker=OUTCOME_MARKERS[e]["marker"], ms=7,
-                      markerfacecolor="none" if e is None else "0.35", markeredgecolor="0.35",
-                      label=OUTCOME_WORDS[e]) for e in OUTCOME_MARKERS]
+    proxies = [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker=OUTCOME_MARKERS[e]["marker"],
+            ms=7,
+            markerfacecolor="none" if e is None else "0.35",
+            markeredgecolor="0.35",
+            label=OUTCOME_WORDS[e],
+        )
+        for e in OUTCOME_MARKERS
+    ]
     if departures:
-        proxies.append(Line2D([], [], ls="", marker="|", ms=10, mew=2, color="0.25",
-                              label="‖W_Q‖ left the control's"))
-    ax.legend(handles=proxies, fontsize=FONT, loc="upper center", ncol=2,
-              bbox_to_anchor=(0.3, -0.09))
+        proxies.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="|",
+                ms=10,
+                mew=2,
+                color="0.25",
+                label="‖W_Q‖ left the control's",
+            )
+        )
+    ax.legend(
+        handles=proxies, fontsize=FONT, loc="upper center", ncol=2, bbox_to_anchor=(0.3, -0.09)
+    )
 
 
 def _mark(ax, step, colour, style):
@@ -110,9 +158,12 @@ def departure_legend(ax, keys=("rows_tied_bf16", "wq"), target=None, **kw):
     """A legend for the vertical lines that mark departures, added to ``ax``'s own entries and
     drawn on ``target`` (an axis or a figure; default ``ax``)."""
     from matplotlib.lines import Line2D
-    words = {"rows_tied_bf16": ("--", "tie share leaves the control's"),
-             "wq": (":", "‖W_Q‖ leaves the control's"),
-             "rank1_token_cos": ("-.", "similarity leaves the control's")}
+
+    words = {
+        "rows_tied_bf16": ("--", "tie share leaves the control's"),
+        "wq": (":", "‖W_Q‖ leaves the control's"),
+        "rank1_token_cos": ("-.", "similarity leaves the control's"),
+    }
     handles, _ = ax.get_legend_handles_labels()
     handles += [Line2D([], [], color="0.3", ls=words[k][0], label=words[k][1]) for k in keys]
     (target or ax).legend(handles=handles, fontsize=FONT, **kw)
@@ -124,8 +175,10 @@ def plot_precondition(axes, failing: dict, control: dict, layer: int = 0, width:
     App. E.1 count), and ‖W_Q‖₂; dashed: where the tie share leaves the control's, dotted: where
     ‖W_Q‖ does (:data:`DEPARTURE_RULES`)."""
     dep = pair_departures(failing, control, layer)
-    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
-                             (control, VARIANT_COLOURS["F"], "control")):
+    for run, colour, who in (
+        (failing, VARIANT_COLOURS["U"], "failing path"),
+        (control, VARIANT_COLOURS["F"], "control"),
+    ):
         h = run["history"]
         axes[0].plot(*smooth(h["step"], h["loss"], width), color=colour, lw=1.2, label=who)
         steps, ties = monitor_series(run, "rows_tied_bf16", layer)
@@ -147,8 +200,10 @@ def plot_similarity(ax, failing: dict, control: dict, layer: int = 0):
     """The mean cosine similarity of the rank-1 terms (PK)[T]ᵀX[T] over pairs of tokens (Eq. 2,
     the paper's Fig. 4), failing run and control, with the two departure steps marked."""
     dep = pair_departures(failing, control, layer)
-    for run, colour, who in ((failing, VARIANT_COLOURS["U"], "failing path"),
-                             (control, VARIANT_COLOURS["F"], "control")):
+    for run, colour, who in (
+        (failing, VARIANT_COLOURS["U"], "failing path"),
+        (control, VARIANT_COLOURS["F"], "control"),
+    ):
         steps, cos = monitor_series(run, "rank1_token_cos", layer)
         ax.plot(steps, rolling_mean(cos, 5), color=colour, lw=1.2, label=who)
     _mark(ax, dep["rank1_token_cos"], "0.3", "-.")
@@ -163,15 +218,16 @@ def plot_bias_shares(ax, groups: dict):
     rng = np.random.default_rng(0)
     for y, (label, (values, colour)) in enumerate(groups.items()):
         values = np.asarray(values, dtype=float)
-        ax.scatter(100 * values, y + rng.uniform(-0.15, 0.15, len(values)), color=colour, s=24,
-                   alpha=0.8)
+        ax.scatter(
+            100 * values, y + rng.uniform(-0.15, 0.15, len(values)), color=colour, s=24, alpha=0.8
+        )
     ax.axvline(0, color="k", lw=0.8)
     ax.set_yticks(range(len(groups)), list(groups), fontsize=FONT)
     ax.invert_yaxis()
     ax.set_xlabel("Σ(δ_lp − δ_hp) as % of Σ|δ_lp − δ_hp|, layer 0", fontsize=FONT)
 
 
-FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}   # the repaired β rules, told apart by line too
+FIX_STYLES = {"C": "--", "D": "-.", "K": ":"}  # the repaired β rules, told apart by line too
 
 
 def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str = FIX_ORDER):
@@ -190,12 +246,13 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
             steps, ratio = steps[steps <= end], ratio[steps <= end]
             if len(steps) > width:
                 ratio = np.convolve(ratio, np.ones(width) / width, mode="valid")
-                steps = steps[width - 1:]
+                steps = steps[width - 1 :]
             colour = VARIANT_COLOURS[variant]
             label = None if variant in drawn else VARIANT_NAMES[variant]
             drawn.add(variant)
-            ax.plot(steps, ratio, color=colour, lw=1.4, label=label,
-                    ls=FIX_STYLES.get(variant, "-"))
+            ax.plot(
+                steps, ratio, color=colour, lw=1.4, label=label, ls=FIX_STYLES.get(variant, "-")
+            )
             style = dict(OUTCOME_MARKERS[o["event"]])
             if o["event"] is None:
                 style.update(facecolor="none", edgecolor=colour)
@@ -203,8 +260,7 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
                 style.update(color=colour)
             if len(steps):
                 ax.scatter(steps[-1], ratio[-1], zorder=3, **style)
-    ax.axhline(1.0, color=VARIANT_COLOURS["F"], lw=1, ls="--",
-               label=VARIANT_NAMES["F"] + " (= 1)")
+    ax.axhline(1.0, color=VARIANT_COLOURS["F"], lw=1, ls="--", label=VARIANT_NAMES["F"] + " (= 1)")
     ax.set_yscale("log")
     ax.set_xlabel("training step", fontsize=FONT)
     ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)
@@ -218,8 +274,12 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     against the step, one line per run of ``runs`` {legend label: (variant, seed, run)}; colour
     = variant, line style = seed (solid 0, dashed 1), thin dotted = a repeated run."""
     for label, (variant, seed, run, *repeat) in runs.items():
-        style = dict(color=VARIANT_COLOURS[variant], ls=":" if repeat else SEED_STYLES[seed],
-                     lw=1.0 if repeat else 1.4, label=label)
+        style = dict(
+            color=VARIANT_COLOURS[variant],
+            ls=":" if repeat else SEED_STYLES[seed],
+            lw=1.0 if repeat else 1.4,
+            label=label,
+        )
         axes[0].plot(*monitor_series(run, "wq", layer), **style)
         h = run["history"]
         axes[1].plot(*smooth(h["step"], h["loss"], width), **style)

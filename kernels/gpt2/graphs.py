@@ -17,6 +17,7 @@ What a graph needs, and how the trainer provides it:
 * warm-up before recording: the first ``WARMUP`` graph-eligible steps run eagerly on a side
   stream (they are real training steps, not extra ones).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,7 +38,7 @@ class GraphedStep:
 
     def __call__(self, x, y):
         """Train one step on (x, y); returns (loss, grad_norm) tensors."""
-        if self.warm < WARMUP:                      # a real step, eagerly, on the side stream
+        if self.warm < WARMUP:  # a real step, eagerly, on the side stream
             self.warm += 1
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
@@ -57,11 +58,11 @@ class GraphedStep:
         tr.opt.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            with torch.autocast("cuda", dtype=torch.bfloat16,
-                                enabled=tr.cfg.autocast == "bf16", cache_enabled=False):
+            with torch.autocast(
+                "cuda", dtype=torch.bfloat16, enabled=tr.cfg.autocast == "bf16", cache_enabled=False
+            ):
                 _, loss = tr.model(self.static_x, self.static_y)
             loss.backward()
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(tr.model.parameters(),
-                                                            tr.cfg.grad_clip)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.cfg.grad_clip)
             tr.opt.step()
         self.loss = loss.detach()

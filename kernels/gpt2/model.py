@@ -5,6 +5,7 @@
 runs the paper's bf16 flash attention in layer 1 only (layers are numbered from 0 here; the
 paper's "layer 2" is our layer 1).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,21 +22,23 @@ from .diagnostics import AttentionProbe, wq_head_norms
 @dataclass
 class GPTConfig:
     vocab_size: int = 256
-    block_size: int = 256      # context length
+    block_size: int = 256  # context length
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
     bias: bool = True
     attn: str = "sdpa"
-    layer_attn: dict = field(default_factory=dict)   # {layer index: spec}
-    qk_norm: bool = False      # LayerNorm on q and k (a known cure for logit growth; off by default)
+    layer_attn: dict = field(default_factory=dict)  # {layer index: spec}
+    qk_norm: bool = False  # LayerNorm on q and k (a known cure for logit growth; off by default)
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         for layer in self.layer_attn:
             if not 0 <= int(layer) < self.n_layer:
-                raise ValueError(f"layer_attn names layer {layer}, but the model has {self.n_layer} layers (0-based)")
+                raise ValueError(
+                    f"layer_attn names layer {layer}, but the model has {self.n_layer} layers (0-based)"
+                )
         parse_spec(self.attn)
 
     def spec(self, layer: int):
@@ -46,7 +49,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.spec = cfg.n_head, cfg.spec(layer)
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)   # x -> [Q; K; V]
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # x -> [Q; K; V]
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         hd = cfg.n_embd // cfg.n_head
         self.q_norm = nn.LayerNorm(hd) if cfg.qk_norm else None
@@ -59,7 +62,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(b, n, self.n_head, c // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
-        y = attend(q, k, v, self.spec, self.probe)           # (B, H, N, D)
+        y = attend(q, k, v, self.spec, self.probe)  # (B, H, N, D)
         if self.probe.active and torch.is_grad_enabled():
             norms = wq_head_norms(self.c_attn.weight, self.n_head)
             self.probe.observe(x, q, k, v, y, norms)
@@ -81,7 +84,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd, bias=cfg.bias), CausalSelfAttention(cfg, layer)
+        self.ln_1, self.attn = (
+            nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            CausalSelfAttention(cfg, layer),
+        )
         self.ln_2, self.mlp = nn.LayerNorm(cfg.n_embd, bias=cfg.bias), MLP(cfg)
 
     def forward(self, x):
@@ -98,9 +104,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight          # weight tying, as in GPT-2
+        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
         self.apply(self._init)
-        for name, p in self.named_parameters():        # GPT-2's scaled init of residual projections
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
 
@@ -116,7 +122,9 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         b, n = idx.shape
         if n > self.cfg.block_size:
-            raise ValueError(f"sequence of {n} tokens is longer than the context {self.cfg.block_size}")
+            raise ValueError(
+                f"sequence of {n} tokens is longer than the context {self.cfg.block_size}"
+            )
         x = self.wte(idx) + self.wpe(torch.arange(n, device=idx.device))
         for block in self.blocks:
             x = block(x)

@@ -23,6 +23,7 @@ or a loss is not finite: on a GPU it is the test that the fix trains a stock mod
 ``--small`` runs both at tiny sizes on the CPU (the test of this script): its numbers
 are no measurement and its file says so (``small``: true, no GPU in the provenance).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,36 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FULL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch=64, block=100,
-            rounds=5, warmup=20, every=(1, 10, 100), hf_steps=200, hf_batch=32,
-            hf_width=20, seeds=(0, 1))
-SMALL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch=2, block=6, rounds=3,
-             warmup=2, every=(1, 2, 3), hf_steps=6, hf_batch=2, hf_width=2, seeds=(0, 1))
+FULL = dict(
+    n_layer=4,
+    n_head=4,
+    n_embd=256,
+    block_size=256,
+    batch=64,
+    block=100,
+    rounds=5,
+    warmup=20,
+    every=(1, 10, 100),
+    hf_steps=200,
+    hf_batch=32,
+    hf_width=20,
+    seeds=(0, 1),
+)
+SMALL = dict(
+    n_layer=1,
+    n_head=2,
+    n_embd=32,
+    block_size=16,
+    batch=2,
+    block=6,
+    rounds=3,
+    warmup=2,
+    every=(1, 2, 3),
+    hf_steps=6,
+    hf_batch=2,
+    hf_width=2,
+    seeds=(0, 1),
+)
 
 
 def _sync(device):
@@ -48,32 +74,44 @@ def _sync(device):
 
 
 def _autocast(device):
-    return torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" \
+    return (
+        torch.autocast(device, dtype=torch.bfloat16)
+        if device == "cuda"
         else contextlib.nullcontext()
+    )
 
 
 def _data(sizes, steps, seed):
     from .data import BatchOrder, load_corpus
+
     corpus = load_corpus("stdlib", max_bytes=4_000_000 if sizes is FULL else 200_000)
-    order = BatchOrder.draw(len(corpus.train), steps, sizes["batch"], sizes["block_size"],
-                            seed=seed)
+    order = BatchOrder.draw(
+        len(corpus.train), steps, sizes["batch"], sizes["block_size"], seed=seed
+    )
     return corpus, order
 
 
 # ------------------------------------------------------------------------- overhead
 def overhead_stage(sizes, device, seed=0) -> dict:
     """Seconds per synchronised training step, without the monitor and with it."""
-    from .model import GPT, GPTConfig
     from ..monitor import AttentionMonitor
+    from .model import GPT, GPTConfig
+
     torch.manual_seed(seed)
-    cfg = GPTConfig(n_layer=sizes["n_layer"], n_head=sizes["n_head"],
-                    n_embd=sizes["n_embd"], block_size=sizes["block_size"], attn="sdpa")
+    cfg = GPTConfig(
+        n_layer=sizes["n_layer"],
+        n_head=sizes["n_head"],
+        n_embd=sizes["n_embd"],
+        block_size=sizes["block_size"],
+        attn="sdpa",
+    )
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
     n_batches = 8
     corpus, order = _data(sizes, n_batches, seed)
-    batches = [order.batch(corpus.train, i, sizes["block_size"], device=device)
-               for i in range(n_batches)]
+    batches = [
+        order.batch(corpus.train, i, sizes["block_size"], device=device) for i in range(n_batches)
+    ]
     sync = _sync(device)
     settings = {"off": None}
     for every in sizes["every"]:
@@ -81,11 +119,10 @@ def overhead_stage(sizes, device, seed=0) -> dict:
             settings[f"every {every}" + ("" if delta else ", no delta")] = (every, delta)
     monitors = {}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # alerts of a model at initialisation
+        warnings.simplefilter("ignore")  # alerts of a model at initialisation
         for name, setting in settings.items():
             if setting is not None:
-                monitors[name] = AttentionMonitor.attach(model, every=setting[0],
-                                                         delta=setting[1])
+                monitors[name] = AttentionMonitor.attach(model, every=setting[0], delta=setting[1])
 
     def one(monitor, step):
         x, y = batches[step % n_batches]
@@ -111,8 +148,9 @@ def overhead_stage(sizes, device, seed=0) -> dict:
             names = list(settings)
             rng.shuffle(names)
             for name in names:
-                block = [one(monitors.get(name), r * sizes["block"] + i)
-                         for i in range(sizes["block"])]
+                block = [
+                    one(monitors.get(name), r * sizes["block"] + i) for i in range(sizes["block"])
+                ]
                 times[name].extend(block)
                 per_round[name].append(float(np.mean([t for t, _ in block])))
         for monitor in monitors.values():
@@ -123,22 +161,31 @@ def overhead_stage(sizes, device, seed=0) -> dict:
         values = np.array([t for t, _ in times[name]])
         read = np.array([r for _, r in times[name]], dtype=bool)
         paired = np.array(per_round[name]) / off - 1
-        rows.append({
-            "setting": name, "every": None if setting is None else setting[0],
-            "delta": None if setting is None else setting[1],
-            "mean_ms": 1e3 * float(values.mean()),
-            "median_ms": 1e3 * float(np.median(values)),
-            "reading_median_ms": 1e3 * float(np.median(values[read])) if read.any()
-            else None,
-            "between_median_ms": 1e3 * float(np.median(values[~read])) if (~read).any()
-            else None,
-            "steps_read": int(read.sum()), "steps": int(len(values)),
-            "overhead_median": float(np.median(paired)),
-            "overhead_min": float(paired.min()), "overhead_max": float(paired.max())})
-    return {"model": {k: sizes[k] for k in ("n_layer", "n_head", "n_embd", "block_size",
-                                            "batch")},
-            "autocast": "bf16" if device == "cuda" else None, "rounds": sizes["rounds"],
-            "block": sizes["block"], "rows": rows}
+        rows.append(
+            {
+                "setting": name,
+                "every": None if setting is None else setting[0],
+                "delta": None if setting is None else setting[1],
+                "mean_ms": 1e3 * float(values.mean()),
+                "median_ms": 1e3 * float(np.median(values)),
+                "reading_median_ms": 1e3 * float(np.median(values[read])) if read.any() else None,
+                "between_median_ms": 1e3 * float(np.median(values[~read]))
+                if (~read).any()
+                else None,
+                "steps_read": int(read.sum()),
+                "steps": int(len(values)),
+                "overhead_median": float(np.median(paired)),
+                "overhead_min": float(paired.min()),
+                "overhead_max": float(paired.max()),
+            }
+        )
+    return {
+        "model": {k: sizes[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "batch")},
+        "autocast": "bf16" if device == "cuda" else None,
+        "rounds": sizes["rounds"],
+        "block": sizes["block"],
+        "rows": rows,
+    }
 
 
 # --------------------------------------------------------------- the fix in HF GPT-2
@@ -154,8 +201,9 @@ def curve_gap(a, b, width, start=None) -> float:
     (default: the second half)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
-        raise ValueError(f"two loss curves of one length are needed, got shapes {a.shape} "
-                         f"and {b.shape}")
+        raise ValueError(
+            f"two loss curves of one length are needed, got shapes {a.shape} and {b.shape}"
+        )
     start = len(a) // 2 if start is None else int(start)
     sa, sb = smoothed(a[start:], width), smoothed(b[start:], width)
     return float(np.abs(sa - sb).mean())
@@ -166,55 +214,77 @@ def within_noise(curves: dict, width, seeds) -> dict:
     gap to SDPA of that seed is at most SDPA's gap between the two seeds."""
     s0, s1 = seeds
     noise = curve_gap(curves[("sdpa", s0)], curves[("sdpa", s1)], width)
-    gaps = {str(s): curve_gap(curves[("fix", s)], curves[("sdpa", s)], width)
-            for s in seeds}
-    return {"noise_between_seeds": noise, "gap_to_sdpa": gaps,
-            "within_noise": all(g <= noise for g in gaps.values())}
+    gaps = {str(s): curve_gap(curves[("fix", s)], curves[("sdpa", s)], width) for s in seeds}
+    return {
+        "noise_between_seeds": noise,
+        "gap_to_sdpa": gaps,
+        "within_noise": all(g <= noise for g in gaps.values()),
+    }
 
 
 def hf_stage(sizes, device) -> dict:
     from transformers import logging as hf_logging
+
     from ..attention import hf_attention
+
     hf_logging.set_verbosity_error()
     name = hf_attention.register()
     steps, n = sizes["hf_steps"], sizes["block_size"]
     corpus, _ = _data(sizes, 1, 0)
     from .data import BatchOrder
+
     order = BatchOrder.draw(len(corpus.train), steps, sizes["hf_batch"], n, seed=123)
     curves, seconds = {}, {}
     from ..attention import launch
+
     wide = launch.SPEEDUPS["wide_tuning"]
-    launch.SPEEDUPS["wide_tuning"] = False    # a short autotuning: the 5-minute budget
+    launch.SPEEDUPS["wide_tuning"] = False  # a short autotuning: the 5-minute budget
     try:
         _train_hf(sizes, device, name, corpus, order, curves, seconds)
     finally:
         launch.SPEEDUPS["wide_tuning"] = wide
     verdict = within_noise(curves, sizes["hf_width"], sizes["seeds"])
-    return {"implementation": name, "steps": steps, "batch": sizes["hf_batch"],
-            "context": n, "width": sizes["n_embd"], "layers": sizes["n_layer"],
-            "heads": sizes["n_head"], "smoothing": sizes["hf_width"],
-            "autotuning": "narrow",
-            "losses": {f"{impl}, seed {seed}": values
-                       for (impl, seed), values in curves.items()},
-            "seconds": seconds, **verdict,
-            "finite": all(np.isfinite(v).all() for v in curves.values())}
+    return {
+        "implementation": name,
+        "steps": steps,
+        "batch": sizes["hf_batch"],
+        "context": n,
+        "width": sizes["n_embd"],
+        "layers": sizes["n_layer"],
+        "heads": sizes["n_head"],
+        "smoothing": sizes["hf_width"],
+        "autotuning": "narrow",
+        "losses": {f"{impl}, seed {seed}": values for (impl, seed), values in curves.items()},
+        "seconds": seconds,
+        **verdict,
+        "finite": all(np.isfinite(v).all() for v in curves.values()),
+    }
 
 
 def _train_hf(sizes, device, name, corpus, order, curves, seconds):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     steps, n = sizes["hf_steps"], sizes["block_size"]
     for seed in sizes["seeds"]:
         for implementation in ("sdpa", "fix"):
             torch.manual_seed(seed)
-            cfg = GPT2Config(n_layer=sizes["n_layer"], n_head=sizes["n_head"],
-                             n_embd=sizes["n_embd"], n_positions=n, vocab_size=256,
-                             attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
-                             bos_token_id=0, eos_token_id=0,
-                             attn_implementation="sdpa" if implementation == "sdpa"
-                             else name)
+            cfg = GPT2Config(
+                n_layer=sizes["n_layer"],
+                n_head=sizes["n_head"],
+                n_embd=sizes["n_embd"],
+                n_positions=n,
+                vocab_size=256,
+                attn_pdrop=0.0,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                bos_token_id=0,
+                eos_token_id=0,
+                attn_implementation="sdpa" if implementation == "sdpa" else name,
+            )
             model = GPT2LMHeadModel(cfg).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95),
-                                    weight_decay=0.0)
+            opt = torch.optim.AdamW(
+                model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0
+            )
             losses = []
             start = time.perf_counter()
             for step in range(steps):
@@ -240,14 +310,16 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     from .. import results
+
     device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
     if device == "cpu" and not args.small:
-        raise SystemExit("kernels.gpt2.monitor_gpu measures on a CUDA GPU; on a CPU run it with "
-                         "--small (a test of the script, not a measurement)")
+        raise SystemExit(
+            "kernels.gpt2.monitor_gpu measures on a CUDA GPU; on a CPU run it with "
+            "--small (a test of the script, not a measurement)"
+        )
     sizes = SMALL if args.small else FULL
     begin = time.time()
-    data = {"small": bool(args.small), "device": device,
-            "overhead": overhead_stage(sizes, device)}
+    data = {"small": bool(args.small), "device": device, "overhead": overhead_stage(sizes, device)}
     data["overhead_seconds"] = time.time() - begin
     data["hf"] = hf_stage(sizes, device)
     data["seconds"] = time.time() - begin
@@ -256,15 +328,21 @@ def main(argv=None):
     path = results.save("monitor_gpu", data, command, directory=out)
     print(f"wrote {path} in {data['seconds']:.0f} s")
     for row in data["overhead"]["rows"]:
-        print(f"  {row['setting']:22s} {row['mean_ms']:8.2f} ms/step, overhead "
-              f"{100 * row['overhead_median']:+.1f} %")
+        print(
+            f"  {row['setting']:22s} {row['mean_ms']:8.2f} ms/step, overhead "
+            f"{100 * row['overhead_median']:+.1f} %"
+        )
     hf = data["hf"]
-    print(f"  HF GPT-2 with {hf['implementation']}: gap to SDPA {hf['gap_to_sdpa']}, "
-          f"SDPA seed to seed {hf['noise_between_seeds']:.4f}: within noise "
-          f"{hf['within_noise']}")
+    print(
+        f"  HF GPT-2 with {hf['implementation']}: gap to SDPA {hf['gap_to_sdpa']}, "
+        f"SDPA seed to seed {hf['noise_between_seeds']:.4f}: within noise "
+        f"{hf['within_noise']}"
+    )
     if not args.small and not (hf["within_noise"] and hf["finite"]):
-        raise SystemExit(f"the fix did not train as SDPA does (stored in {path}): its loss "
-                         f"curve left SDPA's by more than SDPA's two seeds differ")
+        raise SystemExit(
+            f"the fix did not train as SDPA does (stored in {path}): its loss "
+            f"curve left SDPA's by more than SDPA's two seeds differ"
+        )
     return out if out is not None else Path(path).parent
 
 

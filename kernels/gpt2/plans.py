@@ -32,6 +32,7 @@ clamped at 1e-10 before it joins ℓ and the log-sum-exp.
 Long runs are *resumable*: every plan run with ``checkpoint_every`` continues from its checkpoint
 when the same search command is given again (see :mod:`.search`).
 """
+
 from __future__ import annotations
 
 VARIANTS = {
@@ -42,9 +43,9 @@ VARIANTS = {
     "A": "sdpa",
     "R": "paper:delta=o,oround=sr",
     "T": "paper:delta=o,block=64",
-    "L": "paper:delta=o_fp32",       # + layer 1 switched to U, see variant_options
-    "B": "paper:delta=o_fp32",       # + per-layer dshift, see variant_options
-    "N": "paper:delta=o_fp32",       # + per-layer dnoise, see variant_options
+    "L": "paper:delta=o_fp32",  # + layer 1 switched to U, see variant_options
+    "B": "paper:delta=o_fp32",  # + per-layer dshift, see variant_options
+    "N": "paper:delta=o_fp32",  # + per-layer dnoise, see variant_options
     "M": "paper:delta=o,derr=mean",
     "G": "paper:delta=o,derr=sign",
     "X": "paper:delta=o,out=exact",
@@ -57,10 +58,12 @@ VARIANTS = {
 # value over the monitoring steps from 200 until layer 0's ‖W_Q‖ left the control's (Ō with 4
 # bits, seeds 1-3, plan amp_seeds). ``report.matched_delta_stats`` recomputes them from the stored
 # runs and a test checks that these numbers are what it gives.
-MATCHED_K4 = {"mean": (1.835e-09, 3.464e-10, 1.836e-10, 2.102e-10),
-              "mean_abs": (1.705e-07, 6.852e-08, 5.350e-08, 4.072e-08)}
-GAUSS_SD_PER_MEAN_ABS = (3.141592653589793 / 2) ** 0.5   # σ = √(π/2)·E|e| for a normal e
-LADDER_LAYER = 0                     # the layer ``L`` leaves on the failing path (0-based)
+MATCHED_K4 = {
+    "mean": (1.835e-09, 3.464e-10, 1.836e-10, 2.102e-10),
+    "mean_abs": (1.705e-07, 6.852e-08, 5.350e-08, 4.072e-08),
+}
+GAUSS_SD_PER_MEAN_ABS = (3.141592653589793 / 2) ** 0.5  # σ = √(π/2)·E|e| for a normal e
+LADDER_LAYER = 0  # the layer ``L`` leaves on the failing path (0-based)
 
 SMALL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, warmup=200)
 # the amplifier search: the paper's peak lr 1e-3, cosine to 1e-4 over 20k steps
@@ -83,8 +86,9 @@ def variant_options(variant: str, obits: int = 7) -> dict:
             raise ValueError(f"variant {variant} is matched to the 4-bit failing runs: obits=4")
         key, scale = ("dshift", 1.0) if variant == "B" else ("dnoise", GAUSS_SD_PER_MEAN_ABS)
         values = MATCHED_K4["mean" if variant == "B" else "mean_abs"]
-        opts["layer_attn"] = ";".join(f"{layer}={opts['attn']},{key}={scale * value!r}"
-                                      for layer, value in enumerate(values))
+        opts["layer_attn"] = ";".join(
+            f"{layer}={opts['attn']},{key}={scale * value!r}" for layer, value in enumerate(values)
+        )
     return opts
 
 
@@ -94,35 +98,73 @@ def make_runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
     out = []
     for seed in seeds:
         for v in variants:
-            opts = {**base, **extra, **variant_options(v, obits), "seed": seed, "data_seed": seed, **pin}
+            opts = {
+                **base,
+                **extra,
+                **variant_options(v, obits),
+                "seed": seed,
+                "data_seed": seed,
+                **pin,
+            }
             out.append((f"{prefix}-{v}-s{seed}", opts))
     return out
 
 
 def plan(name: str) -> list[tuple[str, dict]]:
     """The named lists of runs used for the chapter's results."""
-    if name == "tiny":     # CPU smoke test of the runner itself
-        base = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, warmup=5, steps=20,
-                    monitor_every=10, max_bytes=1_000_000, autocast="off")
+    if name == "tiny":  # CPU smoke test of the runner itself
+        base = dict(
+            n_layer=2,
+            n_head=2,
+            n_embd=64,
+            block_size=64,
+            batch_size=8,
+            warmup=5,
+            steps=20,
+            monitor_every=10,
+            max_bytes=1_000_000,
+            autocast="off",
+        )
         return make_runs("tiny", base, "UF", [0])
-    if name == "probe":    # first search: lr, batch, width and qk-norm, one seed, U vs F (vs S)
+    if name == "probe":  # first search: lr, batch, width and qk-norm, one seed, U vs F (vs S)
         runs = make_runs("a-lr1e-3", SMALL, "UFSA", [0], lr=1e-3, steps=6000)
         runs += make_runs("b-lr2e-3", SMALL, "UF", [0], lr=2e-3, steps=6000)
-        runs += make_runs("c-w512h8-lr6e-4", {**SMALL, "n_layer": 6, "n_head": 8, "n_embd": 512}, "UF", [0],
-                      lr=6e-4, steps=3000)
-        runs += make_runs("d-b256-lr1e-3", {**SMALL, "batch_size": 256}, "UF", [0], lr=1e-3, steps=3000)
-        runs += make_runs("e-qknorm-lr2e-3", {**SMALL, "qk_norm": True}, "UF", [0], lr=2e-3, steps=6000)
+        runs += make_runs(
+            "c-w512h8-lr6e-4",
+            {**SMALL, "n_layer": 6, "n_head": 8, "n_embd": 512},
+            "UF",
+            [0],
+            lr=6e-4,
+            steps=3000,
+        )
+        runs += make_runs(
+            "d-b256-lr1e-3", {**SMALL, "batch_size": 256}, "UF", [0], lr=1e-3, steps=3000
+        )
+        runs += make_runs(
+            "e-qknorm-lr2e-3", {**SMALL, "qk_norm": True}, "UF", [0], lr=2e-3, steps=6000
+        )
         return runs
-    if name == "probe2":   # second search: constant (undecayed) high lr, with and without qk-norm
+    if name == "probe2":  # second search: constant (undecayed) high lr, with and without qk-norm
         const = lambda lr: dict(lr=lr, min_lr=lr, steps=6000)  # noqa: E731  (min_lr = lr: no decay)
         runs = make_runs("f-const3e-3", SMALL, "UFS", [0], **const(3e-3))
-        runs += make_runs("g-qknorm-const3e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(3e-3))
-        runs += make_runs("h-qknorm-const6e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(6e-3))
-        runs += make_runs("i-n128b128-const2e-3", {**SMALL, "block_size": 128, "batch_size": 128}, "UF", [0],
-                      **const(2e-3))
+        runs += make_runs(
+            "g-qknorm-const3e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(3e-3)
+        )
+        runs += make_runs(
+            "h-qknorm-const6e-3", {**SMALL, "qk_norm": True}, "UF", [0], **const(6e-3)
+        )
+        runs += make_runs(
+            "i-n128b128-const2e-3",
+            {**SMALL, "block_size": 128, "batch_size": 128},
+            "UF",
+            [0],
+            **const(2e-3),
+        )
         runs += make_runs("j-const1e-3", SMALL, "UF", [1], **const(1e-3))
         return runs
-    if name == "seeds":    # three seeds (model init and batch order) of the most aggressive setting, U / F / S
+    if (
+        name == "seeds"
+    ):  # three seeds (model init and batch order) of the most aggressive setting, U / F / S
         return make_runs("f-const3e-3", SMALL, "UFS", [1, 2, 3], lr=3e-3, min_lr=3e-3, steps=6000)
     if name == "amplify":  # the amplifier: Ō with 3, 4, 5 mantissa bits, and bf16 itself, on 4 GPUs
         runs = make_runs("k3", AMP, "UF", [0], obits=3)
@@ -130,15 +172,21 @@ def plan(name: str) -> list[tuple[str, dict]]:
         runs += make_runs("k5", AMP, "U", [0], obits=5) + make_runs("k3", AMP, "R", [0], obits=3)
         runs += make_runs("k7", AMP, "UF", [0])
         return runs
-    if name == "amp_seeds":  # Ō with 4 mantissa bits: three seeds of U / F / S, and the ladder on seed 1
+    if (
+        name == "amp_seeds"
+    ):  # Ō with 4 mantissa bits: three seeds of U / F / S, and the ladder on seed 1
         runs = make_runs("k4", AMP, "UFS", [1, 2, 3], obits=4)
         runs += make_runs("k4", AMP, "TLPR", [1], obits=4)
         return runs
     if name == "amp_final":  # bf16 itself for longer, one GPU each; 5 bits: F, R, S; 6 bits: U
         long = dict(AMP, steps=60000)
-        runs = make_runs("k7long", long, "U", [0], gpu_slot=0) + make_runs("k7long", long, "F", [0], gpu_slot=1)
+        runs = make_runs("k7long", long, "U", [0], gpu_slot=0) + make_runs(
+            "k7long", long, "F", [0], gpu_slot=1
+        )
         runs += make_runs("k5", AMP, "RF", [0], obits=5, gpu_slot=2)
-        runs += make_runs("k5", AMP, "S", [0], obits=5, gpu_slot=3) + make_runs("k6", AMP, "U", [0], obits=6, gpu_slot=3)
+        runs += make_runs("k5", AMP, "S", [0], obits=5, gpu_slot=3) + make_runs(
+            "k6", AMP, "U", [0], obits=6, gpu_slot=3
+        )
         return runs
     if name == "bf16_long":  # real bf16, U and F, two seeds, one GPU each, until U explodes or 120k
         long = dict(AMP, steps=120_000, monitor_every=200, checkpoint_every=2_000)
@@ -154,7 +202,9 @@ def plan(name: str) -> list[tuple[str, dict]]:
         resumable = dict(AMP, checkpoint_every=2_000)
         runs = make_runs("k5", resumable, "U", [1, 2, 3], obits=5)
         runs += make_runs("k6", resumable, "U", [1, 2, 3], obits=6)
-        runs += make_runs("k5", resumable, "F", [1], obits=5) + make_runs("k6", resumable, "F", [1], obits=6)
+        runs += make_runs("k5", resumable, "F", [1], obits=5) + make_runs(
+            "k6", resumable, "F", [1], obits=6
+        )
         return runs
     if name == "controls":  # bias or size? Ō with 4 bits, the failing path, its control, 5 controls
         resumable = dict(AMP, checkpoint_every=2_000)
@@ -167,5 +217,17 @@ def plan(name: str) -> list[tuple[str, dict]]:
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 
-PLANS = ("tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final", "bf16_long", "bf16_real",
-         "amp_bits", "controls", "amp_fixes")
+PLANS = (
+    "tiny",
+    "probe",
+    "probe2",
+    "seeds",
+    "amplify",
+    "amp_seeds",
+    "amp_final",
+    "bf16_long",
+    "bf16_real",
+    "amp_bits",
+    "controls",
+    "amp_fixes",
+)

@@ -12,6 +12,7 @@ Three measurements, on the real-bf16 configuration of plan ``bf16_real`` (seed 0
 * **runs sharing one GPU**: k processes training at once, each its own run, and the steps/s
   that each of them and all of them together reach (k = 1, 2, 3, 4, 6).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,27 @@ from .plans import plan
 PLAN = "bf16_real"
 
 
-def trainer_for(variant: str = "U", seed: int = 0, monitor_every: int = 100,
-                steps: int | None = None, cuda_graph: bool = False):
+def trainer_for(
+    variant: str = "U",
+    seed: int = 0,
+    monitor_every: int = 100,
+    steps: int | None = None,
+    cuda_graph: bool = False,
+):
     """A Trainer of plan ``bf16_real``'s run of this variant and seed, writing to a temporary
     folder; ``cuda_graph`` replays its steps as a CUDA graph."""
     from .train import TrainConfig, Trainer
+
     name, opts = next((n, o) for n, o in plan(PLAN) if n == f"bf16-{variant}-s{seed}")
-    opts = {**opts, "monitor_every": monitor_every, "checkpoint_every": 0, "progress": False,
-            "out_dir": tempfile.mkdtemp(prefix="gpt2_profile_"), "name": name,
-            "cuda_graph": cuda_graph}
+    opts = {
+        **opts,
+        "monitor_every": monitor_every,
+        "checkpoint_every": 0,
+        "progress": False,
+        "out_dir": tempfile.mkdtemp(prefix="gpt2_profile_"),
+        "name": name,
+        "cuda_graph": cuda_graph,
+    }
     if steps is not None:
         opts["steps"] = steps
     return Trainer(TrainConfig(**opts))
@@ -43,6 +56,7 @@ def trainer_for(variant: str = "U", seed: int = 0, monitor_every: int = 100,
 
 def _sync(trainer):
     import torch
+
     if trainer.device.type == "cuda":
         torch.cuda.synchronize(trainer.device)
 
@@ -63,6 +77,7 @@ def profile_steps(trainer, steps: int = 5, top: int = 12) -> dict:
     """GPU kernel time, wall time and launches per step, and the costliest kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
     for _ in range(10):
         trainer.train_step()
     _sync(trainer)
@@ -79,10 +94,16 @@ def profile_steps(trainer, steps: int = 5, top: int = 12) -> dict:
         total, count = by_name.get(e.name, (0.0, 0))
         by_name[e.name] = (total + e.device_time, count + 1)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu_us / 1e3,
-            "launches_per_step": len(kernels) / steps, "profiled_wall_is_inflated_by_profiler": True,
-            "top_kernels": [{"name": n[:120], "ms_per_step": t / 1e3 / steps, "calls_per_step": c / steps}
-                            for n, (t, c) in ranked]}
+    return {
+        "wall_ms_per_step": 1e3 * wall,
+        "gpu_kernel_ms_per_step": gpu_us / 1e3,
+        "launches_per_step": len(kernels) / steps,
+        "profiled_wall_is_inflated_by_profiler": True,
+        "top_kernels": [
+            {"name": n[:120], "ms_per_step": t / 1e3 / steps, "calls_per_step": c / steps}
+            for n, (t, c) in ranked
+        ],
+    }
 
 
 def worker(variant: str, seed: int, steps: int, fast: bool = False) -> None:
@@ -95,15 +116,31 @@ def sharing(k: int, steps: int, fast: bool = False) -> dict:
     """k processes at once on this GPU (variants U, F, P and seeds 0, 1 in turn); ``fast``:
     each replays its steps as a CUDA graph."""
     runs = [("UFP"[i % 3], i // 3 % 2) for i in range(k)]
-    procs = [subprocess.Popen([sys.executable, "-m", "kernels.gpt2.profile", "--worker", v,
-                               str(s), str(steps), *(["--fast"] * fast)],
-                              stdout=subprocess.PIPE, text=True) for v, s in runs]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kernels.gpt2.profile",
+                "--worker",
+                v,
+                str(s),
+                str(steps),
+                *(["--fast"] * fast),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for v, s in runs
+    ]
     each = [json.loads(p.communicate()[0].strip().splitlines()[-1])["steps_per_s"] for p in procs]
     return {"processes": k, "steps_per_s_each": each, "steps_per_s_total": sum(each)}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="results")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--share", default="1,2,3,4,6", help="numbers of processes sharing the GPU")
@@ -113,6 +150,7 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.fast)
     from ..results import provenance
+
     alone = {}
     for variant in "UFP":
         trainer = trainer_for(variant)
@@ -125,13 +163,18 @@ def main(argv=None):
     shared = []
     for k in (int(x) for x in args.share.split(",") if x):
         shared.append(sharing(k, args.steps))
-        print(f"{k} processes: {shared[-1]['steps_per_s_total']:.1f} steps/s in all, "
-              f"{min(shared[-1]['steps_per_s_each']):.1f} the slowest", flush=True)
+        print(
+            f"{k} processes: {shared[-1]['steps_per_s_total']:.1f} steps/s in all, "
+            f"{min(shared[-1]['steps_per_s_each']):.1f} the slowest",
+            flush=True,
+        )
     command = f"python -m kernels.gpt2.profile --steps {args.steps} --share {args.share}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"provenance": provenance(command),
-              "data": {"plan": PLAN, "alone_steps_per_s": alone, "profile_U": prof, "sharing": shared}}
+    record = {
+        "provenance": provenance(command),
+        "data": {"plan": PLAN, "alone_steps_per_s": alone, "profile_U": prof, "sharing": shared},
+    }
     (out / "gpt2_step_profile.json").write_text(json.dumps(record, indent=1))
 
 

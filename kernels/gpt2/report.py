@@ -4,6 +4,7 @@ departures, the lean of the δ error, the fixes' tables. :mod:`.figures` draws t
 Every function takes a run (one training log) or the ``runs`` dict of a search record (name ->
 training log, see :mod:`kernels.gpt2.search`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,20 +13,45 @@ from ..results import load
 from .diagnostics import find_explosion
 from .plans import VARIANTS
 
-VARIANT_NAMES = {"U": "failing path (δ from rounded O)", "F": "control (δ from fp32 O)",
-                 "S": "fix: β = 2 rule", "P": "δ from rowsum(dP∘P)", "A": "torch SDPA",
-                 "R": "failing path, Ō rounded stochastically", "T": "failing path, tiles of 64",
-                 "L": "failing path in layer 0 only",
-                 "B": "control + constant δ bias", "N": "control + δ noise",
-                 "M": "failing path, δ error → its mean", "G": "failing path, δ error ± at random",
-                 "X": "failing path, exact O passed on", "C": "fix: β = 2, offset capped",
-                 "K": "fix: β = 2, ℓ clamped", "D": "fix: β = 2, capped and clamped",
-                 "Z": "the paper's fix as released (β = 2, clamped ℓ)"}
-VARIANT_COLOURS = {"U": "tab:red", "F": "tab:blue", "S": "tab:green", "P": "tab:purple", "A": "tab:gray",
-                   "R": "tab:orange", "T": "tab:brown", "L": "tab:pink", "B": "tab:olive",
-                   "N": "tab:cyan", "M": "darkred", "G": "salmon", "X": "indigo",
-                   "C": "tab:olive", "K": "0.35", "D": "tab:cyan", "Z": "tab:green"}
-FONT = 9        # smallest font size in the chapter's figures (points): legible at 720 px
+VARIANT_NAMES = {
+    "U": "failing path (δ from rounded O)",
+    "F": "control (δ from fp32 O)",
+    "S": "fix: β = 2 rule",
+    "P": "δ from rowsum(dP∘P)",
+    "A": "torch SDPA",
+    "R": "failing path, Ō rounded stochastically",
+    "T": "failing path, tiles of 64",
+    "L": "failing path in layer 0 only",
+    "B": "control + constant δ bias",
+    "N": "control + δ noise",
+    "M": "failing path, δ error → its mean",
+    "G": "failing path, δ error ± at random",
+    "X": "failing path, exact O passed on",
+    "C": "fix: β = 2, offset capped",
+    "K": "fix: β = 2, ℓ clamped",
+    "D": "fix: β = 2, capped and clamped",
+    "Z": "the paper's fix as released (β = 2, clamped ℓ)",
+}
+VARIANT_COLOURS = {
+    "U": "tab:red",
+    "F": "tab:blue",
+    "S": "tab:green",
+    "P": "tab:purple",
+    "A": "tab:gray",
+    "R": "tab:orange",
+    "T": "tab:brown",
+    "L": "tab:pink",
+    "B": "tab:olive",
+    "N": "tab:cyan",
+    "M": "darkred",
+    "G": "salmon",
+    "X": "indigo",
+    "C": "tab:olive",
+    "K": "0.35",
+    "D": "tab:cyan",
+    "Z": "tab:green",
+}
+FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
 
 # Rough speed of other GPUs relative to an H200 for this small, memory-bound model (an estimate
 # from memory bandwidth, not a measurement).
@@ -47,8 +73,11 @@ def run_label(name: str, run: dict | None = None) -> str:
     """A run in words, for tables and legends: 'Ō with 4 bits, seed 1' or 'BF16, seed 0'
     (``run`` gives the width of Ō; without it the name's prefix does)."""
     config, _, seed = parse_name(name)
-    bits = obits_of(run) if run is not None else (
-        int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
+    bits = (
+        obits_of(run)
+        if run is not None
+        else (int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
+    )
     return f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
 
 
@@ -58,7 +87,7 @@ def smooth(steps, values, width: int = 10):
     steps, values = np.asarray(steps), np.asarray(values, dtype=float)
     width = max(1, min(width, len(values)))
     averaged = np.convolve(values, np.ones(width) / width, mode="valid")
-    return steps[(width - 1) // 2:][:len(averaged)], averaged
+    return steps[(width - 1) // 2 :][: len(averaged)], averaged
 
 
 def monitor_series(run: dict, key: str, layer: int | None = None):
@@ -69,7 +98,7 @@ def monitor_series(run: dict, key: str, layer: int | None = None):
         if key == "wq":
             per_layer = [max(w) for w in m["wq_norms"]]
         elif key in ("rows_tied_bf16", "rows_p1_fa2"):
-            per_layer = [100.0 * st[key] / st["rows"] for st in m["layers"]]   # percent of rows
+            per_layer = [100.0 * st[key] / st["rows"] for st in m["layers"]]  # percent of rows
         else:
             per_layer = [st.get(key) for st in m["layers"]]
         if any(v is None for v in per_layer):
@@ -87,18 +116,33 @@ def summary_rows(runs: dict) -> list[dict]:
         h, cfg = run["history"], run["config"]
         boom = find_explosion(h["step"], h["loss"])
         tail = np.asarray(h["loss"][-20:], dtype=float)
-        rows.append({"run": name, "config": config, "variant": variant, "seed": seed,
-                     "attention": cfg["attn"], "lr": cfg["lr"], "decay": cfg["min_lr"] < cfg["lr"],
-                     "steps": run["summary"]["steps_done"], "steps_per_s": run["summary"]["steps_per_s"],
-                     "tokens_M": run["summary"]["steps_done"] * cfg["batch_size"] * cfg["block_size"] / 1e6,
-                     "min_loss": float(np.nanmin(h["loss"])), "final_loss": float(np.mean(tail)),
-                     "explosion_step": boom})
+        rows.append(
+            {
+                "run": name,
+                "config": config,
+                "variant": variant,
+                "seed": seed,
+                "attention": cfg["attn"],
+                "lr": cfg["lr"],
+                "decay": cfg["min_lr"] < cfg["lr"],
+                "steps": run["summary"]["steps_done"],
+                "steps_per_s": run["summary"]["steps_per_s"],
+                "tokens_M": run["summary"]["steps_done"]
+                * cfg["batch_size"]
+                * cfg["block_size"]
+                / 1e6,
+                "min_loss": float(np.nanmin(h["loss"])),
+                "final_loss": float(np.mean(tail)),
+                "explosion_step": boom,
+            }
+        )
     return rows
 
 
 def obits_of(run: dict) -> int:
     """Mantissa bits of Ō in a run (7 = bf16; fewer = the amplifier)."""
     from .attention import parse_spec
+
     return parse_spec(run["config"]["attn"]).obits
 
 
@@ -107,18 +151,29 @@ def outcome(run: dict) -> dict:
     or ``None`` for both if it did neither within the ``steps`` it reached."""
     h = run["history"]
     losses = np.asarray(h["loss"], dtype=float)
-    nonfinite = int(h["step"][int(np.argmax(~np.isfinite(losses)))]) if (~np.isfinite(losses)).any() else None
+    nonfinite = (
+        int(h["step"][int(np.argmax(~np.isfinite(losses)))])
+        if (~np.isfinite(losses)).any()
+        else None
+    )
     boom = find_explosion(h["step"], h["loss"])
     event = boom if nonfinite is None or (boom is not None and boom < nonfinite) else nonfinite
     wall = None if event is None else h["wall_s"][h["step"].index(event)]
     kind = None if event is None else ("NaN" if event == nonfinite else "explosion")
-    return {"event": kind, "step": event, "wall_s": wall, "steps": run["summary"]["steps_done"],
-            "steps_per_s": run["summary"]["steps_per_s"], "obits": obits_of(run)}
+    return {
+        "event": kind,
+        "step": event,
+        "wall_s": wall,
+        "steps": run["summary"]["steps_done"],
+        "steps_per_s": run["summary"]["steps_per_s"],
+        "obits": obits_of(run),
+    }
 
 
 def outcome_table(runs: dict):
     """A pandas table of :func:`outcome` for every run, with its configuration, variant and seed."""
     import pandas as pd
+
     rows = []
     for name, run in runs.items():
         config, variant, seed = parse_name(name)
@@ -134,15 +189,42 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
         return None, "no GPU"
     factor = next((f for key, f in GPU_FACTORS.items() if key in gpu_name.upper()), 0.3)
     rate = measured_steps_per_s * factor
-    return steps / rate / 60.0, f"{gpu_name}: ~{factor:g}× an H200 (rough guess) → ~{rate:.0f} steps/s"
+    return (
+        steps / rate / 60.0,
+        f"{gpu_name}: ~{factor:g}× an H200 (rough guess) → ~{rate:.0f} steps/s",
+    )
 
 
-__all__ = ["VARIANTS", "load_search", "summary_rows", "monitor_series", "estimate_minutes",
-           "parse_name", "VARIANT_NAMES", "VARIANT_COLOURS", "outcome", "outcome_table",
-           "obits_of", "PAIRS", "DEPARTURE_RULES", "rolling_mean", "departure", "pair_departures",
-           "departure_table", "delta_bias_share", "matched_delta_stats", "FONT", "EVENT_WORDS",
-           "FIX_ORDER", "fix_runs", "wq_ratio", "wq_growth", "fix_table", "run_label",
-           "runaway_step"]
+__all__ = [
+    "VARIANTS",
+    "load_search",
+    "summary_rows",
+    "monitor_series",
+    "estimate_minutes",
+    "parse_name",
+    "VARIANT_NAMES",
+    "VARIANT_COLOURS",
+    "outcome",
+    "outcome_table",
+    "obits_of",
+    "PAIRS",
+    "DEPARTURE_RULES",
+    "rolling_mean",
+    "departure",
+    "pair_departures",
+    "departure_table",
+    "delta_bias_share",
+    "matched_delta_stats",
+    "FONT",
+    "EVENT_WORDS",
+    "FIX_ORDER",
+    "fix_runs",
+    "wq_ratio",
+    "wq_growth",
+    "fix_table",
+    "run_label",
+    "runaway_step",
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,14 +233,24 @@ __all__ = ["VARIANTS", "load_search", "summary_rows", "monitor_series", "estimat
 # Pairs of stored runs that differ only in where δ comes from: (failing path, fp32-O control),
 # same seed, batch order, schedule and mantissa bits of Ō. ``k5-U-s0`` (plan amplify) and
 # ``k5-F-s0`` (plan amp_final) were made by two calls of the same code and options.
-PAIRS = (("k3-U-s0", "k3-F-s0"), ("k4-U-s1", "k4-F-s1"), ("k4-U-s2", "k4-F-s2"),
-         ("k4-U-s3", "k4-F-s3"), ("k5-U-s0", "k5-F-s0"), ("k7-U-s0", "k7-F-s0"),
-         ("k7long-U-s0", "k7long-F-s0"))
+PAIRS = (
+    ("k3-U-s0", "k3-F-s0"),
+    ("k4-U-s1", "k4-F-s1"),
+    ("k4-U-s2", "k4-F-s2"),
+    ("k4-U-s3", "k4-F-s3"),
+    ("k5-U-s0", "k5-F-s0"),
+    ("k7-U-s0", "k7-F-s0"),
+    ("k7long-U-s0", "k7long-F-s0"),
+)
 # How far above the control, and smoothed over how many monitoring points, counts as "left":
 # ‖W_Q‖ is smooth (25 % above, no smoothing); the tie share and the rank-1 cosines are noisy
 # from step to step (10 % and 25 % above the control, over 5 points = 500 steps).
-DEPARTURE_RULES = {"wq": (1.25, 1), "rows_tied_bf16": (1.10, 5), "rank1_token_cos": (1.25, 5),
-                   "rank1_step_cos": (1.05, 5)}
+DEPARTURE_RULES = {
+    "wq": (1.25, 1),
+    "rows_tied_bf16": (1.10, 5),
+    "rank1_token_cos": (1.25, 5),
+    "rank1_step_cos": (1.05, 5),
+}
 
 
 def rolling_mean(values, width: int) -> np.ndarray:
@@ -167,7 +259,7 @@ def rolling_mean(values, width: int) -> np.ndarray:
     if width <= 1:
         return values
     half = width // 2
-    return np.array([np.mean(values[max(0, i - half):i + half + 1]) for i in range(len(values))])
+    return np.array([np.mean(values[max(0, i - half) : i + half + 1]) for i in range(len(values))])
 
 
 def departure(steps_a, a, steps_b, b, ratio: float, width: int = 1):
@@ -200,22 +292,33 @@ def pair_departures(failing: dict, control: dict, layer: int = 0, rules=None) ->
 def departure_table(runs: dict, pairs=PAIRS, layer: int = 0, rules=None):
     """A pandas table of :func:`pair_departures`, one row per pair present in ``runs``."""
     import pandas as pd
+
     rows = []
     for fail, ctrl in pairs:
         if fail in runs and ctrl in runs:
-            rows.append({"failing": fail, "control": ctrl, "obits": obits_of(runs[fail]),
-                         "steps": runs[fail]["summary"]["steps_done"],
-                         "schedule": runs[fail]["config"]["steps"],
-                         **pair_departures(runs[fail], runs[ctrl], layer, rules)})
+            rows.append(
+                {
+                    "failing": fail,
+                    "control": ctrl,
+                    "obits": obits_of(runs[fail]),
+                    "steps": runs[fail]["summary"]["steps_done"],
+                    "schedule": runs[fail]["config"]["steps"],
+                    **pair_departures(runs[fail], runs[ctrl], layer, rules),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def delta_bias_share(run: dict, layer: int = 0, before=None) -> float:
     """Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the monitoring steps before ``before`` (all if None):
     0 = no bias, +1 or −1 = every row's error of one sign."""
-    stats = [m["layers"][layer] for m in run["monitor"]
-             if (before is None or m["step"] < before) and "delta_abs" in m["layers"][layer]
-             and np.isfinite(m["layers"][layer]["delta_abs"])]
+    stats = [
+        m["layers"][layer]
+        for m in run["monitor"]
+        if (before is None or m["step"] < before)
+        and "delta_abs" in m["layers"][layer]
+        and np.isfinite(m["layers"][layer]["delta_abs"])
+    ]
     total = sum(s["delta_abs"] for s in stats)
     return sum(s["delta_err"] for s in stats) / total if total else float("nan")
 
@@ -235,15 +338,17 @@ def matched_delta_stats(runs: dict, seeds=("s1", "s2", "s3"), first_step: int = 
             if per_layer is None:
                 per_layer = [([], []) for _ in m["layers"]]
             for (means, abss), st in zip(per_layer, m["layers"]):
-                rows = st["rows"] / fail["config"]["batch_size"]         # heads × tokens
+                rows = st["rows"] / fail["config"]["batch_size"]  # heads × tokens
                 means.append(st["delta_err"] / rows)
                 abss.append(st["delta_abs"] / rows)
-    return {"mean": tuple(float(np.mean(m)) for m, _ in per_layer),
-            "mean_abs": tuple(float(np.mean(a)) for _, a in per_layer)}
+    return {
+        "mean": tuple(float(np.mean(m)) for m, _ in per_layer),
+        "mean_abs": tuple(float(np.mean(a)) for _, a in per_layer),
+    }
 
 
 EVENT_WORDS = {"explosion": "exploded", "NaN": "went NaN"}
-FIX_ORDER = "USCKDPF"   # the failing path, the β rule and its repairs, then the two δ routes
+FIX_ORDER = "USCKDPF"  # the failing path, the β rule and its repairs, then the two δ routes
 
 
 def fix_runs(stored: dict) -> dict:
@@ -251,9 +356,13 @@ def fix_runs(stored: dict) -> dict:
     ``F``, the β rule ``S`` and ``P`` on seed 1 (plan ``amp_seeds``) with the repaired β rules
     ``C``, ``K``, ``D`` and ``P`` on seeds 2-3 (plan ``amp_fixes``; ``stored`` maps the runs of
     both files by name)."""
-    return {name: run for name, run in stored.items()
-            if name.split("-")[0] in ("k4", "k4f") and parse_name(name)[1] in FIX_ORDER
-            and parse_name(name)[2] in ("s1", "s2", "s3")}
+    return {
+        name: run
+        for name, run in stored.items()
+        if name.split("-")[0] in ("k4", "k4f")
+        and parse_name(name)[1] in FIX_ORDER
+        and parse_name(name)[2] in ("s1", "s2", "s3")
+    }
 
 
 def wq_ratio(run: dict, control: dict, layer: int = 0):
@@ -262,8 +371,7 @@ def wq_ratio(run: dict, control: dict, layer: int = 0):
     s_run, w_run = monitor_series(run, "wq", layer)
     s_ctl, w_ctl = monitor_series(control, "wq", layer)
     keep_run, keep_ctl = np.isfinite(w_run), np.isfinite(w_ctl)
-    steps, at_run, at_ctl = np.intersect1d(s_run[keep_run], s_ctl[keep_ctl],
-                                           return_indices=True)
+    steps, at_run, at_ctl = np.intersect1d(s_run[keep_run], s_ctl[keep_ctl], return_indices=True)
     return steps, w_run[keep_run][at_run] / w_ctl[keep_ctl][at_ctl]
 
 
@@ -273,7 +381,7 @@ def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10
     level, so runs without a control of their own can be compared (None: never)."""
     steps, wq = monitor_series(run, "wq", layer)
     if not len(steps) or steps[-1] <= after:
-        return None                     # the run never got past ``after``
+        return None  # the run never got past ``after``
     base = wq[np.searchsorted(steps, after)]
     later = steps[(steps > after) & (wq > factor * base)]
     return int(later[0]) if len(later) else None
@@ -290,6 +398,7 @@ def fix_table(runs: dict):
     """Per variant of :data:`FIX_ORDER`: seeds, how many failed (explosion or NaN), and the
     steps of those events or the steps reached."""
     import pandas as pd
+
     rows = []
     for variant in FIX_ORDER:
         names = sorted(n for n in runs if parse_name(n)[1] == variant)
@@ -298,12 +407,20 @@ def fix_table(runs: dict):
         outs = [outcome(runs[n]) for n in names]
         ended = [o["step"] for o in outs if o["step"] is not None]
         alive = [o["steps"] for o in outs if o["step"] is None]
-        rows.append({"variant": variant, "what": VARIANT_NAMES[variant], "runs": len(names),
-                     "failed": len(ended),
-                     "events": "; ".join(
-                         f"{EVENT_WORDS[kind]} at "
-                         + ", ".join(f"{o['step']:,}" for o in outs if o["event"] == kind)
-                         for kind in ("explosion", "NaN")
-                         if any(o["event"] == kind for o in outs)) or "none",
-                     "reached": max(alive) if alive else None})
+        rows.append(
+            {
+                "variant": variant,
+                "what": VARIANT_NAMES[variant],
+                "runs": len(names),
+                "failed": len(ended),
+                "events": "; ".join(
+                    f"{EVENT_WORDS[kind]} at "
+                    + ", ".join(f"{o['step']:,}" for o in outs if o["event"] == kind)
+                    for kind in ("explosion", "NaN")
+                    if any(o["event"] == kind for o in outs)
+                )
+                or "none",
+                "reached": max(alive) if alive else None,
+            }
+        )
     return pd.DataFrame(rows)

@@ -36,6 +36,7 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,21 +50,40 @@ from pathlib import Path
 from .plans import PLANS, plan, variant_options
 
 
-def run_inline(base: dict, variants: str = "UFS", seed: int = 0, corpus=None, out_dir=None,
-               progress: bool = True, obits: int = 7, prefix: str = "cpu") -> dict:
+def run_inline(
+    base: dict,
+    variants: str = "UFS",
+    seed: int = 0,
+    corpus=None,
+    out_dir=None,
+    progress: bool = True,
+    obits: int = 7,
+    prefix: str = "cpu",
+) -> dict:
     """Train the variants of one configuration one after another in this process (same seed, same
     batch order) and return {name: log record} like a stored search. For small CPU demos.
     ``out_dir`` None: a fresh temporary folder (two notebooks running at once do not collide)."""
     import tempfile
+
     from .data import load_corpus
     from .train import TrainConfig, Trainer
+
     out_dir = out_dir or tempfile.mkdtemp(prefix="gpt2_inline_")
     corpus = corpus or load_corpus("stdlib", max_bytes=base.get("max_bytes") or None)
     records = {}
     for variant in variants:
         name = f"{prefix}-{variant}-s{seed}"
-        cfg = TrainConfig(**{**base, **variant_options(variant, obits), "name": name, "seed": seed,
-                             "data_seed": seed, "out_dir": str(out_dir), "progress": progress})
+        cfg = TrainConfig(
+            **{
+                **base,
+                **variant_options(variant, obits),
+                "name": name,
+                "seed": seed,
+                "data_seed": seed,
+                "out_dir": str(out_dir),
+                "progress": progress,
+            }
+        )
         Trainer(cfg, corpus).run()
         records[name] = json.loads((Path(out_dir) / f"{name}.json").read_text())
     return records
@@ -87,6 +107,7 @@ def _order_path(work: Path, opts: dict) -> Path:
 def _record_orders(runs, work: Path) -> None:
     """Draw each batch order once, before any run starts, long enough for every run that uses it."""
     from .data import BatchOrder, load_corpus
+
     need = {}
     for _, opts in runs:
         key = (opts.get("max_bytes", 0), opts["batch_size"], opts["block_size"], opts["data_seed"])
@@ -100,6 +121,7 @@ def _record_orders(runs, work: Path) -> None:
 def _visible_gpus() -> list[str]:
     """CUDA device ids to deal runs out to ([] on a machine without a GPU)."""
     import torch
+
     if not torch.cuda.is_available():
         return []
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -143,16 +165,38 @@ def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
         if resumable:
             rec, final = _previous(work, name)
             if final:
-                records[name] = {**rec, "returncode": None, "stdout_tail": "ended in an earlier call"}
+                records[name] = {
+                    **rec,
+                    "returncode": None,
+                    "stdout_tail": "ended in an earlier call",
+                }
                 continue
         order = _order_path(work, opts)
         resume = ["--resume"] if resumable and (work / f"{name}.ckpt.pt").exists() else []
-        argv = [sys.executable, "-m", "kernels.gpt2.train", "--name", name, "--out-dir", str(work),
-                "--max-minutes", f"{minutes:.3f}", "--no-progress", "--stop-after-explosion", "400",
-                "--batch-order", str(order), *resume, *_argv(opts)]
+        argv = [
+            sys.executable,
+            "-m",
+            "kernels.gpt2.train",
+            "--name",
+            name,
+            "--out-dir",
+            str(work),
+            "--max-minutes",
+            f"{minutes:.3f}",
+            "--no-progress",
+            "--stop-after-explosion",
+            "400",
+            "--batch-order",
+            str(order),
+            *resume,
+            *_argv(opts),
+        ]
         log = open(work / f"{name}.stdout", "a" if resume else "w")
         run_env = env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
-        procs[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=run_env), log)
+        procs[name] = (
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=run_env),
+            log,
+        )
     deadline = time.time() + 60 * minutes + 90
     while time.time() < deadline and any(p.poll() is None for p, _ in procs.values()):
         time.sleep(5)
@@ -182,14 +226,64 @@ def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
     then the SDPA baseline alone: checks DDP and measures single-process speed. Writes
     ``gpt2_ddp_log.txt`` (everything printed) and ``gpt2_ddp.json`` (the three logs, with provenance)."""
     from ..results import provenance
-    common = ["--n-layer", "4", "--n-head", "4", "--n-embd", "256", "--block-size", "256", "--batch-size", "64",
-              "--lr", "1e-3", "--warmup", "50", "--steps", str(steps), "--monitor-every", "100",
-              "--log-every", "10", "--no-progress", "--out-dir", str(work)]
+
+    common = [
+        "--n-layer",
+        "4",
+        "--n-head",
+        "4",
+        "--n-embd",
+        "256",
+        "--block-size",
+        "256",
+        "--batch-size",
+        "64",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "50",
+        "--steps",
+        str(steps),
+        "--monitor-every",
+        "100",
+        "--log-every",
+        "10",
+        "--no-progress",
+        "--out-dir",
+        str(work),
+    ]
     commands = {
-        "ddp2-paper": ["torchrun", "--nproc_per_node=2", "-m", "kernels.gpt2.train", "--name", "ddp2-paper",
-                       "--attn", "paper", *common],
-        "single-paper": [sys.executable, "-m", "kernels.gpt2.train", "--name", "single-paper", "--attn", "paper", *common],
-        "single-sdpa": [sys.executable, "-m", "kernels.gpt2.train", "--name", "single-sdpa", "--attn", "sdpa", *common],
+        "ddp2-paper": [
+            "torchrun",
+            "--nproc_per_node=2",
+            "-m",
+            "kernels.gpt2.train",
+            "--name",
+            "ddp2-paper",
+            "--attn",
+            "paper",
+            *common,
+        ],
+        "single-paper": [
+            sys.executable,
+            "-m",
+            "kernels.gpt2.train",
+            "--name",
+            "single-paper",
+            "--attn",
+            "paper",
+            *common,
+        ],
+        "single-sdpa": [
+            sys.executable,
+            "-m",
+            "kernels.gpt2.train",
+            "--name",
+            "single-sdpa",
+            "--attn",
+            "sdpa",
+            *common,
+        ],
     }
     out.mkdir(parents=True, exist_ok=True)
     runs = {}
@@ -198,11 +292,21 @@ def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
         for name, cmd in commands.items():
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            done = subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
             log.write(f"[exit code {done.returncode}]\n")
             path = work / f"{name}.json"
-            runs[name] = json.loads(path.read_text()) if path.exists() else {"summary": {"status": "no log"}}
-    record = {"provenance": provenance("python -m kernels.gpt2.search --plan ddp"), "data": {"runs": runs}}
+            runs[name] = (
+                json.loads(path.read_text()) if path.exists() else {"summary": {"status": "no log"}}
+            )
+    record = {
+        "provenance": provenance("python -m kernels.gpt2.search --plan ddp"),
+        "data": {"runs": runs},
+    }
     with open(out / "gpt2_ddp.json", "w") as f:
         json.dump(record, f, separators=(",", ":"))
     a, b = runs["ddp2-paper"].get("history", {}), runs["single-paper"].get("history", {})
@@ -214,16 +318,22 @@ def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--plan", required=True, choices=(*PLANS, "ddp"))
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--out", default="results")
     parser.add_argument("--work", default="/tmp/gpt2_search")
     parser.add_argument("--only", default="", help="comma-separated parts of run names to run")
-    parser.add_argument("--fast", action="store_true",
-                        help="replay each step as a CUDA graph (kernels.gpt2.graphs; same numbers)")
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="replay each step as a CUDA graph (kernels.gpt2.graphs; same numbers)",
+    )
     args = parser.parse_args(argv)
     from ..results import provenance
+
     if args.plan == "ddp":
         return ddp_check(Path(args.out), Path(args.work) / "ddp")
     runs = select(plan(args.plan), args.only)
@@ -233,10 +343,16 @@ def main(argv=None):
     records = launch(runs, args.minutes, Path(args.work) / args.plan)
     only = (f" --only {args.only}" if args.only else "") + (" --fast" if args.fast else "")
     command = f"python -m kernels.gpt2.search --plan {args.plan}{only} --minutes {args.minutes}"
-    packed = {"provenance": provenance(command),
-              "data": {"plan": args.plan, "wall_s": time.time() - started, "concurrent_processes": len(runs),
-                       "gpus": max(1, len(_visible_gpus())),
-                       "runs": records}}
+    packed = {
+        "provenance": provenance(command),
+        "data": {
+            "plan": args.plan,
+            "wall_s": time.time() - started,
+            "concurrent_processes": len(runs),
+            "gpus": max(1, len(_visible_gpus())),
+            "runs": records,
+        },
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_" + args.only.replace(",", "_") if args.only else ""
@@ -244,8 +360,10 @@ def main(argv=None):
         json.dump(packed, f, separators=(",", ":"))
     for name, rec in records.items():
         s = rec["summary"]
-        print(f"{name:28s} {s.get('status', '')[:40]:40s} steps {s.get('steps_done')} "
-              f"min {s.get('min_loss')} final {s.get('final_loss')} boom {s.get('explosion_step')}")
+        print(
+            f"{name:28s} {s.get('status', '')[:40]:40s} steps {s.get('steps_done')} "
+            f"min {s.get('min_loss')} final {s.get('final_loss')} boom {s.get('explosion_step')}"
+        )
 
 
 if __name__ == "__main__":

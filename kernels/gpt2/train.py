@@ -18,6 +18,7 @@ one launch.
 supports bf16); on older GPUs (T4) pass ``--autocast off``: the model then runs in fp32 around the
 "paper" attention, which rounds to bf16 by itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import BatchOrder, eval_batches, load_corpus
 from .checkpoint import Checkpointing
+from .data import BatchOrder, eval_batches, load_corpus
 from .diagnostics import find_explosion
 from .model import GPT, GPTConfig
 
@@ -47,35 +48,37 @@ class TrainConfig:
     n_embd: int = 256
     block_size: int = 256
     attn: str = "sdpa"
-    layer_attn: str = ""          # "1=paper;3=paper:delta=o_fp32" overrides single layers (0-based)
+    layer_attn: str = ""  # "1=paper;3=paper:delta=o_fp32" overrides single layers (0-based)
     qk_norm: bool = False
     # optimisation
     steps: int = 2000
-    batch_size: int = 64          # global sequences per step (split across GPUs under DDP)
+    batch_size: int = 64  # global sequences per step (split across GPUs under DDP)
     lr: float = 1e-3
     min_lr: float = 1e-5
     warmup: int = 200
-    decay_steps: int = 0          # cosine decay ends here (0 = at ``steps``); min_lr after it
+    decay_steps: int = 0  # cosine decay ends here (0 = at ``steps``); min_lr after it
     grad_clip: float = 1.0
     weight_decay: float = 0.0
-    seed: int = 0                 # model initialisation
-    data_seed: int = 0            # the batch order
+    seed: int = 0  # model initialisation
+    data_seed: int = 0  # the batch order
     # data
     data: str = "stdlib"
-    max_bytes: int = 0            # 0 = the whole corpus
-    batch_order: str = ""         # .npy of recorded offsets; drawn from data_seed and saved if missing
+    max_bytes: int = 0  # 0 = the whole corpus
+    batch_order: str = ""  # .npy of recorded offsets; drawn from data_seed and saved if missing
     # precision and device
-    autocast: str = "bf16"        # "bf16" or "off"
+    autocast: str = "bf16"  # "bf16" or "off"
     device: str = "auto"
-    cuda_graph: bool = False      # replay each step as a CUDA graph (one GPU): same numbers, faster
+    cuda_graph: bool = False  # replay each step as a CUDA graph (one GPU): same numbers, faster
     # logging
     out_dir: str = "runs"
     log_every: int = 10
-    monitor_every: int = 100      # diagnostics (norms, ties, shadow δ pass); 0 = never
+    monitor_every: int = 100  # diagnostics (norms, ties, shadow δ pass); 0 = never
     eval_every: int = 0
-    max_minutes: float = 0.0      # stop this call after this wall time (0 = no limit)
-    stop_at: int = 0              # stop this call at this step, to resume later (0 = never)
-    stop_after_explosion: int = 0  # stop once the loss has stayed exploded this many steps (0 = never)
+    max_minutes: float = 0.0  # stop this call after this wall time (0 = no limit)
+    stop_at: int = 0  # stop this call at this step, to resume later (0 = never)
+    stop_after_explosion: int = (
+        0  # stop once the loss has stayed exploded this many steps (0 = never)
+    )
     checkpoint_every: int = 0
     resume: bool = False
     progress: bool = True
@@ -87,9 +90,16 @@ class TrainConfig:
             if not eq:
                 raise ValueError(f"layer_attn item {item!r} is not 'layer=spec'")
             layer_attn[int(layer)] = spec
-        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, attn=self.attn,
-                         layer_attn=layer_attn, qk_norm=self.qk_norm)
+        return GPTConfig(
+            vocab_size=vocab_size,
+            block_size=self.block_size,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            n_embd=self.n_embd,
+            attn=self.attn,
+            layer_attn=layer_attn,
+            qk_norm=self.qk_norm,
+        )
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -107,6 +117,7 @@ def _distributed():
     if "RANK" not in os.environ:
         return 0, 1, 0
     import torch.distributed as dist
+
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend)
@@ -133,7 +144,7 @@ class Trainer(Checkpointing):
         if cfg.batch_size % self.world:
             raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {self.world} GPUs")
         self.device = _device(cfg, local_rank)
-        torch.backends.cuda.matmul.allow_tf32 = False    # fp32 means fp32 in the emulated paths
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in the emulated paths
         torch.backends.cudnn.allow_tf32 = False
         self.corpus = corpus or load_corpus(cfg.data, max_bytes=cfg.max_bytes or None)
         self.order = self._batch_order()
@@ -142,14 +153,20 @@ class Trainer(Checkpointing):
         self.ddp = None
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
+
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         fused = self.device.type == "cuda"
         # a CUDA graph needs the learning rate as a tensor it can read at replay
         lr = torch.tensor(cfg.lr, device=self.device) if cfg.cuda_graph else cfg.lr
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.95),
-                                     weight_decay=cfg.weight_decay, fused=fused,
-                                     capturable=cfg.cuda_graph)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr,
+            betas=(0.9, 0.95),
+            weight_decay=cfg.weight_decay,
+            fused=fused,
+            capturable=cfg.cuda_graph,
+        )
         self.step = 0
         self.history = {k: [] for k in ("step", "loss", "lr", "grad_norm", "wall_s")}
         self.monitor = []
@@ -157,7 +174,7 @@ class Trainer(Checkpointing):
         self.delta_running = [0.0] * cfg.n_layer
         self.wall_offset = 0.0
         self.status = "running"
-        self.ema, self.ema_min, self.exploded_for = None, math.inf, 0   # explosion detector
+        self.ema, self.ema_min, self.exploded_for = None, math.inf, 0  # explosion detector
         self.out_dir = Path(cfg.out_dir)
         if self.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +183,7 @@ class Trainer(Checkpointing):
         self.graphed = None
         if cfg.cuda_graph:
             from .graphs import GraphedStep
+
             self.graphed = GraphedStep(self)
 
     # ---------------------------------------------------------------- data
@@ -175,20 +193,28 @@ class Trainer(Checkpointing):
         if path is not None and path.exists():
             order = BatchOrder.load(path)
             if order.offsets.shape[1] != cfg.batch_size or order.steps < cfg.steps:
-                raise ValueError(f"recorded batch order {path} is {order.offsets.shape}, need "
-                                 f"≥ {cfg.steps} steps of {cfg.batch_size} sequences")
+                raise ValueError(
+                    f"recorded batch order {path} is {order.offsets.shape}, need "
+                    f"≥ {cfg.steps} steps of {cfg.batch_size} sequences"
+                )
             return order
-        order = BatchOrder.draw(len(self.corpus.train), cfg.steps, cfg.batch_size, cfg.block_size, cfg.data_seed)
+        order = BatchOrder.draw(
+            len(self.corpus.train), cfg.steps, cfg.batch_size, cfg.block_size, cfg.data_seed
+        )
         if path is not None and self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             order.save(path)
         return order
 
     def batch(self, step: int):
-        return self.order.batch(self.corpus.train, step, self.cfg.block_size, self.rank, self.world, self.device)
+        return self.order.batch(
+            self.corpus.train, step, self.cfg.block_size, self.rank, self.world, self.device
+        )
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast == "bf16")
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast == "bf16"
+        )
 
     # ---------------------------------------------------------------- one step
     def train_step(self) -> tuple[float, float]:
@@ -201,7 +227,7 @@ class Trainer(Checkpointing):
             else:
                 group["lr"] = lr_at(step, cfg)
         x, y = self.batch(step)
-        if self.graphed is not None and not monitoring:   # monitoring steps run eagerly
+        if self.graphed is not None and not monitoring:  # monitoring steps run eagerly
             loss, grad_norm = self.graphed(x, y)
         else:
             loss, grad_norm = self.eager_step(x, y)
@@ -233,8 +259,13 @@ class Trainer(Checkpointing):
     def evaluate(self, n_batches: int = 4) -> float:
         self.model.eval()
         losses = []
-        for x, y in eval_batches(self.corpus.val, n_batches, max(1, self.cfg.batch_size // self.world),
-                                 self.cfg.block_size, self.device):
+        for x, y in eval_batches(
+            self.corpus.val,
+            n_batches,
+            max(1, self.cfg.batch_size // self.world),
+            self.cfg.block_size,
+            self.device,
+        ):
             with self.autocast():
                 losses.append(float(self.model(x, y)[1]))
         self.model.train()
@@ -244,10 +275,16 @@ class Trainer(Checkpointing):
     def run(self) -> dict:
         cfg = self.cfg
         from tqdm.std import tqdm
+
         call_start = time.time()
-        start = call_start - self.wall_offset          # wall time counts across resumed calls
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.name, mininterval=5,
-                   disable=not (cfg.progress and self.rank == 0))
+        start = call_start - self.wall_offset  # wall time counts across resumed calls
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc=cfg.name,
+            mininterval=5,
+            disable=not (cfg.progress and self.rank == 0),
+        )
         self.status = "running"
         while self.step < cfg.steps:
             step = self.step
@@ -266,7 +303,7 @@ class Trainer(Checkpointing):
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self.evals.append({"step": step, "val_loss": self.evaluate()})
             if cfg.monitor_every and step % (5 * cfg.monitor_every) == 0 and self.rank == 0:
-                self.write_json(time.time() - start)       # a killed run still leaves its log
+                self.write_json(time.time() - start)  # a killed run still leaves its log
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.wall_offset = time.time() - start
                 self.save_checkpoint()
@@ -277,7 +314,7 @@ class Trainer(Checkpointing):
                 stop = f"stopped: paused at step {self.step}"
             if stop:
                 self.status = stop
-                if cfg.checkpoint_every:                    # resumable: leave the exact state
+                if cfg.checkpoint_every:  # resumable: leave the exact state
                     self.wall_offset = time.time() - start
                     self.save_checkpoint()
                 break
@@ -292,12 +329,15 @@ class Trainer(Checkpointing):
         cfg = self.cfg
         self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
         self.ema_min = min(self.ema_min, self.ema)
-        self.exploded_for = self.exploded_for + cfg.log_every if self.ema > self.ema_min + 1.0 else 0
+        self.exploded_for = (
+            self.exploded_for + cfg.log_every if self.ema > self.ema_min + 1.0 else 0
+        )
         return bool(cfg.stop_after_explosion and self.exploded_for >= cfg.stop_after_explosion)
 
     def _mean_over_ranks(self, loss) -> float:
         if self.world > 1:
             import torch.distributed as dist
+
             loss = loss.clone()
             dist.all_reduce(loss)
             loss /= self.world
@@ -305,8 +345,10 @@ class Trainer(Checkpointing):
 
     def _log(self, step, loss, grad_norm, wall):
         h = self.history
-        for key, val in zip(("step", "loss", "lr", "grad_norm", "wall_s"),
-                            (step, loss, lr_at(step, self.cfg), grad_norm, wall)):
+        for key, val in zip(
+            ("step", "loss", "lr", "grad_norm", "wall_s"),
+            (step, loss, lr_at(step, self.cfg), grad_norm, wall),
+        ):
             h[key].append(val)
         if self.rank == 0:
             path = self.out_dir / f"{self.cfg.name}.csv"
@@ -318,8 +360,10 @@ class Trainer(Checkpointing):
 
     def _csv_row(self, i: int) -> str:
         h = self.history
-        return (f"{h['step'][i]},{h['loss'][i]:.6g},{h['lr'][i]:.6g},{h['grad_norm'][i]:.6g},"
-                f"{h['wall_s'][i]:.3f}\n")
+        return (
+            f"{h['step'][i]},{h['loss'][i]:.6g},{h['lr'][i]:.6g},{h['grad_norm'][i]:.6g},"
+            f"{h['wall_s'][i]:.3f}\n"
+        )
 
     def _write_csv(self):
         """The whole log so far (on resume: drops rows a killed call wrote after its checkpoint)."""
@@ -332,19 +376,32 @@ class Trainer(Checkpointing):
         boom = find_explosion(h["step"], h["loss"])
         boom_wall = None if boom is None else h["wall_s"][h["step"].index(boom)]
         finite = [v for v in h["loss"] if math.isfinite(v)]
-        return {"status": self.status, "steps_done": self.step, "wall_s": wall,
-                "steps_per_s": self.step / wall if wall > 0 else None,
-                "explosion_step": boom, "explosion_wall_s": boom_wall,
-                "min_loss": min(finite) if finite else None, "final_loss": h["loss"][-1] if h["loss"] else None}
+        return {
+            "status": self.status,
+            "steps_done": self.step,
+            "wall_s": wall,
+            "steps_per_s": self.step / wall if wall > 0 else None,
+            "explosion_step": boom,
+            "explosion_wall_s": boom_wall,
+            "min_loss": min(finite) if finite else None,
+            "final_loss": h["loss"][-1] if h["loss"] else None,
+        }
 
     def write_json(self, wall) -> dict:
-        record = {"config": dataclasses.asdict(self.cfg), "world_size": self.world,
-                  "device": str(self.device),
-                  "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-                  "torch": torch.__version__, "corpus": self.corpus.describe(),
-                  "batch_order_sha": self.order.fingerprint(), "params": self.model.num_params(),
-                  "summary": self.summary(wall), "history": self.history, "monitor": self.monitor,
-                  "evals": self.evals}
+        record = {
+            "config": dataclasses.asdict(self.cfg),
+            "world_size": self.world,
+            "device": str(self.device),
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "corpus": self.corpus.describe(),
+            "batch_order_sha": self.order.fingerprint(),
+            "params": self.model.num_params(),
+            "summary": self.summary(wall),
+            "history": self.history,
+            "monitor": self.monitor,
+            "evals": self.evals,
+        }
         with open(self.out_dir / f"{self.cfg.name}.json", "w") as f:
             json.dump(record, f)
         return record["summary"]
@@ -356,13 +413,17 @@ def run_training(cfg: TrainConfig, corpus=None) -> dict:
 
 
 def parse_args(argv=None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            kind = {"int": int, "float": float, "str": str}[
+                f.type if isinstance(f.type, str) else f.type.__name__
+            ]
             parser.add_argument(flag, type=kind, default=f.default)
     return TrainConfig(**vars(parser.parse_args(argv)))
 
@@ -374,6 +435,7 @@ def main(argv=None):
         print(json.dumps({"name": cfg.name, **summary}))
     if "RANK" in os.environ:
         import torch.distributed as dist
+
         dist.barrier()
         dist.destroy_process_group()
 

@@ -24,6 +24,7 @@ Errors are in *ulps of O_lp's binade*: for a bf16 result x ≠ 0, ulp(x) = 2^(�
 keeps 7 fraction bits), the spacing of bf16 numbers around x. When O_lp = 0 the binade of O_hp is
 used. A correctly rounded result is always within ±0.5 ulp of the exact value.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,7 @@ PLACEMENTS = ("split", "same", "any")
 
 # exp(-x) rounds to 1.0 in bf16 when x <= -ln(1 - 2^-9): the largest bf16 below 1 is 1 - 2^-8 and
 # the halfway point 1 - 2^-9 rounds (ties to even) up to 1.0.
-EXP_ROUNDS_TO_ONE = -math.log1p(-2.0 ** -9)
+EXP_ROUNDS_TO_ONE = -math.log1p(-(2.0**-9))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ class VDist:
 
     ``one-signed``: v = s·|mean + spread·z| with s the sign of ``mean`` (+ for 0): every value has
     the same sign, the situation the paper's Fig. 6a shows."""
+
     family: str = "normal"
     mean: float = 0.0
     spread: float = 0.5
@@ -64,9 +66,9 @@ class VDist:
     def sample(self, shape, gen: torch.Generator) -> torch.Tensor:
         if self.family == "normal":
             z = torch.randn(shape, generator=gen, dtype=torch.float64)
-        elif self.family == "uniform":        # variance of U(-√3, √3) is 1
+        elif self.family == "uniform":  # variance of U(-√3, √3) is 1
             z = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * math.sqrt(3)
-        elif self.family == "laplace":        # Laplace(0, 1/√2) has variance 1
+        elif self.family == "laplace":  # Laplace(0, 1/√2) has variance 1
             u = torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
             z = -torch.sign(u) * torch.log1p(-2 * u.abs()) / math.sqrt(2)
         else:
@@ -79,14 +81,15 @@ class VDist:
 @dataclass(frozen=True)
 class Case:
     """One experiment: ``batch`` sequences of ``n_keys`` keys, ``head_dim`` query rows each."""
+
     n_keys: int = 1024
     ties: int = 2
     gap: float = 15.6
     rest_spread: float = 1.0
     row_max: float = 2.0
     row_max_jitter: float = 1.0
-    tie_jitter: float = 0.0          # > 0: tied keys after the first sit this far below rm
-    placement: str = "split"         # 'split': one tied key per tile; 'same': all in one tile
+    tie_jitter: float = 0.0  # > 0: tied keys after the first sit this far below rm
+    placement: str = "split"  # 'split': one tied key per tile; 'same': all in one tile
     block_n: int = 64
     head_dim: int = 64
     batch: int = 16
@@ -100,27 +103,37 @@ class Case:
             raise ValueError(f"ties must be in 1..n_keys={self.n_keys}, got {self.ties}")
         if not (self.gap >= 0 and self.rest_spread >= 0 and self.tie_jitter >= 0):
             raise ValueError("gap, rest_spread and tie_jitter must be >= 0")
-        if not all(math.isfinite(x) for x in (self.gap, self.rest_spread, self.row_max,
-                                              self.row_max_jitter, self.tie_jitter)):
+        if not all(
+            math.isfinite(x)
+            for x in (
+                self.gap,
+                self.rest_spread,
+                self.row_max,
+                self.row_max_jitter,
+                self.tie_jitter,
+            )
+        ):
             raise ValueError("score parameters must be finite numbers")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         n_tiles = math.ceil(self.n_keys / self.block_n)
         if self.placement == "split" and self.ties > n_tiles:
-            raise ValueError(f"cannot put {self.ties} tied keys in different tiles: only {n_tiles} "
-                             f"tiles of {self.block_n} keys")
+            raise ValueError(
+                f"cannot put {self.ties} tied keys in different tiles: only {n_tiles} "
+                f"tiles of {self.block_n} keys"
+            )
         if self.placement == "same" and self.ties > min(self.block_n, self.n_keys):
             raise ValueError(f"cannot put {self.ties} tied keys in one tile of {self.block_n} keys")
 
 
 @dataclass
 class Built:
-    q: torch.Tensor          # (B, D, D) identity rows
-    k: torch.Tensor          # (B, N, D) = scoresᵀ
-    v: torch.Tensor          # (B, N, D)
-    scores: torch.Tensor     # (B, D, N), exactly S
-    tie_pos: torch.Tensor    # (B, ties) key positions of the tied maxima
-    row_max: torch.Tensor    # (B, D)
+    q: torch.Tensor  # (B, D, D) identity rows
+    k: torch.Tensor  # (B, N, D) = scoresᵀ
+    v: torch.Tensor  # (B, N, D)
+    scores: torch.Tensor  # (B, D, N), exactly S
+    tie_pos: torch.Tensor  # (B, ties) key positions of the tied maxima
+    row_max: torch.Tensor  # (B, D)
 
 
 def _tie_positions(case: Case, gen: torch.Generator) -> torch.Tensor:
@@ -153,12 +166,17 @@ def build(case: Case, seed: int = 0, device="cpu") -> Built:
     tie_pos = _tie_positions(case, gen)
     jitter = (torch.rand((b, d), generator=gen, dtype=torch.float64) * 2 - 1) * case.row_max_jitter
     rm = round_to(case.row_max + jitter, torch.bfloat16)
-    rest = rm.unsqueeze(-1) - case.gap - case.rest_spread * torch.randn((b, d, n), generator=gen,
-                                                                        dtype=torch.float64).abs()
+    rest = (
+        rm.unsqueeze(-1)
+        - case.gap
+        - case.rest_spread * torch.randn((b, d, n), generator=gen, dtype=torch.float64).abs()
+    )
     rest = round_to(rest, torch.bfloat16)
     below = next_below(rm).unsqueeze(-1).expand_as(rest)
     scores = torch.where(rest < rm.unsqueeze(-1), rest, below)
-    tied = round_to(rm.unsqueeze(-1) - case.tie_jitter, torch.bfloat16).expand(b, d, case.ties).clone()
+    tied = (
+        round_to(rm.unsqueeze(-1) - case.tie_jitter, torch.bfloat16).expand(b, d, case.ties).clone()
+    )
     tied[..., 0] = rm
     scores.scatter_(-1, tie_pos.unsqueeze(1).expand(b, d, case.ties), tied)
     v = case.v_rest.sample((b, n, d), gen)
@@ -167,9 +185,14 @@ def build(case: Case, seed: int = 0, device="cpu") -> Built:
     v = round_to(v, torch.bfloat16)
     q = torch.eye(d, dtype=torch.float64).expand(b, d, d)
     f32 = dict(dtype=torch.float32, device=device)
-    return Built(q=q.to(**f32).contiguous(), k=scores.transpose(-1, -2).contiguous().to(**f32),
-                 v=v.to(**f32),
-                 scores=scores.to(**f32), tie_pos=tie_pos.to(device), row_max=rm.to(**f32))
+    return Built(
+        q=q.to(**f32).contiguous(),
+        k=scores.transpose(-1, -2).contiguous().to(**f32),
+        v=v.to(**f32),
+        scores=scores.to(**f32),
+        tie_pos=tie_pos.to(device),
+        row_max=rm.to(**f32),
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ numbers every implementation sees:
 ``extra_bytes`` is the memory a fix adds per output element (beyond FA2's bf16 O), counted from
 what it stores, not measured.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,13 +32,13 @@ from .cases import Built, Case, build, reference
 @dataclasses.dataclass(frozen=True)
 class Fix:
     label: str
-    forward: dict            # AttentionOptions fields of the forward pass (FA2 numerics)
-    delta: str = "o"         # "o" (stored bf16 O), "o_fp32", "o_hilo", "dp"
-    extra_bytes: float = 0   # per output element, beyond the bf16 O
+    forward: dict  # AttentionOptions fields of the forward pass (FA2 numerics)
+    delta: str = "o"  # "o" (stored bf16 O), "o_fp32", "o_hilo", "dp"
+    extra_bytes: float = 0  # per output element, beyond the bf16 O
     note: str = ""
 
 
-CAP = 20.0   # e^-20 ≈ 2e-9: the tied P̄ is far from 1 and far from underflow
+CAP = 20.0  # e^-20 ≈ 2e-9: the tied P̄ is far from 1 and far from underflow
 FIXES = {
     "none": Fix("FA2, no fix", {}),
     "beta_tile": Fix("β rule per tile", dict(stable="tile")),
@@ -45,7 +46,9 @@ FIXES = {
     "beta_capped": Fix("β rule, offset capped", dict(stable="cross", offset_cap=CAP)),
     "beta_ell_rounded": Fix("β rule, ℓ from rounded P̄", dict(stable="cross", ell_rounded=True)),
     "delta_fp32": Fix("δ from an fp32 O", {}, "o_fp32", 2.0, "stores O in fp32 (or recomputes it)"),
-    "delta_hilo": Fix("δ from a bf16 hi/lo pair", {}, "o_hilo", 2.0, "stores O_lo = bf16(O − O_hi)"),
+    "delta_hilo": Fix(
+        "δ from a bf16 hi/lo pair", {}, "o_hilo", 2.0, "stores O_lo = bf16(O − O_hi)"
+    ),
     "delta_dp": Fix("δ from rowsum(dP ∘ P)", {}, "dp", 0.0, "one more pass over K, V"),
 }
 
@@ -53,8 +56,9 @@ FIXES = {
 def upstream_gradient(built: Built, mean: float = -0.5, seed: int = 0) -> torch.Tensor:
     """dO ~ N(mean, 1), rounded to bf16, one per output element (fp64)."""
     gen = torch.Generator().manual_seed(10_000 + seed)
-    d_out = mean + torch.randn(built.v.shape[0], built.q.shape[1], built.v.shape[-1],
-                               generator=gen, dtype=torch.float64)
+    d_out = mean + torch.randn(
+        built.v.shape[0], built.q.shape[1], built.v.shape[-1], generator=gen, dtype=torch.float64
+    )
     return round_to(d_out, torch.bfloat16).to(built.v.device)
 
 
@@ -72,8 +76,8 @@ def delta_from(source: str, built: Built, res, d_out: torch.Tensor) -> torch.Ten
         return (d32 * o_hi).sum(-1) + (d32 * o_lo).sum(-1)
     if source == "dp":
         s = built.scores.float()
-        p = torch.exp(s - res.lse.float().unsqueeze(-1))               # P = exp(S − L)
-        d_p = d32 @ built.v.float().transpose(-1, -2)                  # dP = dO Vᵀ
+        p = torch.exp(s - res.lse.float().unsqueeze(-1))  # P = exp(S − L)
+        d_p = d32 @ built.v.float().transpose(-1, -2)  # dP = dO Vᵀ
         return (p * d_p).sum(-1)
     raise ValueError(f"unknown δ source {source!r}; one of o, o_fp32, o_hilo, dp")
 
@@ -84,11 +88,14 @@ def output_stats(out: torch.Tensor, o_exact: torch.Tensor) -> dict:
     fin = err[torch.isfinite(err)]
     ideal = round_to(o_exact, torch.bfloat16)
     stats = mean_ci(fin)
-    return dict(bias=stats["mean"], se=stats["se"],
-                rms=float(fin.pow(2).mean().sqrt()) if fin.numel() else math.nan,
-                worst=float(fin.abs().max()) if fin.numel() else math.nan,
-                nonfinite=int((~torch.isfinite(err)).sum()),
-                same_as_ideal=float((out.double() == ideal).double().mean()))
+    return dict(
+        bias=stats["mean"],
+        se=stats["se"],
+        rms=float(fin.pow(2).mean().sqrt()) if fin.numel() else math.nan,
+        worst=float(fin.abs().max()) if fin.numel() else math.nan,
+        nonfinite=int((~torch.isfinite(err)).sum()),
+        same_as_ideal=float((out.double() == ideal).double().mean()),
+    )
 
 
 def delta_stats(delta: torch.Tensor, delta_exact: torch.Tensor) -> dict:
@@ -96,14 +103,18 @@ def delta_stats(delta: torch.Tensor, delta_exact: torch.Tensor) -> dict:
     err = error_in_ulps(delta.double(), delta_exact)
     fin = err[torch.isfinite(err)]
     stats = mean_ci(fin)
-    return dict(bias=stats["mean"], se=stats["se"],
-                rms=float(fin.pow(2).mean().sqrt()) if fin.numel() else math.nan,
-                sum_error=float((delta.double() - delta_exact).sum()),
-                sum_abs_exact=float(delta_exact.abs().sum()))
+    return dict(
+        bias=stats["mean"],
+        se=stats["se"],
+        rms=float(fin.pow(2).mean().sqrt()) if fin.numel() else math.nan,
+        sum_error=float((delta.double() - delta_exact).sum()),
+        sum_abs_exact=float(delta_exact.abs().sum()),
+    )
 
 
-def measure_fix(case: Case, key: str, seed: int = 0, d_out_mean: float = -0.5,
-                device="cpu") -> dict:
+def measure_fix(
+    case: Case, key: str, seed: int = 0, d_out_mean: float = -0.5, device="cpu"
+) -> dict:
     """One fix on one case: O and δ statistics, and the ideal's, for comparison."""
     fix = FIXES[key]
     built = build(case, seed, device)
@@ -113,16 +124,22 @@ def measure_fix(case: Case, key: str, seed: int = 0, d_out_mean: float = -0.5,
     res = emulator.flash_forward(built.q, built.k, built.v, opts)
     delta_exact = (d_out * o_exact).sum(-1)
     delta_ideal = (d_out * round_to(o_exact, torch.bfloat16)).sum(-1)
-    return dict(fix=key, label=fix.label, out=output_stats(res.out.float(), o_exact),
-                delta=delta_stats(delta_from(fix.delta, built, res, d_out), delta_exact),
-                delta_ideal=delta_stats(delta_ideal, delta_exact),
-                extra_bytes=fix.extra_bytes)
+    return dict(
+        fix=key,
+        label=fix.label,
+        out=output_stats(res.out.float(), o_exact),
+        delta=delta_stats(delta_from(fix.delta, built, res, d_out), delta_exact),
+        delta_ideal=delta_stats(delta_ideal, delta_exact),
+        extra_bytes=fix.extra_bytes,
+    )
 
 
-def measure_fixes(cases: dict, keys=tuple(FIXES), seed: int = 0, device="cpu",
-                  progress: bool = True) -> list[dict]:
+def measure_fixes(
+    cases: dict, keys=tuple(FIXES), seed: int = 0, device="cpu", progress: bool = True
+) -> list[dict]:
     """Every fix on every named case; one record per (case, fix)."""
     from tqdm.std import tqdm
+
     jobs = [(name, case, key) for name, case in cases.items() for key in keys]
     records = []
     for name, case, key in tqdm(jobs, desc="fixes", disable=not progress):

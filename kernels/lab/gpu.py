@@ -11,6 +11,7 @@ and compares SDPA flash (and the Triton kernel) element by element with the emul
 Everything that ran, and everything that refused, is recorded in ``lab_sweep_gpu.json``.
 ``--small`` runs a tiny grid on any device (the test of this script on a CPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,9 @@ def _triton_available(device, small) -> tuple[bool, str]:
         return False, "no CUDA device (the interpreter is used only with --small)"
     try:
         from ..attention import flash_attention  # noqa: F401
-    except Exception as exc:        # the kernel may not exist yet or may fail to compile
+    except Exception as exc:  # the kernel may not exist yet or may fail to compile
         return False, f"{type(exc).__name__}: {exc}"[:300]
-    try:   # one tiny call: a kernel that imports but does not run is also 'not available'
+    try:  # one tiny call: a kernel that imports but does not run is also 'not available'
         built = lab.build(lab.Case(n_keys=128, batch=1, head_dim=64, ties=1), 0, device)
         lab.run("triton", built, stable="off")
     except Exception as exc:
@@ -55,21 +56,36 @@ def main(argv=None):
     ran["triton"] = why
     if ok:
         impls += ["triton/off", "triton/tile", "triton/cross", "triton-explicit/off"]
-    pairs = [("sdpa-flash", "fa2/off"), ("sdpa-cudnn", "fa2/off"), ("sdpa-efficient", "fa2/off"),
-             ("triton/off", "fa2/off"), ("triton/tile", "fa2/tile"),
-             ("triton/cross", "fa2/cross"), ("triton-explicit/off", "fa2/off"),
-             ("sdpa-flash", "fa2-mma"), ("triton/off", "fa2-mma"), ("sdpa-flash", "triton/off")]
+    pairs = [
+        ("sdpa-flash", "fa2/off"),
+        ("sdpa-cudnn", "fa2/off"),
+        ("sdpa-efficient", "fa2/off"),
+        ("triton/off", "fa2/off"),
+        ("triton/tile", "fa2/tile"),
+        ("triton/cross", "fa2/cross"),
+        ("triton-explicit/off", "fa2/off"),
+        ("sdpa-flash", "fa2-mma"),
+        ("triton/off", "fa2-mma"),
+        ("sdpa-flash", "triton/off"),
+    ]
     grid = dict(ties=lab.SWEEP_TIES, gaps=lab.SWEEP_GAPS, v_means=lab.SWEEP_V)
     base = lab.Case()
     if args.small:
         grid = dict(ties=(1, 2), gaps=(16.0,), v_means=((-1.0, 0.0),))
         base = replace(base, n_keys=128, batch=2, head_dim=16, block_n=32)
     start = time.time()
-    records = lab.sweep(**grid, impls=impls, base=base, device=device, pairs=pairs,
-                        progress=sys.stderr.isatty())
-    data = {"config": lab.sweep_config(base, **grid, impls=impls, beta=2.0, eps=1e-3, seed=0,
-                                       small=args.small),
-            "ran": ran, "device": device, "seconds": time.time() - start, "records": records}
+    records = lab.sweep(
+        **grid, impls=impls, base=base, device=device, pairs=pairs, progress=sys.stderr.isatty()
+    )
+    data = {
+        "config": lab.sweep_config(
+            base, **grid, impls=impls, beta=2.0, eps=1e-3, seed=0, small=args.small
+        ),
+        "ran": ran,
+        "device": device,
+        "seconds": time.time() - start,
+        "records": records,
+    }
     command = "python -m kernels.lab.gpu" + (" --small" if args.small else "")
     out_dir = Path(args.out) if args.out else None
     path = results.save("lab_sweep_gpu", data, command, directory=out_dir)

@@ -1,6 +1,7 @@
 """Figures of the chapter "Where the bias comes from": the ideal's bias, what kernels add beyond
 it, the paper's path, and a map of where each source matters. Each takes stored or freshly
 measured records and returns the figure; the chapter prints the numbers behind it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +10,14 @@ from ..numerics.stats import is_biased
 
 V_SETTINGS = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))
 KERNELS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton/none")
-KERNEL_LABELS = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "cuDNN",
-                 "sdpa-efficient": "memory-efficient", "triton/none": "book's Triton",
-                 "emulator/paper-untiled": "paper's bf16 path", "ideal": "ideal bf16(O)"}
+KERNEL_LABELS = {
+    "sdpa-flash": "SDPA flash",
+    "sdpa-cudnn": "cuDNN",
+    "sdpa-efficient": "memory-efficient",
+    "triton/none": "book's Triton",
+    "emulator/paper-untiled": "paper's bf16 path",
+    "ideal": "ideal bf16(O)",
+}
 SOURCE_NAMES = ("no bias", "storage (the ideal's)", "accumulation (beyond the ideal)")
 
 
@@ -23,19 +29,36 @@ def plot_ideal_bias(records, ax=None):
     """Bias of the ideal bf16(O_exact) against the gap, one line per number of ties, for the
     V setting where it is largest (tied V ≈ −1, other V ≈ 0)."""
     import matplotlib.pyplot as plt
+
     if ax is None:
         _, ax = plt.subplots(figsize=(6.8, 3.6), layout="constrained")
     vt, vr = V_SETTINGS[0]
     for k in sorted({r["ties"] for r in records}):
-        rows = sorted((r for r in records if r["impl"] == "ideal" and r["ties"] == k
-                       and r["v_tied_mean"] == vt and r["v_rest_mean"] == vr),
-                      key=lambda r: r["gap"])
-        ax.errorbar([r["gap"] for r in rows], [r["mean"] for r in rows],
-                    yerr=[1.96 * r["se"] for r in rows], marker="o", capsize=3,
-                    label=f"k = {k} tied maxima")
+        rows = sorted(
+            (
+                r
+                for r in records
+                if r["impl"] == "ideal"
+                and r["ties"] == k
+                and r["v_tied_mean"] == vt
+                and r["v_rest_mean"] == vr
+            ),
+            key=lambda r: r["gap"],
+        )
+        ax.errorbar(
+            [r["gap"] for r in rows],
+            [r["mean"] for r in rows],
+            yerr=[1.96 * r["se"] for r in rows],
+            marker="o",
+            capsize=3,
+            label=f"k = {k} tied maxima",
+        )
     ax.axhline(0, color="gray", lw=0.8)
-    ax.set(xlabel="gap: how far the other scores sit below the tied maximum",
-           ylabel="mean error of bf16(O_exact) [ulp]", title=_v_title(vt, vr))
+    ax.set(
+        xlabel="gap: how far the other scores sit below the tied maximum",
+        ylabel="mean error of bf16(O_exact) [ulp]",
+        title=_v_title(vt, vr),
+    )
     ax.legend(loc="upper left")
     return ax.figure
 
@@ -44,8 +67,11 @@ def kernel_excess(bias_records, settings):
     """{(ties, vmax, vrest): {impl: (bias, bias − ideal's bias)}} from bias_sources_gpu."""
     table = {}
     for key in settings:
-        rows = {r["impl"]: r["out"]["bias"] for r in bias_records
-                if (r["ties"], r["vmax"], r["vrest"]) == key}
+        rows = {
+            r["impl"]: r["out"]["bias"]
+            for r in bias_records
+            if (r["ties"], r["vmax"], r["vrest"]) == key
+        }
         table[key] = {impl: (b, b - rows["ideal"]) for impl, b in rows.items()}
     return table
 
@@ -53,23 +79,29 @@ def kernel_excess(bias_records, settings):
 def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
     """What each GPU kernel adds to the mean error beyond the ideal, per setting."""
     import matplotlib.pyplot as plt
+
     if ax is None:
         _, ax = plt.subplots(figsize=(6.8, 3.8), layout="constrained")
     table = kernel_excess(bias_records, settings)
     width = 0.8 / len(impls)
     x = np.arange(len(settings))
     for i, impl in enumerate(impls):
-        ax.bar(x + (i - (len(impls) - 1) / 2) * width,
-               [table[s][impl][1] for s in settings], width, label=KERNEL_LABELS[impl])
+        ax.bar(
+            x + (i - (len(impls) - 1) / 2) * width,
+            [table[s][impl][1] for s in settings],
+            width,
+            label=KERNEL_LABELS[impl],
+        )
     ax.axhline(0, color="gray", lw=0.8)
     top = max(abs(table[s][impl][1]) for s in settings for impl in impls)
-    for xi, s in zip(x, settings):   # bars of height 0 are invisible: say what they mean
+    for xi, s in zip(x, settings):  # bars of height 0 are invisible: say what they mean
         if all(abs(table[s][impl][1]) < 5e-4 for impl in impls):
-            ax.text(xi, 0.04 * top, "all equal\nthe ideal", ha="center", va="bottom",
-                    color="0.3")
+            ax.text(xi, 0.04 * top, "all equal\nthe ideal", ha="center", va="bottom", color="0.3")
     ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
-    ax.set(ylabel="kernel bias − ideal's bias [ulp]",
-           title="what GPU kernels add beyond the ideal (H100)")
+    ax.set(
+        ylabel="kernel bias − ideal's bias [ulp]",
+        title="what GPU kernels add beyond the ideal (H100)",
+    )
     ax.legend(ncols=2, loc="upper left")
     return ax.figure
 
@@ -77,13 +109,19 @@ def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
 def plot_paper_path(bias_records, settings, ax=None):
     """The paper's all-bf16 path next to the ideal, per setting."""
     import matplotlib.pyplot as plt
+
     if ax is None:
         _, ax = plt.subplots(figsize=(6.8, 3.6), layout="constrained")
     table = kernel_excess(bias_records, settings)
     x = np.arange(len(settings))
     for i, impl in enumerate(("ideal", "emulator/paper-untiled")):
-        ax.bar(x + (i - 0.5) * 0.38, [table[s][impl][0] for s in settings], 0.38,
-               label=KERNEL_LABELS[impl], color=("tab:gray", "tab:red")[i])
+        ax.bar(
+            x + (i - 0.5) * 0.38,
+            [table[s][impl][0] for s in settings],
+            0.38,
+            label=KERNEL_LABELS[impl],
+            color=("tab:gray", "tab:red")[i],
+        )
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
     ax.set(ylabel="mean error of O [ulp]", title="the paper's all-bf16 path against the ideal")
@@ -94,8 +132,11 @@ def plot_paper_path(bias_records, settings, ax=None):
 def source_map(records, kernel="sdpa-flash", threshold=0.02):
     """For each (V setting, ties, gap) of the GPU sweep: 0 no bias, 1 the ideal's (storage)
     bias and the kernel adds nothing that matters, 2 the kernel adds ≥ threshold beyond it."""
-    by = {(r["impl"], r["v_tied_mean"], r["v_rest_mean"], r["ties"], r["gap"]): r
-          for r in records if "mean" in r}
+    by = {
+        (r["impl"], r["v_tied_mean"], r["v_rest_mean"], r["ties"], r["gap"]): r
+        for r in records
+        if "mean" in r
+    }
     ties = sorted({r["ties"] for r in records})
     gaps = sorted({r["gap"] for r in records})
     maps = {}
@@ -117,10 +158,12 @@ def plot_source_map(records, kernel="sdpa-flash"):
     bar under them names the three sources."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+
     maps, ties, gaps = source_map(records, kernel)
     cmap = ListedColormap(["#e8e8e8", "#4c72b0", "#dd8452"])
-    fig, axes = plt.subplots(2, 2, figsize=(6.8, 6.4), layout="constrained", sharex=True,
-                             sharey=True)
+    fig, axes = plt.subplots(
+        2, 2, figsize=(6.8, 6.4), layout="constrained", sharex=True, sharey=True
+    )
     for ax, ((vt, vr), grid) in zip(axes.flat, maps.items()):
         im = ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=2.5, aspect="auto", origin="lower")
         ax.set_xticks(range(len(gaps)), [f"{g:g}" for g in gaps])
@@ -131,8 +174,15 @@ def plot_source_map(records, kernel="sdpa-flash"):
         ax.set_xlabel("gap")
     for ax in axes[:, 0]:
         ax.set_ylabel("tied maxima k")
-    bar = fig.colorbar(im, ax=axes, ticks=[0, 1, 2], orientation="horizontal", location="bottom",
-                       fraction=0.05, aspect=40)
+    bar = fig.colorbar(
+        im,
+        ax=axes,
+        ticks=[0, 1, 2],
+        orientation="horizontal",
+        location="bottom",
+        fraction=0.05,
+        aspect=40,
+    )
     bar.ax.set_xticklabels(SOURCE_NAMES)
     bar.ax.set_xlabel(f"which source dominates {KERNEL_LABELS[kernel]}'s error")
     return fig

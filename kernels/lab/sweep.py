@@ -1,6 +1,7 @@
 """The bias sweep over (ties, gap, V means, implementation) and what it finds.
 
 ``python -m kernels.lab.sweep`` writes the CPU sweep to ``results/lab_sweep_cpu.json``."""
+
 from __future__ import annotations
 
 import math
@@ -18,10 +19,19 @@ from .implementations import measure, parse_impl, run
 # the sweep
 # ----------------------------------------------------------------------------------------------
 SWEEP_TIES = (1, 2, 4, 8)
-SWEEP_V = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))     # (tied mean, rest mean)
+SWEEP_V = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))  # (tied mean, rest mean)
 SWEEP_GAPS = (10.0, 12.0, 13.0, 14.0, 15.0, 16.0)
-SWEEP_IMPLS = ("ideal", "fa2/off", "fa2/tile", "fa2/cross", "paper/off", "paper/tile",
-               "paper/cross", "paper-untiled/off", "paper-untiled/cross")
+SWEEP_IMPLS = (
+    "ideal",
+    "fa2/off",
+    "fa2/tile",
+    "fa2/cross",
+    "paper/off",
+    "paper/tile",
+    "paper/cross",
+    "paper-untiled/off",
+    "paper-untiled/cross",
+)
 
 
 def sweep_cases(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, base: Case | None = None):
@@ -30,43 +40,70 @@ def sweep_cases(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, base: Case | 
     for k in ties:
         for gap in gaps:
             for vt, vr in v_means:
-                case = replace(base, ties=k, gap=gap, v_tied=replace(base.v_tied, mean=vt),
-                               v_rest=replace(base.v_rest, mean=vr))
+                case = replace(
+                    base,
+                    ties=k,
+                    gap=gap,
+                    v_tied=replace(base.v_tied, mean=vt),
+                    v_rest=replace(base.v_rest, mean=vr),
+                )
                 yield case, {"ties": k, "gap": gap, "v_tied_mean": vt, "v_rest_mean": vr}
 
 
-def sweep(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, impls=SWEEP_IMPLS,
-          base: Case | None = None, beta=2.0, eps=1e-3, seed=0, device="cpu", pairs=(),
-          progress=True):
+def sweep(
+    ties=SWEEP_TIES,
+    gaps=SWEEP_GAPS,
+    v_means=SWEEP_V,
+    impls=SWEEP_IMPLS,
+    base: Case | None = None,
+    beta=2.0,
+    eps=1e-3,
+    seed=0,
+    device="cpu",
+    pairs=(),
+    progress=True,
+):
     """Bias for every cell × implementation. Each cell's inputs come from ``seed + cell index``
     and are built on the CPU, so every device sees identical inputs. ``pairs`` lists (a, b)
     implementation labels compared element by element on the same inputs. Returns records:
     one per cell × implementation, plus one per cell × pair (``impl`` = 'a vs b')."""
     from tqdm.std import tqdm
+
     cells = list(sweep_cases(ties, gaps, v_means, base))
     records = []
     for i, (case, key) in enumerate(tqdm(cells, desc="sweep", disable=not progress)):
         built = build(case, seed + i)
         checksum = float(built.v.double().sum() + built.scores.double().sum())
         if device != "cpu":
-            built = Built(*(t.to(device) for t in (built.q, built.k, built.v, built.scores,
-                                                   built.tie_pos, built.row_max)))
+            built = Built(
+                *(
+                    t.to(device)
+                    for t in (built.q, built.k, built.v, built.scores, built.tie_pos, built.row_max)
+                )
+            )
         o_hp = reference(built)
-        common = {**key, "residual_ulps": residual_in_ulps(built, o_hp), "cell": i,
-                  "input_checksum": checksum}
+        common = {
+            **key,
+            "residual_ulps": residual_in_ulps(built, o_hp),
+            "cell": i,
+            "input_checksum": checksum,
+        }
         outs = {}
         for label in impls:
             impl, stable = parse_impl(label)
             try:
-                outs[label] = run(impl, built, stable=stable, beta=beta, eps=eps,
-                                  block_n=case.block_n).out
-            except Exception as exc:   # a GPU backend that refuses this shape: recorded, not fatal
-                records.append({**common, "impl": label,
-                                "error": f"{type(exc).__name__}: {exc}"[:300]})
+                outs[label] = run(
+                    impl, built, stable=stable, beta=beta, eps=eps, block_n=case.block_n
+                ).out
+            except Exception as exc:  # a GPU backend that refuses this shape: recorded, not fatal
+                records.append(
+                    {**common, "impl": label, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                )
                 continue
             stats = bias_summary(error_in_ulps(outs[label], o_hp))
-            stats["correctly_rounded"] = float((outs[label].double() == round_to(o_hp, torch.bfloat16))
-                                               .double().mean())
+            stats["correctly_rounded"] = float(
+                (outs[label].double() == round_to(o_hp, torch.bfloat16)).double().mean()
+            )
             records.append({**common, "impl": label, **stats})
         for a, b in pairs:
             if a in outs and b in outs:
@@ -87,16 +124,26 @@ def sweep_config(base: Case | None = None, **kw) -> dict:
 def save_cpu_sweep(beta=2.0, eps=1e-3, seed=0) -> str:
     """Recompute the chapter's sweep on the CPU and store it as results/lab_sweep_cpu.json."""
     from .. import results
+
     records = sweep(beta=beta, eps=eps, seed=seed)
-    config = sweep_config(ties=SWEEP_TIES, gaps=SWEEP_GAPS, v_means=SWEEP_V, impls=SWEEP_IMPLS,
-                          beta=beta, eps=eps, seed=seed)
-    return results.save("lab_sweep_cpu", {"config": config, "records": records},
-                        "python -m kernels.lab.sweep")
+    config = sweep_config(
+        ties=SWEEP_TIES,
+        gaps=SWEEP_GAPS,
+        v_means=SWEEP_V,
+        impls=SWEEP_IMPLS,
+        beta=beta,
+        eps=eps,
+        seed=seed,
+    )
+    return results.save(
+        "lab_sweep_cpu", {"config": config, "records": records}, "python -m kernels.lab.sweep"
+    )
 
 
 def sweep_table(records):
     """Records as a pandas DataFrame (one row per cell × implementation)."""
     import pandas as pd
+
     return pd.DataFrame(records)
 
 
@@ -111,12 +158,14 @@ def _cells(records, impl):
 
 def sweep_findings(records) -> dict:
     """The verdicts the chapter states, computed from sweep records."""
+
     def biased(r):
         return is_biased(r)
 
     out = {}
-    fa2, cross, tile, ideal = (_cells(records, x) for x in ("fa2/off", "fa2/cross", "fa2/tile",
-                                                            "ideal"))
+    fa2, cross, tile, ideal = (
+        _cells(records, x) for x in ("fa2/off", "fa2/cross", "fa2/tile", "ideal")
+    )
     paper, paper_x = _cells(records, "paper-untiled/off"), _cells(records, "paper-untiled/cross")
     paper_t, paper_tx = _cells(records, "paper/off"), _cells(records, "paper/cross")
     out["cells"] = len(fa2)
@@ -124,52 +173,72 @@ def sweep_findings(records) -> dict:
     out["fa2 - ideal: median |difference|"] = diffs[len(diffs) // 2]
     out["fa2 - ideal: max |difference|"] = diffs[-1]
     out["fa2 - ideal: cell of max"] = max(fa2, key=lambda c: abs(fa2[c]["mean"] - ideal[c]["mean"]))
-    out["fa2 median fraction correctly rounded"] = float(np.median(
-        [r["correctly_rounded"] for r in fa2.values()]))
+    out["fa2 median fraction correctly rounded"] = float(
+        np.median([r["correctly_rounded"] for r in fa2.values()])
+    )
     out["fa2 biased cells"] = sorted(c for c, r in fa2.items() if biased(r))
     out["fa2 biased, k = 1"] = [c for c in out["fa2 biased cells"] if fa2[c]["ties"] == 1]
     out["fa2 biased, k >= 2"] = [c for c in out["fa2 biased cells"] if fa2[c]["ties"] > 1]
-    out["fa2 biased k >= 2, |bias| >= 0.1"] = [c for c in out["fa2 biased, k >= 2"]
-                                             if abs(fa2[c]["mean"]) >= 0.1]
+    out["fa2 biased k >= 2, |bias| >= 0.1"] = [
+        c for c in out["fa2 biased, k >= 2"] if abs(fa2[c]["mean"]) >= 0.1
+    ]
     out["fa2 biased, gap <= 12"] = [c for c in out["fa2 biased cells"] if fa2[c]["gap"] <= 12]
-    out["fa2 k=1 largest |bias|"] = max((c for c in fa2 if fa2[c]["ties"] == 1),
-                                        key=lambda c: abs(fa2[c]["mean"]))
-    out["fa2 biased k >= 2, cross removes"] = [c for c in out["fa2 biased, k >= 2"]
-                                               if not biased(cross[c])]
-    out["fa2 biased k >= 2, cross leaves"] = [c for c in out["fa2 biased, k >= 2"]
-                                              if biased(cross[c])]
-    out["fa2 biased k = 1, cross leaves"] = [c for c in out["fa2 biased, k = 1"]
-                                             if biased(cross[c])]
-    out["fa2 unbiased, cross adds bias"] = sorted(c for c, r in fa2.items()
-                                                  if not biased(r) and biased(cross[c]))
-    out["fa2 biased, tile removes"] = sorted(c for c in out["fa2 biased cells"]
-                                             if not biased(tile[c]))
+    out["fa2 k=1 largest |bias|"] = max(
+        (c for c in fa2 if fa2[c]["ties"] == 1), key=lambda c: abs(fa2[c]["mean"])
+    )
+    out["fa2 biased k >= 2, cross removes"] = [
+        c for c in out["fa2 biased, k >= 2"] if not biased(cross[c])
+    ]
+    out["fa2 biased k >= 2, cross leaves"] = [
+        c for c in out["fa2 biased, k >= 2"] if biased(cross[c])
+    ]
+    out["fa2 biased k = 1, cross leaves"] = [
+        c for c in out["fa2 biased, k = 1"] if biased(cross[c])
+    ]
+    out["fa2 unbiased, cross adds bias"] = sorted(
+        c for c, r in fa2.items() if not biased(r) and biased(cross[c])
+    )
+    out["fa2 biased, tile removes"] = sorted(
+        c for c in out["fa2 biased cells"] if not biased(tile[c])
+    )
     out["paper (untiled) biased cells"] = sorted(c for c, r in paper.items() if biased(r))
-    out["paper biased where fa2 is not"] = sorted(c for c, r in paper.items()
-                                                  if biased(r) and not biased(fa2[c]))
-    out["paper (untiled) biased, cross leaves"] = sorted(c for c in out["paper (untiled) biased cells"]
-                                                         if biased(paper_x[c]))
+    out["paper biased where fa2 is not"] = sorted(
+        c for c, r in paper.items() if biased(r) and not biased(fa2[c])
+    )
+    out["paper (untiled) biased, cross leaves"] = sorted(
+        c for c in out["paper (untiled) biased cells"] if biased(paper_x[c])
+    )
     out["paper (tiled) biased cells"] = sorted(c for c, r in paper_t.items() if biased(r))
-    out["paper (tiled) biased, cross leaves"] = sorted(c for c in out["paper (tiled) biased cells"]
-                                                       if biased(paper_tx[c]))
+    out["paper (tiled) biased, cross leaves"] = sorted(
+        c for c in out["paper (tiled) biased cells"] if biased(paper_tx[c])
+    )
     return out
 
 
 def describe_cells(records, cells, impl="fa2/off") -> str:
     """'k=2 gap=16 V(-1,+0): +0.198 ±0.002; ...' for the given cell indices."""
     by = _cells(records, impl)
-    parts = [f"k={by[c]['ties']} gap={by[c]['gap']:g} V({by[c]['v_tied_mean']:+g},"
-             f"{by[c]['v_rest_mean']:+g}): {by[c]['mean']:+.3f}±{by[c]['se']:.3f}"
-             for c in cells if c in by]
+    parts = [
+        f"k={by[c]['ties']} gap={by[c]['gap']:g} V({by[c]['v_tied_mean']:+g},"
+        f"{by[c]['v_rest_mean']:+g}): {by[c]['mean']:+.3f}±{by[c]['se']:.3f}"
+        for c in cells
+        if c in by
+    ]
     return "; ".join(parts) if parts else "none"
 
 
-def compare_devices(cpu_records, gpu_records, pairs=(("fa2/off", "sdpa-flash"),
-                                                      ("fa2/off", "sdpa-cudnn"),
-                                                      ("fa2/off", "sdpa-efficient"),
-                                                      ("fa2/off", "fa2/off"),
-                                                      ("paper/off", "paper/off"),
-                                                      ("fa2/cross", "triton/cross"))):
+def compare_devices(
+    cpu_records,
+    gpu_records,
+    pairs=(
+        ("fa2/off", "sdpa-flash"),
+        ("fa2/off", "sdpa-cudnn"),
+        ("fa2/off", "sdpa-efficient"),
+        ("fa2/off", "fa2/off"),
+        ("paper/off", "paper/off"),
+        ("fa2/cross", "triton/cross"),
+    ),
+):
     """z = (GPU mean − CPU mean) / √(se_gpu² + se_cpu²) per cell, for (cpu impl, gpu impl) pairs.
     Returns {pair label: {'max_abs_z', 'z' (list), 'same_inputs'}}; pairs the GPU lacks are skipped."""
     out = {}
@@ -185,8 +254,12 @@ def compare_devices(cpu_records, gpu_records, pairs=(("fa2/off", "sdpa-flash"),
             z.append(0.0 if d == 0 else (d / se if se > 0 else math.inf))
         same = all(c[i].get("input_checksum") == g[i].get("input_checksum") for i in common)
         out[f"GPU {gpu_impl} vs CPU {cpu_impl}"] = {
-            "max_abs_z": max(abs(x) for x in z), "z": z, "cells": common, "same_inputs": same,
-            "max_abs_diff": max(abs(g[i]["mean"] - c[i]["mean"]) for i in common)}
+            "max_abs_z": max(abs(x) for x in z),
+            "z": z,
+            "cells": common,
+            "same_inputs": same,
+            "max_abs_diff": max(abs(g[i]["mean"] - c[i]["mean"]) for i in common),
+        }
     return out
 
 
@@ -194,8 +267,10 @@ def fixed_offset_bias(offsets, case: Case | None = None, numerics=("fa2", "paper
     """Bias with m = running max + offset (Appendix C's fixed offset) for each offset."""
     case = small_lab_case(ties=2) if case is None else case
     built = build(case, seed)
-    return {num: [measure(case, num, "offset", offset=o, built=built) for o in offsets]
-            for num in numerics}
+    return {
+        num: [measure(case, num, "offset", offset=o, built=built) for o in offsets]
+        for num in numerics
+    }
 
 
 def underflow_scan(row_maxes, beta=2.0, stable="always", ties=1, impl="fa2", seed=0):
@@ -207,11 +282,17 @@ def underflow_scan(row_maxes, beta=2.0, stable="always", ties=1, impl="fa2", see
         built = build(case, seed)
         res = run(impl, built, stable=stable, beta=beta, block_n=case.block_n)
         o_hp = reference(built)
-        rows.append({"rm": float(rm), "ell_zero": float((res.row_sum == 0).double().mean()),
-                     "ell_subnormal": float(((res.row_sum > 0) & (res.row_sum < 2.0 ** -126))
-                                            .double().mean()),
-                     "nan": float(torch.isnan(res.out).double().mean()),
-                     "zero_out": float(((res.out == 0) & (o_hp != 0)).double().mean())})
+        rows.append(
+            {
+                "rm": float(rm),
+                "ell_zero": float((res.row_sum == 0).double().mean()),
+                "ell_subnormal": float(
+                    ((res.row_sum > 0) & (res.row_sum < 2.0**-126)).double().mean()
+                ),
+                "nan": float(torch.isnan(res.out).double().mean()),
+                "zero_out": float(((res.out == 0) & (o_hp != 0)).double().mean()),
+            }
+        )
     return rows
 
 
@@ -237,12 +318,16 @@ def print_compare(table: dict) -> None:
         star = "*" if is_biased(st) else " "
         return f"{st['mean']:+.3f} ± {1.96 * st['se']:.3f}{star}"
 
-    print(f"mean error of O [ulp] ± 95% interval; * biased (|mean| beyond the interval and "
-          f"≥ {NEGLIGIBLE_ULP:g})")
+    print(
+        f"mean error of O [ulp] ± 95% interval; * biased (|mean| beyond the interval and "
+        f"≥ {NEGLIGIBLE_ULP:g})"
+    )
     print(" " * width + "".join(f"{impl:>17s}" for impl in impls))
     for name, row in table.items():
-        print(f"{name:{width}s}" + "".join(f"{cell(row[i]):>17s}" if i in row else " " * 17
-                                           for i in impls))
+        print(
+            f"{name:{width}s}"
+            + "".join(f"{cell(row[i]):>17s}" if i in row else " " * 17 for i in impls)
+        )
 
 
 if __name__ == "__main__":

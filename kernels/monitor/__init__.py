@@ -21,25 +21,47 @@ fix practitioners can train with (δ from rowsum(dP∘P), for Hugging Face's
 ``attn_implementation=`` and nanoGPT's SDPA call) is :mod:`kernels.attention.hf_attention`;
 chapter 9's GPU measurements are :mod:`kernels.gpt2.monitor_gpu`.
 """
+
 from .alerts import THRESHOLDS, Alert, Alerts, AttentionAlert, replay
 from .metrics import (
-                      causal_scores,
-                      delta_error,
-                      exact_output,
-                      head_readings,
-                      max_logit,
-                      rows_rounding_to_one,
-                      rows_with_tied_max,
-                      spectral_norm,
-                      wq_head_norms,
+    causal_scores,
+    delta_error,
+    exact_output,
+    head_readings,
+    max_logit,
+    rows_rounding_to_one,
+    rows_with_tied_max,
+    spectral_norm,
+    wq_head_norms,
 )
 from .monitor import LAYOUTS, METRICS, AttentionMonitor, find_attention, query_weight
 from .readings import LAYER_RULES, ceiling_and_lead, layer_table, time_steps
 from .sinks import COLUMNS, read_rows
 
-__all__ = ["AttentionMonitor", "METRICS", "LAYOUTS", "COLUMNS", "Alert", "Alerts",
-           "AttentionAlert", "THRESHOLDS", "replay", "find_attention", "query_weight",
-           "read_rows", "time_steps", "ceiling_and_lead", "layer_table", "LAYER_RULES",
-           "causal_scores", "delta_error", "exact_output", "head_readings", "max_logit",
-           "rows_rounding_to_one", "rows_with_tied_max", "spectral_norm",
-           "wq_head_norms"]
+__all__ = [
+    "AttentionMonitor",
+    "METRICS",
+    "LAYOUTS",
+    "COLUMNS",
+    "Alert",
+    "Alerts",
+    "AttentionAlert",
+    "THRESHOLDS",
+    "replay",
+    "find_attention",
+    "query_weight",
+    "read_rows",
+    "time_steps",
+    "ceiling_and_lead",
+    "layer_table",
+    "LAYER_RULES",
+    "causal_scores",
+    "delta_error",
+    "exact_output",
+    "head_readings",
+    "max_logit",
+    "rows_rounding_to_one",
+    "rows_with_tied_max",
+    "spectral_norm",
+    "wq_head_norms",
+]

@@ -23,6 +23,7 @@ the early window has ended: early in training, while the logits are tiny, many B
 scores tie and every run (healthy ones too) shows a transient. :func:`replay` runs the
 rules over a stored run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,16 +37,19 @@ RULES = {
     "ties_bf16": "share of the layer's rows with tied maxima in a bf16 S",
     "wq_growth": "the layer's largest ||W_Q||_2 over its median in the early window",
     "max_logit": "the layer's largest |S|",
-    "delta_lean": "sum(delta_lp - delta_hp) / sum|delta_lp - delta_hp| over the last "
-                  "readings",
+    "delta_lean": "sum(delta_lp - delta_hp) / sum|delta_lp - delta_hp| over the last readings",
 }
 # The largest value each rule's number reached in any healthy stored run, all layers and
 # steps (thresholds_from_runs on results/gpt2_{probe,probe2,seeds,amplify,amp_seeds,
 # amp_final}.json; tests/monitor/test_alerts.py checks these against the files).
-THRESHOLDS = {"ties_bf16": 0.080322265625, "wq_growth": 3.181695859853613, "max_logit": 68.0,
-              "delta_lean": 0.058083944097999364}
-EARLY = (500, 1000)      # steps whose median ‖W_Q‖ is a run's own early level
-WINDOW = 10              # readings in the δ lean
+THRESHOLDS = {
+    "ties_bf16": 0.080322265625,
+    "wq_growth": 3.181695859853613,
+    "max_logit": 68.0,
+    "delta_lean": 0.058083944097999364,
+}
+EARLY = (500, 1000)  # steps whose median ‖W_Q‖ is a run's own early level
+WINDOW = 10  # readings in the δ lean
 
 log = logging.getLogger("kernels.monitor")
 
@@ -64,22 +68,26 @@ class Alert:
 
     @property
     def message(self) -> str:
-        whose = ", the most any healthy run of the book reached" \
-            if self.threshold == THRESHOLDS[self.rule] else " (your threshold)"
-        return (f"monitor alert at step {self.step}, layer {self.layer}: {self.rule} = "
-                f"{self.value:.4g} passed {self.threshold:.4g}{whose} ({RULES[self.rule]})")
+        whose = (
+            ", the most any healthy run of the book reached"
+            if self.threshold == THRESHOLDS[self.rule]
+            else " (your threshold)"
+        )
+        return (
+            f"monitor alert at step {self.step}, layer {self.layer}: {self.rule} = "
+            f"{self.value:.4g} passed {self.threshold:.4g}{whose} ({RULES[self.rule]})"
+        )
 
 
 def _check_thresholds(thresholds) -> dict:
     merged = dict(THRESHOLDS)
     for key, value in dict(thresholds or {}).items():
         if key not in RULES:
-            raise ValueError(f"unknown alert rule {key!r}: the rules are "
-                             f"{', '.join(RULES)}")
-        if value is not None and not (isinstance(value, (int, float))
-                                      and math.isfinite(value)):
-            raise ValueError(f"threshold of {key!r} must be a finite number or None (rule "
-                             f"off), got {value!r}")
+            raise ValueError(f"unknown alert rule {key!r}: the rules are {', '.join(RULES)}")
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ValueError(
+                f"threshold of {key!r} must be a finite number or None (rule off), got {value!r}"
+            )
         merged[key] = value
     return merged
 
@@ -94,24 +102,27 @@ class Alerts:
     ``warn``: also ``warnings.warn`` each alert. Nothing fires at steps up to
     ``early[1]``."""
 
-    def __init__(self, thresholds=None, early=EARLY, window=WINDOW, on_alert=None,
-                 warn=True):
+    def __init__(self, thresholds=None, early=EARLY, window=WINDOW, on_alert=None, warn=True):
         self.thresholds = _check_thresholds(thresholds)
         if len(early) != 2 or not early[0] <= early[1]:
             raise ValueError(f"early must be (first step, last step), got {early!r}")
         if not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive number of readings, got "
-                             f"{window!r}")
+            raise ValueError(f"window must be a positive number of readings, got {window!r}")
         if on_alert is not None and not callable(on_alert):
-            raise TypeError(f"on_alert must be a function of one Alert, got "
-                            f"{type(on_alert).__name__}")
-        self.early, self.window, self.on_alert, self.warn = tuple(early), window, \
-            on_alert, bool(warn)
+            raise TypeError(
+                f"on_alert must be a function of one Alert, got {type(on_alert).__name__}"
+            )
+        self.early, self.window, self.on_alert, self.warn = (
+            tuple(early),
+            window,
+            on_alert,
+            bool(warn),
+        )
         self.fired: list[Alert] = []
         self._above: dict = {}
-        self._wq: dict = {}            # layer -> early readings
-        self._level: dict = {}         # layer -> early level
-        self._lean: dict = {}          # layer -> [(err, abs), ...]
+        self._wq: dict = {}  # layer -> early readings
+        self._level: dict = {}  # layer -> early level
+        self._lean: dict = {}  # layer -> [(err, abs), ...]
 
     def values(self, step: int, layer: int, readings: dict) -> dict:
         """The rules' numbers for one reading (a rule without its inputs is left out)."""
@@ -129,11 +140,10 @@ class Alerts:
             if layer in self._level and self._level[layer] > 0:
                 out["wq_growth"] = float(wq) / self._level[layer]
         err, size = readings.get("delta_err"), readings.get("delta_abs")
-        if err is not None and size is not None and math.isfinite(err) \
-                and math.isfinite(size):
+        if err is not None and size is not None and math.isfinite(err) and math.isfinite(size):
             recent = self._lean.setdefault(layer, [])
             recent.append((float(err), float(size)))
-            del recent[:-self.window]
+            del recent[: -self.window]
             total = sum(a for _, a in recent)
             if total > 0:
                 out["delta_lean"] = sum(e for e, _ in recent) / total
@@ -152,7 +162,7 @@ class Alerts:
             if rule == "delta_lean":
                 growth = self.thresholds.get("wq_growth")
                 if growth is None or not values.get("wq_growth", -math.inf) > growth:
-                    value = -math.inf        # a lean counts only while W_Q runs away
+                    value = -math.inf  # a lean counts only while W_Q runs away
             key = (layer, rule)
             if value > threshold:
                 if not self._above.get(key):
@@ -176,10 +186,17 @@ def run_readings(run: dict):
     as the monitor combines them."""
     for m in run["monitor"]:
         for layer, st in enumerate(m["layers"]):
-            yield m["step"], layer, {
-                "ties_bf16": st["rows_tied_bf16"] / st["rows"],
-                "wq_norm": max(m["wq_norms"][layer]), "max_logit": st["max_logit"],
-                "delta_err": st.get("delta_err"), "delta_abs": st.get("delta_abs")}
+            yield (
+                m["step"],
+                layer,
+                {
+                    "ties_bf16": st["rows_tied_bf16"] / st["rows"],
+                    "wq_norm": max(m["wq_norms"][layer]),
+                    "max_logit": st["max_logit"],
+                    "delta_err": st.get("delta_err"),
+                    "delta_abs": st.get("delta_abs"),
+                },
+            )
 
 
 def replay(run: dict, thresholds=None, until=None, **options) -> list[Alert]:
@@ -196,8 +213,7 @@ def thresholds_from_runs(healthy, early=EARLY, window=WINDOW) -> dict:
     """Each rule's largest value over every layer and reading of the ``healthy`` runs."""
     top = {}
     for run in healthy:
-        alerts = Alerts({key: None for key in RULES}, early=early, window=window,
-                        warn=False)
+        alerts = Alerts({key: None for key in RULES}, early=early, window=window, warn=False)
         for step, layer, readings in run_readings(run):
             for rule, value in alerts.values(step, layer, readings).items():
                 if math.isfinite(value):
@@ -205,5 +221,15 @@ def thresholds_from_runs(healthy, early=EARLY, window=WINDOW) -> dict:
     return top
 
 
-__all__ = ["Alert", "Alerts", "AttentionAlert", "RULES", "THRESHOLDS", "EARLY", "WINDOW",
-           "replay", "run_readings", "thresholds_from_runs"]
+__all__ = [
+    "Alert",
+    "Alerts",
+    "AttentionAlert",
+    "RULES",
+    "THRESHOLDS",
+    "EARLY",
+    "WINDOW",
+    "replay",
+    "run_readings",
+    "thresholds_from_runs",
+]

@@ -18,6 +18,7 @@ attribute (its ``rows``, ``alerts``). ``MonitorLightningCallback`` subclasses
 ``lightning.pytorch.Callback`` if the ``lightning`` package is installed, otherwise
 ``pytorch_lightning.Callback``; :func:`lightning_callback_class` picks one explicitly.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -51,8 +52,10 @@ def _trainer_callback_class():
     try:
         from transformers import TrainerCallback
     except ImportError as err:
-        raise ImportError(f"MonitorTrainerCallback needs the 'transformers' package "
-                          f"(pip install transformers): {err}") from None
+        raise ImportError(
+            f"MonitorTrainerCallback needs the 'transformers' package "
+            f"(pip install transformers): {err}"
+        ) from None
 
     class MonitorTrainerCallback(_Hooks, TrainerCallback):
         """Attaches the monitor at ``on_train_begin``, steps it at ``on_step_begin``
@@ -77,8 +80,9 @@ def lightning_callback_class(package=None):
     "pytorch_lightning"; None: the first of the two that is installed)."""
     names = ("lightning.pytorch", "pytorch_lightning") if package is None else (package,)
     if package is not None and package not in ("lightning.pytorch", "pytorch_lightning"):
-        raise ValueError(f"package must be 'lightning.pytorch' or 'pytorch_lightning', got "
-                         f"{package!r}")
+        raise ValueError(
+            f"package must be 'lightning.pytorch' or 'pytorch_lightning', got {package!r}"
+        )
     for name in names:
         if name in _BUILT:
             return _BUILT[name]
@@ -106,8 +110,10 @@ def lightning_callback_class(package=None):
 
         _BUILT[name] = MonitorLightningCallback
         return MonitorLightningCallback
-    raise ImportError(f"MonitorLightningCallback needs Lightning: none of {', '.join(names)} "
-                      "is installed (pip install lightning)")
+    raise ImportError(
+        f"MonitorLightningCallback needs Lightning: none of {', '.join(names)} "
+        "is installed (pip install lightning)"
+    )
 
 
 def __getattr__(name):
@@ -122,5 +128,8 @@ def __getattr__(name):
 
 # the two callback classes are made on first access (module __getattr__), so that neither
 # transformers nor Lightning is imported before it is needed
-__all__ = ["MonitorLightningCallback", "MonitorTrainerCallback",  # noqa: F822
-           "lightning_callback_class"]
+__all__ = [
+    "MonitorLightningCallback",
+    "MonitorTrainerCallback",  # noqa: F822
+    "lightning_callback_class",
+]

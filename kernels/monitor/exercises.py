@@ -4,6 +4,7 @@ They follow the book's rules (:mod:`kernels.checking`): fresh random inputs on e
 answer yet" for a blank, a :class:`~kernels.checking.WrongAnswer` that says what is wrong
 without the answer, and a line starting with "correct" for a right one.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,12 +32,16 @@ def check_slowdown_fn(fn, thorough: bool = False) -> None:
         if abs(float(got) - want) <= 1e-9 * max(1.0, abs(want)):
             continue
         if abs(float(got) - want * every) <= 1e-9 * max(1.0, abs(want * every)) and every > 1:
-            fail("that is how much slower one reading step is: the monitor reads one step "
-                  "in every, and the steps between cost what a plain step costs")
+            fail(
+                "that is how much slower one reading step is: the monitor reads one step "
+                "in every, and the steps between cost what a plain step costs"
+            )
         if abs(float(got) - want / 100) <= 1e-9 * max(1.0, abs(want)):
             fail("that looks like a fraction: the question asks for percent")
-        fail("not the average slowdown: spread the extra time of one reading step over the "
-              "steps between readings, and compare it with a plain step (not a reading step)")
+        fail(
+            "not the average slowdown: spread the extra time of one reading step over the "
+            "steps between readings, and compare it with a plain step (not a reading step)"
+        )
     correct(f"{cases} fresh timings")
 
 
@@ -55,11 +60,11 @@ def check_first_ratio_step(fn, thorough: bool = False) -> None:
         ratio = float(rng.uniform(1.5, 3.0))
         failing = control * rng.uniform(0.6, 0.95 * ratio, n)
         kind = case % 3
-        if kind == 0:           # crosses once (an exact touch of the mark before it)
+        if kind == 0:  # crosses once (an exact touch of the mark before it)
             cross = int(rng.integers(2, n))
             failing[cross:] = control[cross:] * ratio * rng.uniform(1.05, 3.0, n - cross)
             failing[cross - 1] = control[cross - 1] * ratio
-        elif kind == 1:         # an excursion above the mark, back down, then for good
+        elif kind == 1:  # an excursion above the mark, back down, then for good
             first = int(rng.integers(1, n - 4))
             failing[first] = control[first] * ratio * 1.5
             failing[-2:] = control[-2:] * ratio * 2.0
@@ -68,17 +73,20 @@ def check_first_ratio_step(fn, thorough: bool = False) -> None:
         want = int(steps[over[0]]) if len(over) else None
         if want is None:
             if got is not None:
-                fail("the failing series never passes the mark in one case, and the answer "
-                      "should then be None")
+                fail(
+                    "the failing series never passes the mark in one case, and the answer "
+                    "should then be None"
+                )
             continue
         if got is None:
-            fail("no answer yet: first_ratio_step returned None for series that pass the "
-                  "mark")
+            fail("no answer yet: first_ratio_step returned None for series that pass the mark")
         if got == over[0] and steps[over[0]] != over[0]:
             fail("that is a position in the arrays: return the training step at it")
         if got == int(steps[over[-1]]) and len(over) > 1:
             fail("that is the last step above the mark: the question asks for the first")
         if got != want:
-            fail("not the first step above the mark: compare failing / control with the "
-                  "ratio at every step, and count a step only when it is strictly more")
+            fail(
+                "not the first step above the mark: compare failing / control with the "
+                "ratio at every step, and count a step only when it is strictly more"
+            )
     correct(f"{cases} fresh pairs of series (crossings, exact touches, excursions, none)")

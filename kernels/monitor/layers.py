@@ -2,6 +2,7 @@
 their fused [Q; K; V] projection (or GPTBigCode's [Q; K-V] layouts) is cut into heads. A layout
 the monitor does not know is refused with a message naming the module and what was expected.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,17 +15,23 @@ LAYOUTS = {
     "per_head": "per head [q; k; v], each head_dim wide (GPTBigCode, multi_query=False)",
     "mqa": "[Q; K; V] with one key/value head of head_dim (GPTBigCode, multi_query=True)",
 }
-KNOWN_LAYOUTS = {"CausalSelfAttention": "qkv", "GPT2Attention": "qkv",
-                 "GPT2SdpaAttention": "qkv", "GPT2FlashAttention2": "qkv",
-                 "DecisionTransformerGPT2Attention": "qkv"}
+KNOWN_LAYOUTS = {
+    "CausalSelfAttention": "qkv",
+    "GPT2Attention": "qkv",
+    "GPT2SdpaAttention": "qkv",
+    "GPT2FlashAttention2": "qkv",
+    "DecisionTransformerGPT2Attention": "qkv",
+}
 KV_HEAD_NAMES = ("kv_heads", "num_key_value_heads", "n_kv_head", "n_kv_heads")
 
 
 def _compiled(module) -> bool:
     """True for a torch.compile wrapper or a module compiled in place
     (``module.compile()``), at the top or anywhere inside (per-block compile)."""
-    return any(hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None)
-               is not None for m in module.modules())
+    return any(
+        hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
+        for m in module.modules()
+    )
 
 
 def _has_padding(mask) -> bool:
@@ -44,8 +51,10 @@ def _head_count(module, name: str, n_head) -> int:
         value = getattr(module, attr, None)
         if isinstance(value, int) and value > 0:
             return value
-    raise ValueError(f"attention layer {name!r} has no head count (looked for "
-                     f"{', '.join(HEAD_COUNT_NAMES)}): pass n_head= to attach")
+    raise ValueError(
+        f"attention layer {name!r} has no head count (looked for "
+        f"{', '.join(HEAD_COUNT_NAMES)}): pass n_head= to attach"
+    )
 
 
 def query_weight(c_attn: torch.nn.Module, width: int) -> torch.Tensor:
@@ -55,8 +64,10 @@ def query_weight(c_attn: torch.nn.Module, width: int) -> torch.Tensor:
         return w
     if tuple(w.shape) == (width, 3 * width):
         return w.T
-    raise ValueError(f"c_attn weight of shape {tuple(w.shape)} is neither (3C, C) nor "
-                     f"(C, 3C) for a width C = {width}")
+    raise ValueError(
+        f"c_attn weight of shape {tuple(w.shape)} is neither (3C, C) nor "
+        f"(C, 3C) for a width C = {width}"
+    )
 
 
 def _out_in_weight(c_attn: torch.nn.Module) -> torch.Tensor:
@@ -76,9 +87,11 @@ def _layout(name: str, module, layout) -> str:
     if cls.startswith("GPTBigCode"):
         multi = getattr(module, "multi_query", None)
         if not isinstance(multi, bool):
-            raise ValueError(f"layer {name!r} ({cls}) has no multi_query flag: cannot tell "
-                             f"whether its c_attn output is {LAYOUTS['per_head']} or "
-                             f"{LAYOUTS['mqa']}; pass layout=")
+            raise ValueError(
+                f"layer {name!r} ({cls}) has no multi_query flag: cannot tell "
+                f"whether its c_attn output is {LAYOUTS['per_head']} or "
+                f"{LAYOUTS['mqa']}; pass layout="
+            )
         return "mqa" if multi else "per_head"
     if cls in KNOWN_LAYOUTS:
         return KNOWN_LAYOUTS[cls]
@@ -87,8 +100,9 @@ def _layout(name: str, module, layout) -> str:
         f"and c_proj, but how q, k and v sit in c_attn's output cannot be told from the "
         f"weights. Expected one of {', '.join(sorted(KNOWN_LAYOUTS))} or GPTBigCode; if "
         f"your layer splits c_attn's output as nanoGPT does, pass layout='qkv' "
-        f"({LAYOUTS['qkv']}); the other layouts: " + "; ".join(
-            f"{key!r}: {text}" for key, text in LAYOUTS.items() if key != "qkv"))
+        f"({LAYOUTS['qkv']}); the other layouts: "
+        + "; ".join(f"{key!r}: {text}" for key, text in LAYOUTS.items() if key != "qkv")
+    )
 
 
 def find_attention(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -96,8 +110,11 @@ def find_attention(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     found = []
     for name, module in model.named_modules():
         children = dict(module.named_children())
-        if "c_attn" in children and "c_proj" in children \
-                and not getattr(module, "is_cross_attention", False):
+        if (
+            "c_attn" in children
+            and "c_proj" in children
+            and not getattr(module, "is_cross_attention", False)
+        ):
             found.append((name, module))
     return found
 
@@ -118,23 +135,27 @@ class _Layer:
         weight = _out_in_weight(module.c_attn)
         self.width = int(weight.shape[1])
         if self.width % self.n_head:
-            raise ValueError(f"layer {name!r}: width {self.width} is not divisible by "
-                             f"{self.n_head} heads")
+            raise ValueError(
+                f"layer {name!r}: width {self.width} is not divisible by {self.n_head} heads"
+            )
         self.head_dim = self.width // self.n_head
         kv_heads = 1 if self.layout == "mqa" else self.n_head
         for attr in KV_HEAD_NAMES:
             value = getattr(module, attr, None)
             if isinstance(value, int) and value != kv_heads:
-                raise ValueError(f"layer {name!r} ({type(module).__name__}) has {attr} = "
-                                 f"{value}, but layout {self.layout!r} has {kv_heads} "
-                                 "key/value heads: grouped-query attention is not read")
+                raise ValueError(
+                    f"layer {name!r} ({type(module).__name__}) has {attr} = "
+                    f"{value}, but layout {self.layout!r} has {kv_heads} "
+                    "key/value heads: grouped-query attention is not read"
+                )
         outputs = self.width + 2 * kv_heads * self.head_dim
         if tuple(weight.shape) != (outputs, self.width):
             raise ValueError(
                 f"layer {name!r} ({type(module).__name__}): c_attn makes "
                 f"{weight.shape[0]} outputs from {weight.shape[1]} inputs, but layout "
                 f"{self.layout!r} ({LAYOUTS[self.layout]}) with {self.n_head} heads "
-                f"expects {outputs} outputs")
+                f"expects {outputs} outputs"
+            )
         scale = getattr(module, "scaling", None)
         self.scale = float(scale) if isinstance(scale, (int, float)) else None
 
@@ -142,7 +163,7 @@ class _Layer:
         """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q."""
         w, d = _out_in_weight(self.module.c_attn), self.head_dim
         first = (lambda h: 3 * d * h) if self.layout == "per_head" else (lambda h: d * h)
-        return [spectral_norm(w[first(h):first(h) + d]) for h in range(self.n_head)]
+        return [spectral_norm(w[first(h) : first(h) + d]) for h in range(self.n_head)]
 
     def split(self, qkv: torch.Tensor):
         """(B, N, outputs) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if
@@ -154,11 +175,14 @@ class _Layer:
         elif self.layout == "mqa":
             q, k, v = qkv.split((self.width, d, d), dim=-1)
             q = q.reshape(b, n, self.n_head, d).transpose(1, 2)
-            k, v = (t.reshape(b, n, 1, d).transpose(1, 2).expand(b, self.n_head, n, d)
-                    for t in (k, v))
+            k, v = (
+                t.reshape(b, n, 1, d).transpose(1, 2).expand(b, self.n_head, n, d) for t in (k, v)
+            )
         else:
-            q, k, v = (t.reshape(b, n, self.n_head, -1).transpose(1, 2)
-                       for t in qkv.split(self.width, dim=-1))
+            q, k, v = (
+                t.reshape(b, n, self.n_head, -1).transpose(1, 2)
+                for t in qkv.split(self.width, dim=-1)
+            )
         q_norm, k_norm = (getattr(self.module, a, None) for a in ("q_norm", "k_norm"))
         if isinstance(q_norm, torch.nn.Module) and isinstance(k_norm, torch.nn.Module):
             q, k = q_norm(q).to(v.dtype), k_norm(k).to(v.dtype)

@@ -12,6 +12,7 @@ trainer's :mod:`kernels.gpt2.diagnostics` imports them from here.
 * ``head_readings``         the tie shares and the largest logit of each head of a layer
 * ``exact_output``          O_hp = softmax(S)V in fp32
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,15 @@ def wq_head_norms(c_attn_weight: torch.Tensor, n_head: int) -> list[float]:
     """‖W_Q‖₂ of each head; ``c_attn_weight`` is the (3C, C) weight making [Q; K; V]."""
     width = c_attn_weight.shape[1]
     if c_attn_weight.shape[0] != 3 * width or width % n_head:
-        raise ValueError(f"expected a (3C, C) weight with C divisible by {n_head}, "
-                         f"got {tuple(c_attn_weight.shape)}")
+        raise ValueError(
+            f"expected a (3C, C) weight with C divisible by {n_head}, "
+            f"got {tuple(c_attn_weight.shape)}"
+        )
     hd = width // n_head
-    return [spectral_norm(c_attn_weight[h * hd:(h + 1) * hd]) for h in range(n_head)]
+    return [spectral_norm(c_attn_weight[h * hd : (h + 1) * hd]) for h in range(n_head)]
 
 
-def causal_scores(q: torch.Tensor, k: torch.Tensor, low=None,
-                  scale=None) -> torch.Tensor:
+def causal_scores(q: torch.Tensor, k: torch.Tensor, low=None, scale=None) -> torch.Tensor:
     """S = QKᵀ·scale with the causal mask (−inf above the diagonal); ``scale`` defaults
     to 1/√d. fp32, or formed as the paper's bf16 code does (rnd(rnd(QKᵀ)·scale)) when
     ``low`` is given."""
@@ -72,35 +74,42 @@ def max_logit(scores: torch.Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() else 0.0
 
 
-def delta_error(d_out: torch.Tensor, out_low: torch.Tensor,
-                out_high: torch.Tensor) -> torch.Tensor:
+def delta_error(d_out: torch.Tensor, out_low: torch.Tensor, out_high: torch.Tensor) -> torch.Tensor:
     """(δ_lp − δ_hp) per row, δ = rowsum(dO ∘ O). Shapes (..., N, D) → (..., N)."""
     d_out = d_out.float()
     return (d_out * (out_low.float() - out_high.float())).sum(-1)
 
 
 @torch.no_grad()
-def head_readings(q: torch.Tensor, k: torch.Tensor,
-                  scale=None) -> dict[str, list[float]]:
+def head_readings(q: torch.Tensor, k: torch.Tensor, scale=None) -> dict[str, list[float]]:
     """Per head of one layer (q, k of shape (B, H, N, D)): the share of rows (0 to 1)
     with ≥ 2 tied maxima of a bf16 S (``ties_bf16``), the share with ≥ 2 P̄ rounding to
     1.0 with S in fp32 (``p1_fa2``), and the largest finite |S| in fp32
     (``max_logit``)."""
     s32 = causal_scores(q, k, scale=scale)
     s_low = causal_scores(q, k, low=torch.bfloat16, scale=scale)
-    rows = s32.shape[0] * s32.shape[2]              # sequences × queries, per head
+    rows = s32.shape[0] * s32.shape[2]  # sequences × queries, per head
     heads = range(s32.shape[1])
-    return {"ties_bf16": [rows_with_tied_max(s_low[:, h]) / rows for h in heads],
-            "p1_fa2": [rows_rounding_to_one(s32[:, h]) / rows for h in heads],
-            "max_logit": [max_logit(s32[:, h]) for h in heads]}
+    return {
+        "ties_bf16": [rows_with_tied_max(s_low[:, h]) / rows for h in heads],
+        "p1_fa2": [rows_rounding_to_one(s32[:, h]) / rows for h in heads],
+        "max_logit": [max_logit(s32[:, h]) for h in heads],
+    }
 
 
-def exact_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 scale=None) -> torch.Tensor:
+def exact_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> torch.Tensor:
     """O_hp = softmax(S)V in fp32 from the same q, k, v (causal), shape (B, H, N, D)."""
     return torch.softmax(causal_scores(q, k, scale=scale), dim=-1) @ v.float()
 
 
-__all__ = ["spectral_norm", "wq_head_norms", "causal_scores", "rows_rounding_to_one",
-           "rows_with_tied_max", "max_logit", "delta_error", "head_readings",
-           "exact_output"]
+__all__ = [
+    "spectral_norm",
+    "wq_head_norms",
+    "causal_scores",
+    "rows_rounding_to_one",
+    "rows_with_tied_max",
+    "max_logit",
+    "delta_error",
+    "head_readings",
+    "exact_output",
+]

@@ -40,6 +40,7 @@ reads and writes. Under ``torch.compile`` the hooks are never called, or called 
 compiled code is traced: the monitor warns once and switches itself off, whether the
 model was compiled before or after the monitor was attached.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -52,17 +53,16 @@ from .metrics import delta_error, exact_output, head_readings
 from .sinks import make_sink
 
 METRICS = {
-    "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row "
-                 "max",
+    "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
     "p1_fa2": "share of rows (0-1) with >= 2 entries whose exp(S - rowmax) rounds to "
-              "1.0 in bf16 (S in fp32: the FA2 rule)",
+    "1.0 in bf16 (S in fp32: the FA2 rule)",
     "wq_norm": "spectral norm of the head's query weights ||W_Q||_2",
     "max_logit": "largest |S| of the head (fp32 S = q k^T * scale)",
-    "delta_err": "sum over tokens of (delta_lp - delta_hp), mean over sequences "
-                 "(delta=True)",
-    "delta_abs": "sum over tokens of |delta_lp - delta_hp|, mean over sequences "
-                 "(delta=True)",
+    "delta_err": "sum over tokens of (delta_lp - delta_hp), mean over sequences (delta=True)",
+    "delta_abs": "sum over tokens of |delta_lp - delta_hp|, mean over sequences (delta=True)",
 }
+
+
 class AttentionMonitor:
     """Reads a model's attention on every ``every``-th step (see the module docstring).
 
@@ -73,19 +73,30 @@ class AttentionMonitor:
     (:mod:`.alerts`; ``alerts=False`` switches them off, a dict overrides thresholds).
     """
 
-    def __init__(self, model, every=100, path=None, delta=False, tensorboard=None,
-                 layers=None, n_head=None, sequences=None, append=False, layout=None,
-                 sink=None, alerts=True, on_alert=None):
+    def __init__(
+        self,
+        model,
+        every=100,
+        path=None,
+        delta=False,
+        tensorboard=None,
+        layers=None,
+        n_head=None,
+        sequences=None,
+        append=False,
+        layout=None,
+        sink=None,
+        alerts=True,
+        on_alert=None,
+    ):
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive whole number of steps, got "
-                             f"{every!r}")
+            raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
         if sequences is not None and (not isinstance(sequences, int) or sequences < 1):
-            raise ValueError(f"sequences must be a positive number or None, got "
-                             f"{sequences!r}")
+            raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
         self.enabled, self.detached, self.rows = True, False, []
         self._pending, self._handles, self._counter = None, [], 0
-        self._last = None                       # (step, what step() returned)
+        self._last = None  # (step, what step() returned)
         self._compile_seen, self._padding_warned = False, False
         self._model = model
         self.alerts = self._make_alerts(alerts, on_alert)
@@ -100,19 +111,21 @@ class AttentionMonitor:
                 f"found no attention layer in {type(model).__name__}: the monitor "
                 "looks for modules with a c_attn child (the [Q; K; V] projection) and "
                 "a c_proj child (nanoGPT's CausalSelfAttention, Hugging Face's "
-                "GPT2Attention)")
+                "GPT2Attention)"
+            )
         picked = range(len(found)) if layers is None else list(layers)
         for i in picked:
             if not isinstance(i, int) or not 0 <= i < len(found):
                 names = ", ".join(name for name, _ in found)
-                raise ValueError(f"layer index {i!r} does not exist: the model has "
-                                 f"{len(found)} attention layers, 0 to "
-                                 f"{len(found) - 1} ({names})")
+                raise ValueError(
+                    f"layer index {i!r} does not exist: the model has "
+                    f"{len(found)} attention layers, 0 to "
+                    f"{len(found) - 1} ({names})"
+                )
         self.layers = [_Layer(i, *found[i], n_head, layout) for i in picked]
         if self.delta:
             self._warn_about_dropout()
-        for target, option in ((path, "path"), (tensorboard, "tensorboard"),
-                               (sink, "sink")):
+        for target, option in ((path, "path"), (tensorboard, "tensorboard"), (sink, "sink")):
             if target is not None:
                 self._sinks.append(make_sink(target, option, append=append))
 
@@ -120,8 +133,9 @@ class AttentionMonitor:
     def _make_alerts(alerts, on_alert):
         if isinstance(alerts, Alerts):
             if on_alert is not None:
-                raise ValueError("give on_alert to your Alerts object, not to attach, "
-                                 "when you pass one")
+                raise ValueError(
+                    "give on_alert to your Alerts object, not to attach, when you pass one"
+                )
             return alerts
         if alerts is False or alerts is None:
             if on_alert is not None:
@@ -131,12 +145,13 @@ class AttentionMonitor:
             return Alerts(on_alert=on_alert)
         if isinstance(alerts, dict):
             return Alerts(alerts, on_alert=on_alert)
-        raise TypeError(f"alerts must be True, False, a dict of thresholds or an Alerts, "
-                        f"got {type(alerts).__name__}")
+        raise TypeError(
+            f"alerts must be True, False, a dict of thresholds or an Alerts, "
+            f"got {type(alerts).__name__}"
+        )
 
     @classmethod
-    def attach(cls, model, every=100, path=None, delta=False, tensorboard=None,
-               **options):
+    def attach(cls, model, every=100, path=None, delta=False, tensorboard=None, **options):
         """Attach a monitor to ``model``: every ``every`` steps, rows to ``path``
         (.csv/.jsonl, a SummaryWriter or a function) and/or ``tensorboard`` (a log
         directory or a SummaryWriter), Σ(δ_lp − δ_hp) when ``delta``. Options:
@@ -147,8 +162,7 @@ class AttentionMonitor:
         file), ``sink`` (a function of each step's rows), ``alerts`` (True: the book's
         thresholds; False: none; a dict: your thresholds), ``on_alert`` (a function of
         each :class:`~kernels.monitor.alerts.Alert`)."""
-        return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard,
-                   **options)
+        return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard, **options)
 
     @property
     def layer_names(self) -> list[str]:
@@ -167,7 +181,8 @@ class AttentionMonitor:
                 "this monitor was detached (detach() or close()): its hooks are gone and "
                 "its files closed, so it reads no more steps. Its rows are still in "
                 ".rows; to go on reading, attach a new monitor (append=True continues "
-                "the file)")
+                "the file)"
+            )
         if step is None:
             step = self._counter
         elif self._last is not None and step == self._last[0]:
@@ -180,23 +195,32 @@ class AttentionMonitor:
     def _arm(self, step) -> bool:
         self._finish()
         if self._compile_seen and self.enabled:
-            self._disable("the model was compiled with torch.compile after the monitor "
-                          "was attached")
+            self._disable(
+                "the model was compiled with torch.compile after the monitor was attached"
+            )
         if not self.enabled or step % self.every or not _writes():
             return False
         if _compiled(self._model):
-            self._disable("the model was compiled with torch.compile after the monitor "
-                          "was attached")
+            self._disable(
+                "the model was compiled with torch.compile after the monitor was attached"
+            )
             return False
-        self._pending = {"step": step, "qkv": {}, "forward": {}, "expect": set(),
-                         "delta": {}, "seen": False}
+        self._pending = {
+            "step": step,
+            "qkv": {},
+            "forward": {},
+            "expect": set(),
+            "delta": {},
+            "seen": False,
+        }
         for layer in self.layers:
-            self._handles.append(layer.module.c_attn.register_forward_hook(
-                self._qkv_hook(layer)))
-            self._handles.append(layer.module.c_proj.register_forward_pre_hook(
-                self._output_hook(layer)))
-            self._handles.append(layer.module.register_forward_pre_hook(
-                self._mask_hook(layer), with_kwargs=True))
+            self._handles.append(layer.module.c_attn.register_forward_hook(self._qkv_hook(layer)))
+            self._handles.append(
+                layer.module.c_proj.register_forward_pre_hook(self._output_hook(layer))
+            )
+            self._handles.append(
+                layer.module.register_forward_pre_hook(self._mask_hook(layer), with_kwargs=True)
+            )
         return True
 
     def detach(self):
@@ -224,6 +248,7 @@ class AttentionMonitor:
         import pandas as pd
 
         from .sinks import COLUMNS
+
         return pd.DataFrame(self.rows, columns=list(COLUMNS))
 
     # ------------------------------------------------------------ hooks
@@ -236,10 +261,10 @@ class AttentionMonitor:
                 self._compile_seen = True
                 return
             pending = self._pending
-            if (pending is None or layer.index in pending["qkv"]
-                    or not torch.is_grad_enabled()):
+            if pending is None or layer.index in pending["qkv"] or not torch.is_grad_enabled():
                 return
             pending["qkv"][layer.index] = output.detach()
+
         return hook
 
     def _mask_hook(self, layer):
@@ -255,7 +280,10 @@ class AttentionMonitor:
                     "every position up to the diagonal as visible, so padded positions "
                     "enter its tie shares, logits and δ: read on batches without "
                     "padding (pack the sequences) or take these readings as approximate",
-                    UserWarning, stacklevel=2)
+                    UserWarning,
+                    stacklevel=2,
+                )
+
         return hook
 
     def _output_hook(self, layer):
@@ -267,9 +295,13 @@ class AttentionMonitor:
                 self._compile_seen = True
                 return
             pending = self._pending
-            if (pending is None or layer.index in pending["forward"] or not inputs
-                    or layer.index not in pending["qkv"]
-                    or not torch.is_grad_enabled()):
+            if (
+                pending is None
+                or layer.index in pending["forward"]
+                or not inputs
+                or layer.index not in pending["qkv"]
+                or not torch.is_grad_enabled()
+            ):
                 return
             pending["seen"] = True
             out = inputs[0]
@@ -287,6 +319,7 @@ class AttentionMonitor:
                 out.register_hook(self._grad_hook(layer, pending, o_lp, o_hp))
             self._done_with(layer)
             self._check_complete()
+
         return hook
 
     def _grad_hook(self, layer, pending, o_lp, o_hp):
@@ -294,20 +327,24 @@ class AttentionMonitor:
             if self._pending is not pending or layer.index in pending["delta"]:
                 return
             with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
-                d_out = layer.heads(grad.detach()[:o_lp.shape[0]])
-                err = delta_error(d_out, o_lp, o_hp)                    # (B, H, N)
+                d_out = layer.heads(grad.detach()[: o_lp.shape[0]])
+                err = delta_error(d_out, o_lp, o_hp)  # (B, H, N)
                 pending["delta"][layer.index] = {
                     "delta_err": [float(t) for t in err.sum(-1).mean(0)],
-                    "delta_abs": [float(t) for t in err.abs().sum(-1).mean(0)]}
+                    "delta_abs": [float(t) for t in err.abs().sum(-1).mean(0)],
+                }
             self._check_complete()
+
         return hook
 
     def _done_with(self, layer):
         """Remove the module hooks of one layer once it has been read."""
         keep = []
-        hooks_of = (layer.module.c_attn._forward_hooks,
-                    layer.module.c_proj._forward_pre_hooks,
-                    layer.module._forward_pre_hooks)
+        hooks_of = (
+            layer.module.c_attn._forward_hooks,
+            layer.module.c_proj._forward_pre_hooks,
+            layer.module._forward_pre_hooks,
+        )
         for handle in self._handles:
             if any(handle.id in d for d in hooks_of):
                 handle.remove()
@@ -322,8 +359,11 @@ class AttentionMonitor:
 
     def _check_complete(self):
         p = self._pending
-        if p is not None and len(p["forward"]) == len(self.layers) \
-                and p["expect"] <= set(p["delta"]):
+        if (
+            p is not None
+            and len(p["forward"]) == len(self.layers)
+            and p["expect"] <= set(p["delta"])
+        ):
             self._finish()
 
     def _finish(self):
@@ -334,11 +374,14 @@ class AttentionMonitor:
             return
         if not p["seen"]:
             if self._compile_seen:
-                return                  # step() switches the monitor off, with one warning
+                return  # step() switches the monitor off, with one warning
             warnings.warn(
                 f"monitor: step {p['step']} was armed but no training forward pass "
                 "reached the attention layers (was the model run without gradients?); "
-                "nothing was read", RuntimeWarning, stacklevel=3)
+                "nothing was read",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return
         rows = []
         for layer in self.layers:
@@ -355,10 +398,14 @@ class AttentionMonitor:
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):
-        warnings.warn(f"AttentionMonitor disables itself: {why}, and compiled code "
-                      "never calls the hooks it reads through. To read the attention, "
-                      "train the uncompiled model (attach the monitor to it and do not "
-                      "compile it).", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"AttentionMonitor disables itself: {why}, and compiled code "
+            "never calls the hooks it reads through. To read the attention, "
+            "train the uncompiled model (attach the monitor to it and do not "
+            "compile it).",
+            UserWarning,
+            stacklevel=4,
+        )
         self.enabled = False
         self._remove_hooks()
         self._pending = None
@@ -367,7 +414,7 @@ class AttentionMonitor:
         for layer in self.layers:
             drop = getattr(layer.module, "attn_dropout", None)
             p = drop.p if isinstance(drop, torch.nn.Dropout) else 0.0
-            rate = getattr(layer.module, "dropout", 0.0)   # nanoGPT: sdpa's dropout_p
+            rate = getattr(layer.module, "dropout", 0.0)  # nanoGPT: sdpa's dropout_p
             if isinstance(rate, (int, float)):
                 p = max(p, float(rate))
             if p > 0:
@@ -375,16 +422,22 @@ class AttentionMonitor:
                     f"layer {layer.name!r} applies attention dropout (p = {p:g}); O_hp "
                     "has none, so delta_err would measure the dropout as well as the "
                     "rounding: set the attention dropout to 0 while reading delta",
-                    UserWarning, stacklevel=3)
+                    UserWarning,
+                    stacklevel=3,
+                )
 
 
 def _combined(stats: dict) -> dict:
     """One layer's per-head readings combined as the stored runs hold them
     (:data:`kernels.monitor.readings.LAYER_RULES`)."""
     from .readings import LAYER_RULES
+
     how = {"mean": lambda v: sum(v) / len(v), "max": max, "sum": sum}
-    return {metric: how[rule](stats[metric]) for metric, rule in LAYER_RULES.items()
-            if stats.get(metric)}
+    return {
+        metric: how[rule](stats[metric])
+        for metric, rule in LAYER_RULES.items()
+        if stats.get(metric)
+    }
 
 
 __all__ = ["AttentionMonitor", "METRICS", "LAYOUTS", "find_attention", "query_weight"]

@@ -8,6 +8,7 @@
   how many steps before the failure the metric first passed that ceiling (the *lead*).
 * :func:`layer_table` combines the heads of a layer as the book's stored runs hold them.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,8 +38,9 @@ def _summary(values) -> dict:
     return {"median": float(med), "iqr": float(q3 - q1)}
 
 
-def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
-               seed: int = 0, sync=None) -> dict:
+def time_steps(
+    model, loss_fn, monitor, repeats: int = 20, warmup: int = 2, seed: int = 0, sync=None
+) -> dict:
     """Seconds per forward + backward pass (``loss_fn()`` returns the loss of a fixed
     batch): ``off`` without calling the monitor, ``between`` with ``monitor.step`` on
     steps it does not read, ``reading`` on steps it reads; each round runs the three
@@ -49,25 +51,25 @@ def time_steps(model, loss_fn, monitor, repeats: int = 20, warmup: int = 2,
     called before and after each timed pass (pass ``torch.cuda.synchronize`` on a GPU,
     where work is queued and a clock alone measures only the launches)."""
     if repeats < 3:
-        raise ValueError(f"need at least 3 repeats for a median and quartiles, got "
-                         f"{repeats}")
+        raise ValueError(f"need at least 3 repeats for a median and quartiles, got {repeats}")
     every = monitor.every
     if every < 2:
-        raise ValueError("a monitor with every=1 reads every step: nothing to time "
-                         "between")
+        raise ValueError("a monitor with every=1 reads every step: nothing to time between")
     rng = random.Random(seed)
     times = {"off": [], "between": [], "reading": []}
     for i in range(warmup + repeats):
-        before = {"off": None,
-                  "between": lambda: monitor.step(every * i + 1),    # not read
-                  "reading": lambda: monitor.step(every * (i + 1))}  # read
+        before = {
+            "off": None,
+            "between": lambda: monitor.step(every * i + 1),  # not read
+            "reading": lambda: monitor.step(every * (i + 1)),
+        }  # read
         kinds = list(times)
         rng.shuffle(kinds)
         got = {kind: _one_step(model, loss_fn, before[kind], sync) for kind in kinds}
         if i >= warmup:
             for kind, value in got.items():
                 times[kind].append(value)
-    monitor.step(every * (warmup + repeats) + 1)               # writes the last one
+    monitor.step(every * (warmup + repeats) + 1)  # writes the last one
     calls = []
     for i in range(1000):
         start = time.perf_counter()
@@ -87,8 +89,7 @@ def ceiling_and_lead(healthy, failing) -> dict:
     finite = [np.asarray(v, dtype=float) for _, v in healthy]
     finite = [v[np.isfinite(v)] for v in finite]
     if not any(len(v) for v in finite):
-        raise ValueError("the healthy runs hold no finite value: no ceiling can be "
-                         "drawn")
+        raise ValueError("the healthy runs hold no finite value: no ceiling can be drawn")
     ceiling = float(max(v.max() for v in finite if len(v)))
     leads = []
     for steps, values, failed_at in failing:
@@ -96,16 +97,27 @@ def ceiling_and_lead(healthy, failing) -> dict:
         over = (values > ceiling) & (steps < failed_at)
         if over.any():
             leads.append(int(failed_at - steps[np.argmax(over)]))
-    return {"ceiling": ceiling, "crossed": len(leads), "failing": len(failing),
-            "lead_min": min(leads) if leads else None,
-            "lead_max": max(leads) if leads else None, "leads": leads}
+    return {
+        "ceiling": ceiling,
+        "crossed": len(leads),
+        "failing": len(failing),
+        "lead_min": min(leads) if leads else None,
+        "lead_max": max(leads) if leads else None,
+        "leads": leads,
+    }
 
 
 # How a layer's heads combine into one number per layer, as the book's stored GPT-2 runs
 # hold them: shares over all rows of the layer (every head has as many rows), the
 # largest head's ‖W_Q‖ and logit, and δ errors summed over heads.
-LAYER_RULES = {"ties_bf16": "mean", "p1_fa2": "mean", "wq_norm": "max",
-               "max_logit": "max", "delta_err": "sum", "delta_abs": "sum"}
+LAYER_RULES = {
+    "ties_bf16": "mean",
+    "p1_fa2": "mean",
+    "wq_norm": "max",
+    "max_logit": "max",
+    "delta_err": "sum",
+    "delta_abs": "sum",
+}
 
 
 def layer_table(rows):
@@ -116,23 +128,29 @@ def layer_table(rows):
     import pandas as pd
 
     from .sinks import COLUMNS, read_rows
+
     if hasattr(rows, "rows"):
         rows = rows.rows
     if isinstance(rows, (str, bytes)) or hasattr(rows, "suffix"):
         rows = read_rows(rows)
-    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(
-        rows, columns=list(COLUMNS))
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=list(COLUMNS))
     key = ["step", "layer", "head", "metric"]
     repeated = frame.duplicated(key, keep="last")
     if repeated.any():
         steps = sorted(set(frame.step[repeated]))
         import warnings
-        warnings.warn(f"layer_table: {int(repeated.sum())} rows repeat a (step, layer, "
-                      f"head, metric) already read (steps {steps[:5]}"
-                      f"{' …' if len(steps) > 5 else ''}); each keeps its last value",
-                      UserWarning, stacklevel=2)
+
+        warnings.warn(
+            f"layer_table: {int(repeated.sum())} rows repeat a (step, layer, "
+            f"head, metric) already read (steps {steps[:5]}"
+            f"{' …' if len(steps) > 5 else ''}); each keeps its last value",
+            UserWarning,
+            stacklevel=2,
+        )
         frame = frame[~repeated]
-    tables = [frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how)
-              .rename(metric) for metric, how in LAYER_RULES.items()
-              if (frame.metric == metric).any()]
+    tables = [
+        frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how).rename(metric)
+        for metric, how in LAYER_RULES.items()
+        if (frame.metric == metric).any()
+    ]
     return pd.concat(tables, axis=1)

@@ -8,6 +8,7 @@ writes (a DDP rank other than 0) never creates one. A file is opened once: a sin
 was closed refuses to write again (it would start the file over), and :func:`make_sink`
 turns whatever the reader passed into a sink, or says what it cannot take.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,7 +36,8 @@ class FileSink:
             raise RuntimeError(
                 f"the monitor file {str(self.path)!r} was closed: writing to it again "
                 "would start it over and lose its rows. Attach a new monitor with "
-                "append=True to continue it")
+                "append=True to continue it"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not (self.append and self.path.exists() and self.path.stat().st_size)
         self._file = open(self.path, "a" if self.append else "w", newline="")
@@ -69,7 +71,8 @@ def tensorboard_writer_class():
         raise ImportError(
             "the monitor's tensorboard= option needs the 'tensorboard' package, which "
             "is not installed (pip install tensorboard), or pass tensorboard=None and "
-            f"read the CSV or JSON-lines file instead ({err})") from None
+            f"read the CSV or JSON-lines file instead ({err})"
+        ) from None
     return SummaryWriter
 
 
@@ -119,20 +122,24 @@ def make_sink(target, option: str, append: bool = False):
     directory (``option="tensorboard"``); an object with ``add_scalar`` (a SummaryWriter);
     or any callable taking a list of rows."""
     if isinstance(target, (str, os.PathLike)):
-        return FileSink(target, append=append) if option == "path" \
-            else TensorBoardSink(logdir=target)
+        return (
+            FileSink(target, append=append) if option == "path" else TensorBoardSink(logdir=target)
+        )
     if callable(getattr(target, "add_scalar", None)):
         return TensorBoardSink(writer=target)
     if callable(target):
         return CallableSink(target)
-    raise TypeError(f"{option}= takes a file path, a TensorBoard SummaryWriter (anything "
-                    f"with add_scalar) or a function of a list of rows; got "
-                    f"{type(target).__name__}")
+    raise TypeError(
+        f"{option}= takes a file path, a TensorBoard SummaryWriter (anything "
+        f"with add_scalar) or a function of a list of rows; got "
+        f"{type(target).__name__}"
+    )
 
 
 def read_rows(path):
     """The rows of a monitor file (CSV or JSON lines) as a pandas table."""
     import pandas as pd
+
     path = Path(path)
     if path.suffix.lower() == ".jsonl":
         return pd.read_json(path, lines=True, precise_float=True)

@@ -15,13 +15,44 @@ checks' shared rules, :mod:`kernels.checking`.
 Chapter 1 uses the NumPy side by name from here (``numerics.bits``, ``numerics.add_trace``); the
 torch helpers are imported from :mod:`.rounding` so the two ``round_to`` never meet.
 """
+
 from .addition import AddTrace, Operand, add_trace
-from .experiments import KINDS, plot_error_hist, plot_ulp, rounding_errors
 from .exercises import EXERCISE_SUMS, PAPER_EXAMPLE
-from .formats import FORMATS, Fields, Format, bits, decode, format_table, from_bits, get_format, round_to, ulp
+from .experiments import KINDS, plot_error_hist, plot_ulp, rounding_errors
+from .formats import (
+    FORMATS,
+    Fields,
+    Format,
+    bits,
+    decode,
+    format_table,
+    from_bits,
+    get_format,
+    round_to,
+    ulp,
+)
 from .stats import MeanError, mean_error
 
-__all__ = ["AddTrace", "Operand", "add_trace", "KINDS", "plot_error_hist", "plot_ulp",
-           "rounding_errors", "EXERCISE_SUMS", "PAPER_EXAMPLE",
-           "FORMATS", "Fields", "Format", "bits", "decode", "format_table", "from_bits",
-           "get_format", "round_to", "ulp", "MeanError", "mean_error"]
+__all__ = [
+    "AddTrace",
+    "Operand",
+    "add_trace",
+    "KINDS",
+    "plot_error_hist",
+    "plot_ulp",
+    "rounding_errors",
+    "EXERCISE_SUMS",
+    "PAPER_EXAMPLE",
+    "FORMATS",
+    "Fields",
+    "Format",
+    "bits",
+    "decode",
+    "format_table",
+    "from_bits",
+    "get_format",
+    "round_to",
+    "ulp",
+    "MeanError",
+    "mean_error",
+]

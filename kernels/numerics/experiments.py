@@ -1,4 +1,5 @@
 """Chapter 1's experiments: signed rounding errors of many additions, and its two plots."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,16 @@ from .stats import mean_error
 KINDS = ("random", "carry", "carry+residual")
 
 
-def rounding_errors(n: int, kind: str = "random", fmt="bf16", rng=None, *, sign: float = -1.0,
-                    residual_ulps: float = 0.1, acc_fmt="fp32") -> np.ndarray:
+def rounding_errors(
+    n: int,
+    kind: str = "random",
+    fmt="bf16",
+    rng=None,
+    *,
+    sign: float = -1.0,
+    residual_ulps: float = 0.1,
+    acc_fmt="fp32",
+) -> np.ndarray:
     """Signed rounding errors, in ulps of ``fmt`` at the exact sum, of ``n`` additions acc + b.
 
     ``b`` is a ``fmt`` value and ``acc`` an ``acc_fmt`` accumulator; the exact sum is rounded once
@@ -41,19 +50,18 @@ def rounding_errors(n: int, kind: str = "random", fmt="bf16", rng=None, *, sign:
         acc = round_to(signs[0] * mags[0], fa)
         b = round_to(signs[1] * mags[1], f)
     else:
-        binade = rng.integers(-3, 4, size=n)                       # both operands in [2^k, 2^(k+1))
-        sig = rng.integers(2 ** f.fraction_bits, 2 ** f.precision, size=(2, n))
-        a_val, b = (sign * np.ldexp(sig.astype(np.float64), binade - f.fraction_bits))
+        binade = rng.integers(-3, 4, size=n)  # both operands in [2^k, 2^(k+1))
+        sig = rng.integers(2**f.fraction_bits, 2**f.precision, size=(2, n))
+        a_val, b = sign * np.ldexp(sig.astype(np.float64), binade - f.fraction_bits)
         residual = 0.0
         if kind == "carry+residual":
             residual = sign * rng.uniform(0, residual_ulps, size=n) * ulp(a_val, f)
         acc = round_to(a_val + residual, fa)
         b = np.asarray(b)
     exact = acc + b
-    if not (np.all(exact - acc == b) and np.all(exact - b == acc)):   # float64 held the sum exactly
+    if not (np.all(exact - acc == b) and np.all(exact - b == acc)):  # float64 held the sum exactly
         raise ArithmeticError("a sum was not exact in float64; reduce the magnitude range")
     return (round_to(exact, f) - exact) / ulp(exact, f)
-
 
 
 def plot_ulp(axes=None, formats=None):
@@ -63,25 +71,34 @@ def plot_ulp(axes=None, formats=None):
     Returns the two axes.
     """
     import matplotlib.pyplot as plt
+
     if axes is None:
         _, axes = plt.subplots(2, 1, figsize=(6.8, 8), layout="constrained")
     styles = ["-", "-", "--", "-", ":"]
-    zoom = (2.0 ** -16, 2.0 ** 17)
+    zoom = (2.0**-16, 2.0**17)
     for style, name in zip(styles, formats or FORMATS):
         f = get_format(name)
         x = np.geomspace(f.smallest_subnormal, f.max, 6000)
         for ax in axes:
-            line, = ax.step(x, ulp(x, f), where="post", linestyle=style, linewidth=1.6,
-                            label=f"{f.label} ({f.fraction_bits} fraction bits)")
+            (line,) = ax.step(
+                x,
+                ulp(x, f),
+                where="post",
+                linestyle=style,
+                linewidth=1.6,
+                label=f"{f.label} ({f.fraction_bits} fraction bits)",
+            )
             ax.plot([f.max], [ulp(f.max, f)], "o", color=line.get_color(), markersize=4)
-    for ax, title in zip(axes, ("whole range (flat left ends: subnormals)", "zoom: each step is one binade")):
+    for ax, title in zip(
+        axes, ("whole range (flat left ends: subnormals)", "zoom: each step is one binade")
+    ):
         ax.set_xscale("log", base=10)
         ax.set_yscale("log", base=10)
         ax.set_xlabel("value x")
         ax.set_ylabel("ulp(x): gap to the next number")
         ax.set_title(title)
     axes[1].set_xlim(*zoom)
-    axes[1].set_ylim(2.0 ** -42, 2.0 ** 16)
+    axes[1].set_ylim(2.0**-42, 2.0**16)
     axes[0].legend(fontsize=9, loc="upper left")
     return axes
 
@@ -89,16 +106,22 @@ def plot_ulp(axes=None, formats=None):
 def plot_error_hist(errors_by_kind: dict, ax=None, bins=None):
     """Overlaid histograms of signed rounding errors (ulps), one per experiment."""
     import matplotlib.pyplot as plt
+
     if ax is None:
         _, ax = plt.subplots(figsize=(6.8, 4))
     bins = np.linspace(-0.5, 0.5, 41) if bins is None else bins
     for label, errs in errors_by_kind.items():
         m = mean_error(errs)
-        _, _, patches = ax.hist(errs, bins=bins, histtype="step", linewidth=1.6, density=True,
-                                label=f"{label}: mean {m.mean:+.3f} ± {m.sem:.3f}")
+        _, _, patches = ax.hist(
+            errs,
+            bins=bins,
+            histtype="step",
+            linewidth=1.6,
+            density=True,
+            label=f"{label}: mean {m.mean:+.3f} ± {m.sem:.3f}",
+        )
         ax.axvline(m.mean, linestyle="--", linewidth=1, color=patches[0].get_edgecolor())
     ax.set_xlabel("rounding error (rounded − exact), in ulps at the exact sum; dashed: means")
     ax.set_ylabel("density")
     ax.legend(fontsize=9)
     return ax
-

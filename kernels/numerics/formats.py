@@ -16,6 +16,7 @@ twice (``bfloat16(1 + 2**-8 + 2**-30)`` gives 1.0, the correctly rounded value i
 :func:`round_to` avoids that: it first rounds the float64 "to odd" two bits below the target's last
 bit (exact in float32), so the library's single remaining cast is the correct one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,19 @@ import math
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Format", "FORMATS", "get_format", "format_table", "round_to", "ulp", "bits",
-           "from_bits", "decode", "Fields"]
+__all__ = [
+    "Format",
+    "FORMATS",
+    "get_format",
+    "format_table",
+    "round_to",
+    "ulp",
+    "bits",
+    "from_bits",
+    "decode",
+    "Fields",
+]
+
 
 # ----------------------------------------------------------------------------------------------
 # Formats
@@ -37,6 +49,7 @@ class Format:
     A finite nonzero value is ``(-1)^s * 1.f * 2^(E - bias)`` (normal) or ``(-1)^s * 0.f * 2^emin``
     (subnormal, biased exponent field 0).
     """
+
     name: str
     label: str
     dtype: type
@@ -70,18 +83,28 @@ class Format:
         return math.frexp(self.max)[1] - 1
 
     def __repr__(self) -> str:
-        return (f"Format({self.name}: 1+{self.exponent_bits}+{self.fraction_bits} bits, bias {self.bias},"
-                f" max {self.max:.6g}, eps {self.eps:.6g})")
+        return (
+            f"Format({self.name}: 1+{self.exponent_bits}+{self.fraction_bits} bits, bias {self.bias},"
+            f" max {self.max:.6g}, eps {self.eps:.6g})"
+        )
 
 
 def _make_format(name, label, dtype, uint, has_inf) -> Format:
     info = ml_dtypes.finfo(dtype) if dtype.__module__.startswith("ml_dtypes") else np.finfo(dtype)
-    return Format(name=name, label=label, dtype=dtype, uint=uint,
-                  exponent_bits=int(info.nexp), fraction_bits=int(info.nmant),
-                  bias=1 - int(info.minexp), max=float(info.max),
-                  smallest_normal=float(info.smallest_normal),
-                  smallest_subnormal=float(info.smallest_subnormal), eps=float(info.eps),
-                  has_inf=has_inf)
+    return Format(
+        name=name,
+        label=label,
+        dtype=dtype,
+        uint=uint,
+        exponent_bits=int(info.nexp),
+        fraction_bits=int(info.nmant),
+        bias=1 - int(info.minexp),
+        max=float(info.max),
+        smallest_normal=float(info.smallest_normal),
+        smallest_subnormal=float(info.smallest_subnormal),
+        eps=float(info.eps),
+        has_inf=has_inf,
+    )
 
 
 FORMATS: dict[str, Format] = {
@@ -105,14 +128,24 @@ def get_format(fmt) -> Format:
 def format_table():
     """A pandas DataFrame comparing the five formats (one row each)."""
     import pandas as pd
+
     rows = []
     for f in FORMATS.values():
-        rows.append({"format": f.label, "sign bits": f.sign_bits, "exponent bits": f.exponent_bits,
-                     "fraction bits": f.fraction_bits, "bias": f.bias, "max": f"{f.max:.4g}",
-                     "smallest normal": f"{f.smallest_normal:.3g}",
-                     "smallest subnormal": f"{f.smallest_subnormal:.3g}",
-                     "eps = ulp(1)": f"{f.eps:.3g}", "decimal digits": round(f.precision * math.log10(2), 1),
-                     "has inf": "yes" if f.has_inf else "no: NaN"})
+        rows.append(
+            {
+                "format": f.label,
+                "sign bits": f.sign_bits,
+                "exponent bits": f.exponent_bits,
+                "fraction bits": f.fraction_bits,
+                "bias": f.bias,
+                "max": f"{f.max:.4g}",
+                "smallest normal": f"{f.smallest_normal:.3g}",
+                "smallest subnormal": f"{f.smallest_subnormal:.3g}",
+                "eps = ulp(1)": f"{f.eps:.3g}",
+                "decimal digits": round(f.precision * math.log10(2), 1),
+                "has inf": "yes" if f.has_inf else "no: NaN",
+            }
+        )
     return pd.DataFrame(rows).set_index("format")
 
 
@@ -136,9 +169,9 @@ def _round_to_odd(x: np.ndarray, f: Format) -> np.ndarray:
     mag = np.abs(x)
     finite_nonzero = np.isfinite(mag) & (mag > 0)
     safe = np.where(finite_nonzero, mag, 1.0)
-    lead = np.frexp(safe)[1] - 1                                 # floor(log2 |x|)
-    lsb = np.maximum(lead, f.emin) - f.fraction_bits - 2           # 2 bits below the kept last bit
-    scaled = np.ldexp(safe, -lsb)                                  # exact: power-of-two scaling
+    lead = np.frexp(safe)[1] - 1  # floor(log2 |x|)
+    lsb = np.maximum(lead, f.emin) - f.fraction_bits - 2  # 2 bits below the kept last bit
+    scaled = np.ldexp(safe, -lsb)  # exact: power-of-two scaling
     kept = np.floor(scaled)
     kept = np.where((scaled != kept) & (np.fmod(kept, 2) == 0), kept + 1, kept)
     odd = np.copysign(np.ldexp(kept, lsb), x)
@@ -183,7 +216,7 @@ def _pattern_int(x: float, f: Format) -> int:
 
 def _split_bits(code: int, f: Format) -> tuple[str, str, str]:
     s = format(code, f"0{f.total_bits}b")
-    return s[0], s[1:1 + f.exponent_bits], s[1 + f.exponent_bits:]
+    return s[0], s[1 : 1 + f.exponent_bits], s[1 + f.exponent_bits :]
 
 
 def bits(x, fmt, sep: str = "|") -> str:
@@ -200,7 +233,9 @@ def from_bits(pattern: str, fmt) -> float:
     clean = pattern.strip().lower().removeprefix("0b")
     clean = "".join(ch for ch in clean if ch not in "|_ ")
     if len(clean) != f.total_bits or set(clean) - {"0", "1"}:
-        raise ValueError(f"{pattern!r} is not a {f.total_bits}-bit pattern of 0s and 1s for {f.label}")
+        raise ValueError(
+            f"{pattern!r} is not a {f.total_bits}-bit pattern of 0s and 1s for {f.label}"
+        )
     code = np.array(int(clean, 2), dtype=f.uint)
     with np.errstate(invalid="ignore"):
         return float(code.view(f.dtype).astype(np.float64))
@@ -209,14 +244,15 @@ def from_bits(pattern: str, fmt) -> float:
 @dataclasses.dataclass(frozen=True)
 class Fields:
     """The decoded fields of one stored value."""
+
     fmt: str
     value: float
     sign: int
     exponent_field: int
     fraction_field: int
-    kind: str           # 'normal' | 'subnormal' | 'zero' | 'inf' | 'nan'
-    exponent: int | None   # unbiased exponent (None for inf/nan)
-    significand: str    # '1.0010011' or '0.0000101'
+    kind: str  # 'normal' | 'subnormal' | 'zero' | 'inf' | 'nan'
+    exponent: int | None  # unbiased exponent (None for inf/nan)
+    significand: str  # '1.0010011' or '0.0000101'
     pattern: str
 
     def __str__(self) -> str:

@@ -3,6 +3,7 @@
 One core, :func:`mean_ci`; :func:`mean_error` (chapter 1's additions) and :func:`bias_summary`
 (attention outputs, whose rows are the independent units) are views of it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-NEGLIGIBLE_ULP = 0.02   # a statistically detectable mean below this is called negligible
+NEGLIGIBLE_ULP = 0.02  # a statistically detectable mean below this is called negligible
 Z95 = 1.96
 
 
@@ -33,7 +34,7 @@ def mean_ci(values, z: float = Z95) -> dict:
 @dataclasses.dataclass(frozen=True)
 class MeanError:
     mean: float
-    sem: float          # standard error of the mean
+    sem: float  # standard error of the mean
     n: int
 
     def __str__(self) -> str:

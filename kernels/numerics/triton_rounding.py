@@ -21,17 +21,21 @@ Everything here is a ``@triton.jit`` helper (inlined into the calling kernel) pl
 test kernel, :func:`round_tensor`, that the tests and chapter 1 use to check the helper
 against torch's own ``.to(torch.bfloat16)``.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-
 # Codes for the low-precision format a kernel rounds to (compile-time constants).
 LOW_BF16, LOW_FP16, LOW_FP32, LOW_FP64 = 0, 1, 2, 3
-LOW_CODES = {torch.bfloat16: LOW_BF16, torch.float16: LOW_FP16,
-             torch.float32: LOW_FP32, torch.float64: LOW_FP64}
+LOW_CODES = {
+    torch.bfloat16: LOW_BF16,
+    torch.float16: LOW_FP16,
+    torch.float32: LOW_FP32,
+    torch.float64: LOW_FP64,
+}
 _BF16 = tl.constexpr(LOW_BF16)
 _FP16 = tl.constexpr(LOW_FP16)
 
@@ -40,9 +44,9 @@ _FP16 = tl.constexpr(LOW_FP16)
 def round_to_bf16(x):
     """Nearest bf16 value of the fp32 tensor ``x`` (ties to even), returned as fp32."""
     bits = x.to(tl.uint32, bitcast=True)
-    odd = (bits >> 16) & 1                      # last bit bf16 keeps
-    rounded = ((bits + 0x7FFF + odd) >> 16) << 16   # add half an ulp (-1 if even), drop 16 bits
-    quiet_nan = ((bits >> 16) | 0x0040) << 16   # NaN stays NaN, made quiet, sign kept
+    odd = (bits >> 16) & 1  # last bit bf16 keeps
+    rounded = ((bits + 0x7FFF + odd) >> 16) << 16  # add half an ulp (-1 if even), drop 16 bits
+    quiet_nan = ((bits >> 16) | 0x0040) << 16  # NaN stays NaN, made quiet, sign kept
     out = tl.where(x != x, quiet_nan, rounded)
     return out.to(tl.float32, bitcast=True)
 

@@ -45,15 +45,20 @@ def setup_source(url: str, branch: str) -> str:
     """The setup cell every chapter starts with."""
     return f'''# Setup (the same cell opens every chapter; made by kernels/tools/booktools.py).
 # A local clone or CI finds kernels/ one folder up; Colab clones the repository first.
-import os, sys, subprocess
+import os
+import subprocess
+import sys
+
 REPO_URL, BRANCH = "{url}", "{branch}"
+SRC = "/content/book-src"
 if "google.colab" in sys.modules and not os.path.isdir("kernels"):
-    if not os.path.isdir("/content/book-src"):
-        subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", BRANCH, REPO_URL,
-                        "/content/book-src"], check=True)
-    os.chdir("/content/book-src")
+    if not os.path.isdir(SRC):
+        clone = ["git", "clone", "-q", "--depth", "1", "-b", BRANCH, REPO_URL, SRC]
+        subprocess.run(clone, check=True)
+    os.chdir(SRC)
 sys.path.insert(0, os.path.abspath(".." if os.path.isdir("../kernels") else "."))
 import kernels
+
 ENV = kernels.setup(seed=0)'''
 
 

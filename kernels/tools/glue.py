@@ -5,6 +5,7 @@ prints it, so a sentence can never drift from the cell that measures it; the bui
 when a glued name goes missing. Where MyST-NB is not installed (Colab, a plain Jupyter) the
 value is simply returned: the cell's own printed output shows it there.
 """
+
 from __future__ import annotations
 
 

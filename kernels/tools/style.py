@@ -12,35 +12,48 @@ Jupyter. :func:`apply` sets the book's sizes (nothing under :data:`MIN_FONT_PT`)
 uses and how many heatmaps lack a colour bar; ``tests/test_site.py`` reads both back from the
 built site and computes the inequality above for every image, as it is really displayed.
 """
+
 from __future__ import annotations
 
 import io
 
-MIN_FONT_PT = 9.0      # the smallest text a figure may use, in points
-DPI = 100              # the PNG resolution of figures shown in a notebook (pixels per inch)
-WIDTH_IN = 6.8         # the default figure width: 680 px, the site's text column (676 px)
+MIN_FONT_PT = 9.0  # the smallest text a figure may use, in points
+DPI = 100  # the PNG resolution of figures shown in a notebook (pixels per inch)
+WIDTH_IN = 6.8  # the default figure width: 680 px, the site's text column (676 px)
 PNG_KEY_FONT = "min_font_pt"
 PNG_KEY_DPI = "dpi"
 PNG_KEY_NO_COLORBAR = "heatmaps_without_colorbar"
 
 RC = {
-    "figure.dpi": DPI, "savefig.dpi": DPI, "figure.figsize": (WIDTH_IN, 3.6),
-    "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
-    "ytick.labelsize": 9.5, "legend.fontsize": 9, "legend.title_fontsize": 9,
-    "figure.titlesize": 11, "axes.grid": True, "grid.alpha": 0.3,
-    "axes.spines.top": False, "axes.spines.right": False,
+    "figure.dpi": DPI,
+    "savefig.dpi": DPI,
+    "figure.figsize": (WIDTH_IN, 3.6),
+    "font.size": 10,
+    "axes.titlesize": 10.5,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9.5,
+    "ytick.labelsize": 9.5,
+    "legend.fontsize": 9,
+    "legend.title_fontsize": 9,
+    "figure.titlesize": 11,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
 }
 
 
 def apply() -> None:
     """Set the book's matplotlib defaults (sizes in points, nothing under MIN_FONT_PT)."""
     import matplotlib as mpl
+
     mpl.rcParams.update(RC)
 
 
 def visible_texts(fig):
     """Every piece of text the reader will see: titles, labels, tick labels, legends, annotations."""
     from matplotlib.text import Text
+
     seen = []
     for text in fig.findobj(Text):
         if not text.get_visible() or not text.get_text().strip():
@@ -61,14 +74,15 @@ def heatmaps_without_colorbar(fig) -> int:
     """Images and colour meshes (heatmaps) that have no colour bar to read their values from."""
     from matplotlib.collections import QuadMesh
     from matplotlib.image import AxesImage
+
     def scale(mappable):
         return mappable.get_cmap().name, tuple(mappable.get_clim())
 
     bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
-    shared = {scale(bar.mappable) for bar in bars}   # one bar may serve several panels
+    shared = {scale(bar.mappable) for bar in bars}  # one bar may serve several panels
     count = 0
     for ax in fig.axes:
-        if getattr(ax, "_colorbar", None) is not None:   # a colour bar draws itself as a mesh
+        if getattr(ax, "_colorbar", None) is not None:  # a colour bar draws itself as a mesh
             continue
         for artist in ax.get_children():
             if isinstance(artist, (AxesImage, QuadMesh)) and scale(artist) not in shared:
@@ -79,22 +93,27 @@ def heatmaps_without_colorbar(fig) -> int:
 def png_with_record(fig) -> bytes:
     """The figure as PNG bytes (tight box, book DPI) with its legibility record in text chunks."""
     buffer = io.BytesIO()
-    fig.canvas.draw()   # ticks and legends exist only after a draw
-    metadata = {PNG_KEY_FONT: f"{smallest_font_pt(fig):.2f}", PNG_KEY_DPI: str(DPI),
-                PNG_KEY_NO_COLORBAR: str(heatmaps_without_colorbar(fig))}
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white",
-                metadata=metadata)
+    fig.canvas.draw()  # ticks and legends exist only after a draw
+    metadata = {
+        PNG_KEY_FONT: f"{smallest_font_pt(fig):.2f}",
+        PNG_KEY_DPI: str(DPI),
+        PNG_KEY_NO_COLORBAR: str(heatmaps_without_colorbar(fig)),
+    }
+    fig.savefig(
+        buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white", metadata=metadata
+    )
     return buffer.getvalue()
 
 
 def read_record(png: bytes) -> dict:
     """The legibility record :func:`png_with_record` wrote (empty dict if the PNG has none)."""
     import struct
+
     record, position = {}, 8
     while position + 8 <= len(png):
-        length, kind = struct.unpack(">I4s", png[position:position + 8])
+        length, kind = struct.unpack(">I4s", png[position : position + 8])
         if kind == b"tEXt":
-            key, _, value = png[position + 8:position + 8 + length].partition(b"\0")
+            key, _, value = png[position + 8 : position + 8 + length].partition(b"\0")
             record[key.decode("latin-1")] = value.decode("latin-1")
         position += 12 + length
     return record
@@ -112,11 +131,12 @@ def install() -> bool:
         return False
     import matplotlib.pyplot
     from matplotlib.figure import Figure
+
     # The inline backend (re)registers its own PNG formatter when it is configured: once after
     # the cell that loaded it (a post_run_cell handler), and possibly during a later cell. It
     # shows a cell's remaining figures in a post_execute handler. So ours is put back after every
     # cell (after the backend's own handler) and first thing in post_execute.
-    matplotlib.pyplot.close(matplotlib.pyplot.figure())   # the first figure loads the backend
+    matplotlib.pyplot.close(matplotlib.pyplot.figure())  # the first figure loads the backend
     formatter = shell.display_formatter.formatters["image/png"]
 
     def use_ours(*_):
@@ -132,6 +152,7 @@ def install() -> bool:
 
 def _base64_png(fig) -> str:
     import base64
+
     return base64.b64encode(png_with_record(fig)).decode("ascii")
 
 

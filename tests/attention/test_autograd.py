@@ -1,6 +1,7 @@
 """kernels.flash_attention, the public entry point: behaves like torch's
 scaled_dot_product_attention, accepts every documented option, and refuses bad input with a
 clear message."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,8 @@ import torch.nn.functional as F
 
 import kernels  # noqa: F401
 from kernels import flash_attention
-from kernels.env import native_bf16
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
+from kernels.env import native_bf16
 
 ON_GPU = native_bf16()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -42,8 +43,18 @@ def test_bf16_error_is_like_standard_attention():
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
 def test_options_are_accepted(stable, numerics):
     q, k, v = qkv(n=20, d=16, dtype=torch.bfloat16, batch=1, heads=1)
-    out = flash_attention(q, k, v, causal=True, stable=stable, numerics=numerics, beta=3.0,
-                          eps=0.0, block_m=16, block_n=16)
+    out = flash_attention(
+        q,
+        k,
+        v,
+        causal=True,
+        stable=stable,
+        numerics=numerics,
+        beta=3.0,
+        eps=0.0,
+        block_m=16,
+        block_n=16,
+    )
     assert relative_error(out, attention_fp64(q, k, v, True)) < 2e-2
 
 
@@ -81,12 +92,18 @@ def test_bad_inputs_are_named():
     bad("must be a torch.Tensor", TypeError, k=x.tolist())
     bad("share a dtype", TypeError, v=x.double())
     bad("dtype torch.int32", TypeError, q=x.int(), k=x.int(), v=x.int())
-    bad("head_dim 24 is not supported.*16, 32, 64, 128",
-        q=torch.randn(1, 1, 8, 24, device=DEVICE), k=torch.randn(1, 1, 8, 24, device=DEVICE),
-        v=torch.randn(1, 1, 8, 24, device=DEVICE))
+    bad(
+        "head_dim 24 is not supported.*16, 32, 64, 128",
+        q=torch.randn(1, 1, 8, 24, device=DEVICE),
+        k=torch.randn(1, 1, 8, 24, device=DEVICE),
+        v=torch.randn(1, 1, 8, 24, device=DEVICE),
+    )
     bad("same shape", v=torch.randn(1, 1, 9, 16, device=DEVICE))
-    bad("batch, heads", k=torch.randn(1, 2, 8, 16, device=DEVICE),
-        v=torch.randn(1, 2, 8, 16, device=DEVICE))
+    bad(
+        "batch, heads",
+        k=torch.randn(1, 2, 8, 16, device=DEVICE),
+        v=torch.randn(1, 2, 8, 16, device=DEVICE),
+    )
     bad("beta must be > 1", stable=True, beta=1.0)
     bad("eps must be >= 0", stable="tile", eps=-1e-3)
     bad("numerics must be one of", numerics="bf16")
@@ -101,5 +118,5 @@ def test_bad_inputs_are_named():
 
 def test_beta_is_checked_only_when_the_fix_is_on():
     q, k, v = qkv(n=8, d=16, batch=1, heads=1)
-    out = flash_attention(q, k, v, beta=0.5)   # stable=False: beta unused
+    out = flash_attention(q, k, v, beta=0.5)  # stable=False: beta unused
     assert not torch.isnan(out).any()

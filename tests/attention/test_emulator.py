@@ -1,13 +1,13 @@
 """The numerics contract (kernels/emulate.py) against fp64 attention and brute-force tie counts."""
+
 import math
 
 import pytest
 import torch
 
 from kernels.attention.emulator import flash_forward
+from kernels.attention.reference import attention_fp64, relative_error as rel_err
 from kernels.numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to
-from kernels.attention.reference import attention_fp64
-from kernels.attention.reference import relative_error as rel_err
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
@@ -25,7 +25,9 @@ def test_close_to_fp64(numerics, stable, causal):
 def test_fp64_is_exact_and_fp32_is_close():
     q, k, v = (torch.randn(1, 2, 50, 16, dtype=torch.float64) for _ in range(3))
     ref = attention_fp64(q, k, v, causal=True)
-    assert rel_err(flash_forward(q, k, v, causal=True, low=torch.float64, block_n=7).out, ref) < 1e-13
+    assert (
+        rel_err(flash_forward(q, k, v, causal=True, low=torch.float64, block_n=7).out, ref) < 1e-13
+    )
     out32 = flash_forward(q, k, v, causal=True, low=torch.float32, block_n=7).out
     assert rel_err(out32, attention_fp64(*(t.float() for t in (q, k, v)), causal=True)) < 1e-6
 
@@ -40,9 +42,9 @@ def test_lse_matches_logsumexp():
 def test_cross_tile_ties_detected_and_tile_rule_misses_them():
     n = 32
     scores = 2.0 - 6.0 - torch.rand(4, n)
-    scores[:, [3, 20]] = 2.0                       # a tie split between tile 0 and tile 1 (block 16)
+    scores[:, [3, 20]] = 2.0  # a tie split between tile 0 and tile 1 (block 16)
     scores = round_to(scores, torch.bfloat16)
-    q = torch.eye(n)[:4].view(1, 1, 4, n)          # q_i · k_j = scores[i, j] with k = scores^T (D = n)
+    q = torch.eye(n)[:4].view(1, 1, 4, n)  # q_i · k_j = scores[i, j] with k = scores^T (D = n)
     k = torch.zeros(1, 1, n, n)
     k[0, 0, :, :4] = scores.T
     v = torch.randn(1, 1, n, n)
@@ -50,15 +52,17 @@ def test_cross_tile_ties_detected_and_tile_rule_misses_them():
         res = flash_forward(q, k, v, scale=1.0, stable=stable, block_n=16, beta=2.0)
         assert bool(res.ties.all()) is expect
         p_max = torch.exp(scores.double() - res.row_offset[0, 0].double().unsqueeze(-1)).amax(-1)
-        assert bool((p_max < 1).all()) is expect   # the literal rule leaves P̄ = 1 at the tie
+        assert bool((p_max < 1).all()) is expect  # the literal rule leaves P̄ = 1 at the tie
     same = flash_forward(q, k, v, scale=1.0, stable="tile", block_n=32)
-    assert bool(same.ties.all())                   # one tile holding both: the literal rule sees it
+    assert bool(same.ties.all())  # one tile holding both: the literal rule sees it
 
 
 def test_tie_flag_equals_brute_force_count():
     n, eps = 48, 1e-3
-    scores = torch.randint(-3, 4, (n, n)).float() * 0.5   # many exact ties, positive and negative maxima
-    q = torch.eye(n).view(1, 1, n, n)                     # q_i · k_j = scores[i, j] with k = scores^T
+    scores = (
+        torch.randint(-3, 4, (n, n)).float() * 0.5
+    )  # many exact ties, positive and negative maxima
+    q = torch.eye(n).view(1, 1, n, n)  # q_i · k_j = scores[i, j] with k = scores^T
     k = scores.T.reshape(1, 1, n, n).contiguous()
     v = torch.randn(1, 1, n, n)
     res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=8, eps=eps)
@@ -89,11 +93,21 @@ def test_cross_rule_survives_a_far_negative_tie_followed_by_a_larger_maximum():
     v = torch.randn(1, 1, n, n)
     res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=16)
     assert torch.isfinite(res.out.float()).all()
-    assert torch.allclose(res.out.float()[0, 0, 0], round_to(v[0, 0, 20], torch.bfloat16), atol=1e-2)
+    assert torch.allclose(
+        res.out.float()[0, 0, 0], round_to(v[0, 0, 20], torch.bfloat16), atol=1e-2
+    )
 
 
-@pytest.mark.parametrize("bad", [dict(numerics="bf16"), dict(stable="yes"), dict(stable="cross", beta=1.0),
-                                 dict(eps=-1e-3), dict(block_n=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(numerics="bf16"),
+        dict(stable="yes"),
+        dict(stable="cross", beta=1.0),
+        dict(eps=-1e-3),
+        dict(block_n=0),
+    ],
+)
 def test_bad_arguments_are_named(bad):
     q = torch.randn(1, 1, 8, 16)
     with pytest.raises(ValueError) as err:
@@ -127,11 +141,15 @@ def test_acc_bits_magnifies_only_the_output_rounding():
     base = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32)
     same = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=7)
     assert torch.equal(base.out, same.out) and torch.equal(base.row_sum, same.row_sum)
-    errors = [rel_err(flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=b).out, ref)
-              for b in (7, 5, 3)]
+    errors = [
+        rel_err(
+            flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=b).out, ref
+        )
+        for b in (7, 5, 3)
+    ]
     assert errors[0] < errors[1] < errors[2], errors
     narrow = flash_forward(q, k, v, causal=True, numerics="paper", block_n=32, acc_bits=3)
-    assert torch.equal(narrow.row_sum, base.row_sum)          # ℓ is not touched
+    assert torch.equal(narrow.row_sum, base.row_sum)  # ℓ is not touched
     with pytest.raises(ValueError, match="acc_bits"):
         flash_forward(q, k, v, numerics="fa2", acc_bits=3)
     with pytest.raises(ValueError, match="acc_bits"):
@@ -154,5 +172,10 @@ def test_stochastic_rounding_is_unbiased_and_lands_on_neighbours():
     out = round_mantissa_stochastic(specials, 3)
     assert out[0] == math.inf and out[1] == -math.inf and torch.isnan(out[2]) and out[3] == 0
     with pytest.raises(ValueError, match="acc_rounding"):
-        flash_forward(x.view(1, 1, -1, 4)[:, :, :8], x.view(1, 1, -1, 4)[:, :, :8], x.view(1, 1, -1, 4)[:, :, :8],
-                      numerics="paper", acc_rounding="sr")
+        flash_forward(
+            x.view(1, 1, -1, 4)[:, :, :8],
+            x.view(1, 1, -1, 4)[:, :, :8],
+            x.view(1, 1, -1, 4)[:, :, :8],
+            numerics="paper",
+            acc_rounding="sr",
+        )

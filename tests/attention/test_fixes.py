@@ -1,18 +1,19 @@
 """The candidate fixes of the bias chapters: options, emulator, kernel, and the lab's measures.
 
 Fresh random inputs each run; fp64 references; kernel outputs start as NaN (conftest)."""
+
 import math
 
 import pytest
 import torch
+from test_flash_fwd import assert_close_to_emulator
 
 from kernels import lab
 from kernels.attention import AttentionOptions, emulator
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.reference import attention_fp64
-from kernels.lab import fixes
 from kernels.env import native_bf16
-from test_flash_fwd import assert_close_to_emulator
+from kernels.lab import fixes
 
 DEVICE = "cuda" if native_bf16() else "cpu"
 
@@ -28,10 +29,15 @@ def tied_inputs(n=96, d=32, rm=3.0, ties=(5, 70)):
     return [t.bfloat16().to(DEVICE) for t in (q, k, v)]
 
 
-@pytest.mark.parametrize("fix", [dict(stable="cross", offset_cap=1.5),
-                                 dict(stable="tile", offset_cap=0.5),
-                                 dict(stable="cross", ell_rounded=True),
-                                 dict(ell_rounded=True)])
+@pytest.mark.parametrize(
+    "fix",
+    [
+        dict(stable="cross", offset_cap=1.5),
+        dict(stable="tile", offset_cap=0.5),
+        dict(stable="cross", ell_rounded=True),
+        dict(ell_rounded=True),
+    ],
+)
 def test_kernel_follows_the_emulator_with_each_fix(fix):
     q, k, v = tied_inputs()
     out, _, offset = flash_forward(q, k, v, block_m=32, block_n=32, return_offset=True, **fix)
@@ -47,8 +53,8 @@ def test_cap_keeps_the_offset_within_cap_of_the_row_max():
     capped = emulator.flash_forward(q, k, v, stable="cross", offset_cap=1.5)
     plain = emulator.flash_forward(q, k, v, stable="cross")
     row0 = (0, 0, 0)
-    assert float(plain.row_offset[row0]) == pytest.approx(6.0, rel=1e-2)    # β·r_m, β = 2
-    assert float(capped.row_offset[row0]) == pytest.approx(4.5, rel=1e-2)   # r_m + cap
+    assert float(plain.row_offset[row0]) == pytest.approx(6.0, rel=1e-2)  # β·r_m, β = 2
+    assert float(capped.row_offset[row0]) == pytest.approx(4.5, rel=1e-2)  # r_m + cap
 
 
 def test_cap_prevents_the_underflow_of_ell():
@@ -73,11 +79,16 @@ def test_paper_clamp_turns_nan_into_zero():
     assert (clamped.out[0, :, 0].float() == 0).all(), "ℓ = 0 clamped: Ō/1e-10 = 0, not O"
 
 
-@pytest.mark.parametrize("bad, match", [(dict(offset_cap=0.0), "offset_cap"),
-                                        (dict(offset_cap=float("inf")), "offset_cap"),
-                                        (dict(numerics="paper", ell_rounded=True), "FA2"),
-                                        (dict(ell_clamp=1e-10), "paper"),
-                                        (dict(numerics="paper", ell_clamp=-1.0), "ell_clamp")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(offset_cap=0.0), "offset_cap"),
+        (dict(offset_cap=float("inf")), "offset_cap"),
+        (dict(numerics="paper", ell_rounded=True), "FA2"),
+        (dict(ell_clamp=1e-10), "paper"),
+        (dict(numerics="paper", ell_clamp=-1.0), "ell_clamp"),
+    ],
+)
 def test_bad_fix_options_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         AttentionOptions(**bad)
@@ -113,4 +124,4 @@ def test_the_delta_fixes_remove_delta_bias_and_keep_o_ideal():
     for key in ("delta_fp32", "delta_hilo", "delta_dp"):
         assert recs[key]["out"] == none["out"]
         assert abs(recs[key]["delta"]["bias"]) < 0.01, key
-    assert recs["beta_cross"]["out"]["same_as_ideal"] < 0.95   # the rule moves O off the ideal
+    assert recs["beta_cross"]["out"]["same_as_ideal"] < 0.95  # the rule moves O off the ideal

@@ -2,6 +2,7 @@
 
 On a CPU the kernels run in the Triton interpreter (NumPy's exp); on a GPU the same checks run
 natively (``python -m kernels.gpu.check_fused`` adds whole training steps)."""
+
 import math
 
 import pytest
@@ -45,7 +46,7 @@ def test_p_bar_and_probs_match_the_formulas():
     # the interpreter's exp is NumPy's: the rare fp32 exp that lands on a bf16 rounding
     # boundary may round the other way; on a GPU (libdevice, as torch) the check is exact
     same = (got == expected).float().mean().item()
-    assert same > 0.999 and torch.allclose(got, expected, rtol=2 ** -7, atol=0)
+    assert same > 0.999 and torch.allclose(got, expected, rtol=2**-7, atol=0)
     lse = m + torch.log(torch.exp(s - m.unsqueeze(-1)).sum(-1))
     p = fused.probs(q, k, lse, 0.25, True)
     assert torch.allclose(p, torch.exp(s - lse.unsqueeze(-1)), rtol=1e-6, atol=0)

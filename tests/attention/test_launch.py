@@ -9,6 +9,7 @@ caching and the speed-ups change no number.
 * the causal split (unmasked tiles run without a mask) changes no bit of any output or gradient;
 * the host-cost harness runs, and with Triton's real launch path every plan launches directly.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,15 +30,15 @@ def test_keyword_options_are_validated_once_per_set():
     first = options_from(dict(causal=True, stable="cross"))
     assert options_from(dict(stable="cross", causal=True)) is first
     assert options_from(dict(causal=True)) is not first
-    assert first.kernel is first.kernel            # the kernels' view is computed once
+    assert first.kernel is first.kernel  # the kernels' view is computed once
 
 
 def test_bad_options_still_fail_after_a_look_alike_was_cached():
     assert options_from(dict(stable=True)).stable == "cross"
     with pytest.raises(ValueError, match="stable must be"):
-        options_from(dict(stable=1))               # 1 == True, but it is not a valid value
+        options_from(dict(stable=1))  # 1 == True, but it is not a valid value
     with pytest.raises(TypeError, match="scale must be a number"):
-        options_from(dict(scale=[0.1]))            # unhashable: validated, not cached
+        options_from(dict(scale=[0.1]))  # unhashable: validated, not cached
     with pytest.raises(ValueError, match="exists only in the emulator"):
         AttentionOptions(stable="always").kernel
     q = torch.randn(1, 1, 8, 16, device=DEVICE)
@@ -67,6 +68,7 @@ class FakeKernel:
         def run(*args, **kwargs):
             self.calls.append((grid, args, kwargs))
             return self.compiled
+
         return run
 
 
@@ -94,8 +96,10 @@ def on_cuda(monkeypatch):
 def how(counter, blocks=dict(BLOCK_M=32, BLOCK_N=16), tuned=None, **options):
     def first():
         counter.append(1)
-        return launch.Launch(dict(A=7), lambda meta: (100 // meta["BLOCK_M"], 3), blocks,
-                             tuned, **options)
+        return launch.Launch(
+            dict(A=7), lambda meta: (100 // meta["BLOCK_M"], 3), blocks, tuned, **options
+        )
+
     return first
 
 
@@ -103,14 +107,17 @@ def test_first_call_goes_through_triton_then_launches_directly(on_cuda):
     kernel = FakeKernel()
     made, firsts = launch.Launcher(kernel), []
     made("key", ("x", "y", 100), how(firsts, num_stages=1))
-    assert kernel.calls == [((3, 3), ("x", "y", 100),
-                             dict(A=7, BLOCK_M=32, BLOCK_N=16, num_stages=1))]
+    assert kernel.calls == [
+        ((3, 3), ("x", "y", 100), dict(A=7, BLOCK_M=32, BLOCK_N=16, num_stages=1))
+    ]
     made("key", ("x2", "y2", 100), how(firsts))
     made("key", ("x3", "y3", 100), how(firsts))
     assert len(kernel.calls) == 1 and len(firsts) == 1, "a known key must not launch anew"
     # every argument in signature order: the runtime ones, then the constexprs; grid in 3-D
-    assert kernel.compiled.launched == [((3, 3, 1), ("x2", "y2", 100, 7, 32, 16)),
-                                        ((3, 3, 1), ("x3", "y3", 100, 7, 32, 16))]
+    assert kernel.compiled.launched == [
+        ((3, 3, 1), ("x2", "y2", 100, 7, 32, 16)),
+        ((3, 3, 1), ("x3", "y3", 100, 7, 32, 16)),
+    ]
     made("other key", ("x", "y", 100), how(firsts))
     assert len(kernel.calls) == 2 and len(firsts) == 2
 
@@ -148,7 +155,7 @@ def test_interpreter_plans_launch_through_triton(monkeypatch):
 
 
 def test_a_launch_that_returns_nothing_usable_falls_back(on_cuda):
-    kernel = FakeKernel(compiled=object())        # no __getitem__: no direct launcher
+    kernel = FakeKernel(compiled=object())  # no __getitem__: no direct launcher
     made, firsts = launch.Launcher(kernel), []
     made("key", ("x", "y", 100), how(firsts))
     made("key", ("x", "y", 100), how(firsts))
@@ -164,22 +171,30 @@ def test_clear_plans_forgets_every_plan():
 
 
 # --- the speed-ups change no number ---------------------------------------------------------
-SPLIT_CASES = [(True, 70, dict(block_m=16, block_n=32)),
-               (True, 70, dict(block_m=32, block_n=16)),
-               (False, 45, dict(block_m=16, block_n=16)),
-               (True, 33, dict(block_m=16, block_n=16, delta_source="dp")),
-               (True, 48, dict(block_m=16, block_n=16, stable="cross"))]
+SPLIT_CASES = [
+    (True, 70, dict(block_m=16, block_n=32)),
+    (True, 70, dict(block_m=32, block_n=16)),
+    (False, 45, dict(block_m=16, block_n=16)),
+    (True, 33, dict(block_m=16, block_n=16, delta_source="dp")),
+    (True, 48, dict(block_m=16, block_n=16, stable="cross")),
+]
 
 
-@pytest.mark.parametrize("causal,n,options", SPLIT_CASES,
-                         ids=[f"{'causal' if c else 'full'}-n{n}-{'-'.join(map(str, o.values()))}"
-                              for c, n, o in SPLIT_CASES])
+@pytest.mark.parametrize(
+    "causal,n,options",
+    SPLIT_CASES,
+    ids=[
+        f"{'causal' if c else 'full'}-n{n}-{'-'.join(map(str, o.values()))}"
+        for c, n, o in SPLIT_CASES
+    ],
+)
 def test_causal_split_changes_no_bit(causal, n, options, monkeypatch):
     """Unmasked tiles visit the same keys in the same order as masked ones: every output and
     gradient is bit-identical with the split on and off."""
     gen = torch.Generator(device=DEVICE).manual_seed(n)
-    q, k, v, grad = (torch.randn(2, 2, n, 32, device=DEVICE, generator=gen).bfloat16()
-                     for _ in range(4))
+    q, k, v, grad = (
+        torch.randn(2, 2, n, 32, device=DEVICE, generator=gen).bfloat16() for _ in range(4)
+    )
     got = {}
     for split in (True, False):
         monkeypatch.setitem(launch.SPEEDUPS, "causal_split", split)
@@ -204,10 +219,11 @@ def test_plans_follow_the_memory_layout():
 @pytest.mark.skipif(ON_GPU, reason="measures the CPU-side path; a GPU runs kernels.gpu.perf")
 def test_host_cost_harness_runs_and_launches_directly():
     from kernels.gpu.host import host_cost, table
+
     stub = host_cost("stub", calls=5, repeats=2)
     assert stub["forward+backward"]["best_us"] > stub["forward"]["best_us"] > 0
     real = host_cost("triton", calls=10, repeats=2)
-    assert real["plans"] == dict(total=4, direct=4), real["plans"]   # fwd, δ, dK/dV, dQ
+    assert real["plans"] == dict(total=4, direct=4), real["plans"]  # fwd, δ, dK/dV, dQ
     before = host_cost("triton", calls=10, repeats=2, speedups=dict(direct_launch=False))
     assert before["plans"]["total"] == 0
     assert "forward+backward" in table(real, "title")

@@ -13,6 +13,7 @@ two implementations may add in different orders, and exact sums make the order i
 (One quirk of the released code is left out on purpose: there a tile whose keys are all masked
 counts as a tie of its masked values and can move m to 0. The GPT-2 runs use one tile per row.)
 """
+
 import math
 
 import pytest
@@ -34,7 +35,7 @@ def released_forward(q, k, v, block, *, beta=2.0, eps=1e-3, clamp=1e-10, causal=
     row_max = torch.full((*q.shape[:-1], 1), lowest, dtype=BF16)
     rows = torch.arange(n).unsqueeze(-1)
     for start in range(0, k.shape[-2], block):
-        k_tile, v_tile = k[..., start:start + block, :], v[..., start:start + block, :]
+        k_tile, v_tile = k[..., start : start + block, :], v[..., start : start + block, :]
         scores = (q @ k_tile.transpose(-1, -2)) * scale
         if causal:
             cols = torch.arange(start, start + k_tile.shape[-2])
@@ -56,8 +57,19 @@ def released_forward(q, k, v, block, *, beta=2.0, eps=1e-3, clamp=1e-10, causal=
 
 
 def emulated(q, k, v, block, *, at="tiles", causal=False):
-    return emulator.flash_forward(q, k, v, numerics="paper", stable="tile", beta=2.0, eps=1e-3,
-                                  ell_clamp=1e-10, ell_clamp_at=at, block_n=block, causal=causal)
+    return emulator.flash_forward(
+        q,
+        k,
+        v,
+        numerics="paper",
+        stable="tile",
+        beta=2.0,
+        eps=1e-3,
+        ell_clamp=1e-10,
+        ell_clamp_at=at,
+        block_n=block,
+        causal=causal,
+    )
 
 
 def grid(shape, values, gen):
@@ -95,15 +107,17 @@ def test_large_tied_maximum_clamped_as_released(tied_max):
     gen = torch.Generator().manual_seed(torch.seed())
     n, d = 64, 16
     q = torch.zeros(1, 1, n, d)
-    q[..., 0] = 4.0                                    # score of key j = k[j, 0] (scale 1/4)
+    q[..., 0] = 4.0  # score of key j = k[j, 0] (scale 1/4)
     k = torch.zeros(1, 1, n, d)
-    k[..., 0] = -4.0 + grid((n,), [0.0, 0.5, 1.0], gen)   # the rest: scores −4 … −3
-    k[..., 3, 0] = k[..., 7, 0] = tied_max              # two tied maxima from row 7 on
-    v = grid((1, 1, n, d), [0.5, 1.0], gen)            # all V positive: O ≈ mean of the tied V
+    k[..., 0] = -4.0 + grid((n,), [0.0, 0.5, 1.0], gen)  # the rest: scores −4 … −3
+    k[..., 3, 0] = k[..., 7, 0] = tied_max  # two tied maxima from row 7 on
+    v = grid((1, 1, n, d), [0.5, 1.0], gen)  # all V positive: O ≈ mean of the tied V
     ref = released_forward(q, k, v, 512, causal=True)
     res = emulated(q, k, v, 512, causal=True)
     assert_same_as_released(res, ref)
-    exact = torch.softmax(q @ k.transpose(-1, -2) / 4 + torch.full((n, n), -math.inf).triu(1), -1) @ v
+    exact = (
+        torch.softmax(q @ k.transpose(-1, -2) / 4 + torch.full((n, n), -math.inf).triu(1), -1) @ v
+    )
     shrink = (res.out[..., 7:, :].float() / exact[..., 7:, :]).mean().item()
     # O = (tied sum · mean tied V) / max(tied sum, 1e-10): shrunk by tied sum / 1e-10 once
     # the sum of the two tied P̄ = e^(−max) falls under the clamp
@@ -119,11 +133,11 @@ def test_final_only_clamp_disagrees_with_its_log_sum_exp():
     q[..., 0] = 4.0
     k = torch.zeros(1, 1, 8, 16)
     k[..., 0] = -4.0
-    k[..., 1, 0] = k[..., 2, 0] = 60.0                 # e^−60 · 2 ≈ 1.8e-26 ≪ 1e-10
+    k[..., 1, 0] = k[..., 2, 0] = 60.0  # e^−60 · 2 ≈ 1.8e-26 ≪ 1e-10
     v = torch.ones(1, 1, 8, 16)
     tiles = emulated(q, k, v, 512, at="tiles", causal=True)
     final = emulated(q, k, v, 512, at="out", causal=True)
-    assert torch.equal(tiles.out, final.out)          # the same O either way
+    assert torch.equal(tiles.out, final.out)  # the same O either way
     assert (tiles.row_sum[..., 2:] == round_to(torch.tensor(1e-10), BF16)).all()
     assert (final.lse[..., 2:] < tiles.lse[..., 2:] - 20).all()
 

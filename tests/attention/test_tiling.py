@@ -1,4 +1,5 @@
 """Chapter 3's step-by-step attention (kernels/tiling.py) against fp64 attention."""
+
 import kernels  # noqa: F401,I001  first: without a GPU it turns on the interpreter before triton loads
 
 import math
@@ -31,7 +32,7 @@ def test_trace_records_running_max_and_sum():
     _, lse, trace = tiling.online_attention(q, k, v, block_m=32, block_n=32, trace_row=row)
     assert [t[0] for t in trace] == [0, 1, 2]
     ms = [t[1] for t in trace]
-    assert all(a <= b for a, b in zip(ms, ms[1:]))          # the running max never decreases
+    assert all(a <= b for a, b in zip(ms, ms[1:]))  # the running max never decreases
     _, m_last, ell_last = trace[-1]
     assert abs(m_last + math.log(ell_last) - lse[0, 0, row].item()) < 1e-12
 
@@ -41,12 +42,14 @@ def test_peak_live_bytes_sees_the_score_matrix():
     q, k, v = (torch.randn(1, 1, n, 64) for _ in range(3))
     naive = tiling.peak_live_bytes(standard_attention, q, k, v)
     tiled = tiling.peak_live_bytes(tiling.online_attention, q, k, v, block_m=64, block_n=64)
-    assert naive >= n * n * 4          # at least one fp32 N x N matrix
-    assert tiled < n * 64 * 4 * 4      # the output, L and a few 64 x 64 tiles: O(N)
+    assert naive >= n * n * 4  # at least one fp32 N x N matrix
+    assert tiled < n * 64 * 4 * 4  # the output, L and a few 64 x 64 tiles: O(N)
 
 
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError):
         tiling.online_attention(torch.zeros(4, 8), torch.zeros(4, 4), torch.zeros(4, 4))
     with pytest.raises(ValueError):
-        tiling.two_pass_attention(torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8), block_n=0)
+        tiling.two_pass_attention(
+            torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8), block_n=0
+        )

@@ -16,9 +16,7 @@ def _fails(check, answer, hint, secret=None):
         check(answer)
     assert hint in str(err.value)
     if secret is not None:
-        assert secret not in str(
-            err.value
-        ), f"the hint gives the answer away: {err.value}"
+        assert secret not in str(err.value), f"the hint gives the answer away: {err.value}"
 
 
 def test_growths():
@@ -37,9 +35,5 @@ def test_w1():
     _fails(ex.check_w1, None, "no answer")
     _fails(ex.check_w1, lambda a, b: np.mean(np.abs(a - b)), "whatever their order")
     _fails(ex.check_w1, lambda a, b: abs(a.mean() - b.mean()), "only the means")
-    _fails(
-        ex.check_w1,
-        lambda a, b: np.max(np.abs(np.sort(a) - np.sort(b))),
-        "not the Wasserstein",
-    )
+    _fails(ex.check_w1, lambda a, b: np.max(np.abs(np.sort(a) - np.sort(b))), "not the Wasserstein")
     ex.check_w1(lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b)))))

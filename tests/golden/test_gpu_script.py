@@ -49,9 +49,7 @@ def test_the_chapter_plots_the_stored_files(written, capsys):
 def test_the_chapter_says_when_nothing_is_stored(tmp_path, capsys):
     for stage in report.STAGE_FILES:
         assert getattr(report, f"show_stored_{stage}")(tmp_path) is False
-    assert capsys.readouterr().out.count("python -m kernels.golden.gpu") == len(
-        report.STAGE_FILES
-    )
+    assert capsys.readouterr().out.count("python -m kernels.golden.gpu") == len(report.STAGE_FILES)
 
 
 def test_one_stage_only(tmp_path):

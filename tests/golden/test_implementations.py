@@ -98,10 +98,7 @@ def test_counter_counts_each_growth_and_leaves_the_emulator_unchanged():
         counted = emulator.flash_forward(q, k, v, scale=1.0, block_n=bn).out
     assert torch.equal(plain, counted)
     assert counter.total().flatten().tolist() == [3.0, 0.0]
-    assert (
-        emulator.offset_update is not None
-        and "counting" not in emulator.offset_update.__name__
-    )
+    assert emulator.offset_update is not None and "counting" not in emulator.offset_update.__name__
 
 
 def test_expected_record_count():

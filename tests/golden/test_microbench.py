@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import kernels  # noqa: F401
-from kernels.golden import implementations as impl
-from kernels.golden import microbench as mb
+from kernels.golden import implementations as impl, microbench as mb
 
 
 def fresh_seed():
@@ -21,9 +20,7 @@ def test_deviation_on_known_numbers():
     out = torch.tensor([1.5, -2.0, 2.0, -0.5])
     d = mb.deviation(out, ref)
     assert d["max_abs"] == 0.5 and d["mean_abs"] == 0.25
-    assert d["std_abs"] == pytest.approx(
-        torch.tensor([0.5, 0, 0, 0.5]).double().std().item()
-    )
+    assert d["std_abs"] == pytest.approx(torch.tensor([0.5, 0, 0, 0.5]).double().std().item())
     assert d["rel_norm"] == pytest.approx(math.sqrt(0.5) / 3)
 
 
@@ -38,9 +35,7 @@ def test_precision_sweep_records_and_their_anchors():
         # the ideal is within half an ulp of the golden value (ulp at 1: 2^-fraction
         # bits)
         assert best["vs_golden"]["max_abs"] <= 0.5 * torch.finfo(low).eps
-    assert (
-        mb.one(records, format="fp64", impl="baseline")["vs_golden"]["max_abs"] == 0.0
-    )
+    assert mb.one(records, format="fp64", impl="baseline")["vs_golden"]["max_abs"] == 0.0
     assert mb.one(records, format="fp64", impl="fa1")["bias_ulps"] is None
     fa2 = mb.one(records, format="bf16", impl="fa2")
     assert fa2["vs_baseline"]["max_abs"] > 0
@@ -91,9 +86,7 @@ def test_seqlen_sweep_counts_rescalings_like_iid_records():
     assert {r["impl"] for r in records} == {"ideal", "fa2", "paper", "fa1"}
     for r in mb.pick(records, impl="fa2"):
         assert r["tiles"] == r["n"] // 64
-        assert r["rescalings_expected"] == pytest.approx(
-            impl.expected_record_count(r["tiles"])
-        )
+        assert r["rescalings_expected"] == pytest.approx(impl.expected_record_count(r["tiles"]))
         assert abs(r["rescalings_mean"] - r["rescalings_expected"]) < 0.15
 
 

@@ -9,8 +9,8 @@ import torch
 from scipy.stats import wasserstein_distance
 
 import kernels  # noqa: F401
-from kernels.gpt2 import GPT, GPTConfig, load_corpus
 from kernels.golden import training
+from kernels.gpt2 import GPT, GPTConfig, load_corpus
 from kernels.numerics.rounding import ulp
 
 TINY = dict(
@@ -39,9 +39,7 @@ def test_wasserstein_matches_scipy():
         ours = training.wasserstein_1d(torch.tensor(a), torch.tensor(b))
         assert ours == pytest.approx(wasserstein_distance(a, b), rel=1e-12)
     x = torch.randn(50)
-    assert (
-        training.wasserstein_1d(x, x[torch.randperm(50)]) == 0.0
-    )  # order does not matter
+    assert training.wasserstein_1d(x, x[torch.randperm(50)]) == 0.0  # order does not matter
     with pytest.raises(ValueError, match="non-empty"):
         training.wasserstein_1d(torch.tensor([]), x)
 
@@ -79,15 +77,7 @@ def test_lockstep_identical_runs_stay_identical_and_a_nudge_does_not(corpus):
     )
     pairs = (("identical", "b", "a"), ("nudged", "c", "a"))
     rec = training.train_set(
-        "custom",
-        TINY,
-        corpus,
-        8,
-        4,
-        log_every=2,
-        progress=False,
-        specs=specs,
-        pairs=pairs,
+        "custom", TINY, corpus, 8, 4, log_every=2, progress=False, specs=specs, pairs=pairs
     )
     assert rec["snapshot_steps"] == [0, 4, 8] and rec["steps_done"] == 8
     _, same = training.curve(rec, "identical", "max_diff", "max")
@@ -105,21 +95,13 @@ def test_train_set_rejects_what_it_cannot_run(corpus):
         training.train_set("nope", TINY, corpus, 4, 2)
     specs = (training.RunSpec("a", {"attn": "math32"}),)
     with pytest.raises(ValueError, match="not in the set"):
-        training.train_set(
-            "x", TINY, corpus, 4, 2, specs=specs, pairs=(("p", "a", "z"),)
-        )
+        training.train_set("x", TINY, corpus, 4, 2, specs=specs, pairs=(("p", "a", "z"),))
     with pytest.raises(ValueError, match=">= 1"):
         training.snapshot_schedule(10, 0)
 
 
 def test_snapshot_schedule_and_first_above_for_good():
-    assert training.snapshot_schedule(20, 10, early=4, early_every=2) == [
-        0,
-        2,
-        4,
-        10,
-        20,
-    ]
+    assert training.snapshot_schedule(20, 10, early=4, early_every=2) == [0, 2, 4, 10, 20]
     steps = [0, 1, 2, 3, 4]
     assert training.first_above_for_good(steps, [0, 2, 0, 2, 2], [1] * 5) == 3
     assert training.first_above_for_good(steps, [2] * 5, [1] * 5) == 0

@@ -3,6 +3,7 @@
 Each option must change δ exactly as its docstring says and nothing else; the end-to-end
 checks go through autograd and use Eq. (1) of the paper: dQ_hp − dQ_lp = α diag(δ_lp − δ_hp) PK.
 """
+
 import math
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_sources_and_shift():
     assert torch.equal(control_delta(d_out, lo, hi, dp, p, delta="dp")[0], (dp * p).sum(-1))
     c = float(np.random.uniform(1e-3, 1e-2))
     shifted, _ = control_delta(d_out, lo, hi, dp, p, delta="o_fp32", dshift=c)
-    assert torch.equal(shifted, hp + c)                      # a constant, in every row
+    assert torch.equal(shifted, hp + c)  # a constant, in every row
     with pytest.raises(ValueError):
         control_delta(d_out, lo, hi, dp, p, delta="x")
 
@@ -58,7 +59,9 @@ def test_err_mean_keeps_the_sum_and_removes_the_spread():
     delta, hp = control_delta(d_out, lo, hi, dp, p, delta="o", derr="mean")
     err = delta - hp
     assert torch.equal(delta, hp + (lp - hp).mean(-1, keepdim=True))
-    assert torch.allclose(err.std(-1), torch.zeros(err.shape[:-1]), atol=1e-6)   # one value per row block
+    assert torch.allclose(
+        err.std(-1), torch.zeros(err.shape[:-1]), atol=1e-6
+    )  # one value per row block
     assert torch.allclose(err.sum(-1), (lp - hp).sum(-1), rtol=1e-4, atol=1e-6)  # Σ_T e[T] kept
 
 
@@ -76,13 +79,24 @@ def test_err_sign_keeps_each_size_and_flips_signs_at_random():
 
 
 def test_spec_options_are_checked():
-    for good in ("paper:delta=o_fp32,dshift=2e-9", "paper:delta=o_fp32,dnoise=1e-7",
-                 "paper:derr=mean", "paper:derr=sign,obits=4", "paper:out=exact"):
+    for good in (
+        "paper:delta=o_fp32,dshift=2e-9",
+        "paper:delta=o_fp32,dnoise=1e-7",
+        "paper:derr=mean",
+        "paper:derr=sign,obits=4",
+        "paper:out=exact",
+    ):
         spec = parse_spec(good)
         assert spec.controlled and parse_spec(str(spec)) == spec, good
     assert not parse_spec("paper:delta=o_fp32").controlled
-    for bad in ("sdpa:dshift=1", "paper:derr=mean,delta=o_fp32", "paper:derr=half",
-                "paper:out=fp32", "paper:dnoise=-1", "triton:out=exact"):
+    for bad in (
+        "sdpa:dshift=1",
+        "paper:derr=mean,delta=o_fp32",
+        "paper:derr=half",
+        "paper:out=fp32",
+        "paper:dnoise=-1",
+        "triton:out=exact",
+    ):
         with pytest.raises(ValueError):
             parse_spec(bad)
 
@@ -104,7 +118,7 @@ def test_shift_changes_dq_as_equation_1_says():
     c = 1e-2
     out_f, dq_f, dk_f, dv_f = _grads("paper:delta=o_fp32", q, k, v, d_out)
     out_c, dq_c, dk_c, dv_c = _grads(f"paper:delta=o_fp32,dshift={c}", q, k, v, d_out)
-    assert torch.equal(out_f, out_c) and torch.equal(dv_f, dv_c)   # forward and dV untouched
+    assert torch.equal(out_f, out_c) and torch.equal(dv_f, dv_c)  # forward and dV untouched
     opts = parse_spec("paper").options(q.shape[-2])
     qw, kw = (round_to(t.detach(), torch.bfloat16) for t in (q, k))
     scale = 1 / math.sqrt(q.shape[-1])
@@ -112,14 +126,17 @@ def test_shift_changes_dq_as_equation_1_says():
     probs = torch.exp(paper_scores(qw, kw, scale, torch.bfloat16) - lse.unsqueeze(-1))
     # δ_lp − δ_hp = c in every row: dQ_hp − dQ_lp = α c P K
     assert torch.allclose(dq_f - dq_c, scale * c * (probs @ kw), atol=1e-5, rtol=1e-3)
-    assert torch.allclose(dk_f - dk_c, scale * c * (probs.transpose(-1, -2) @ qw), atol=1e-5, rtol=1e-3)
+    assert torch.allclose(
+        dk_f - dk_c, scale * c * (probs.transpose(-1, -2) @ qw), atol=1e-5, rtol=1e-3
+    )
 
 
 def test_controlled_path_without_a_control_is_the_plain_one():
     q, k, v = _qkv()
     d_out = torch.randn(q.shape)
-    opts = AttentionOptions(causal=True, numerics="paper", delta_source="o", block_n=q.shape[-2],
-                            acc_bits=4)
+    opts = AttentionOptions(
+        causal=True, numerics="paper", delta_source="o", block_n=q.shape[-2], acc_bits=4
+    )
     plain = EmulatedAttention.apply(q, k, v, opts)
     g_plain = torch.autograd.grad(plain, (q, k, v), d_out)
     ctl = ControlledAttention.apply(q, k, v, opts, parse_spec("paper"), None)
@@ -137,15 +154,20 @@ def test_out_exact_passes_the_exact_o_and_keeps_the_failing_delta():
     opts = parse_spec("paper:obits=3").options(q.shape[-2])
     res = flash_forward(q.detach(), k.detach(), v.detach(), opts)
     want = exact_output(q.detach(), k.detach(), v.detach(), res.lse, opts, torch.bfloat16)
-    assert torch.equal(out_x, want)                          # the exact O goes downstream
-    assert not torch.equal(out_x, out_u)                     # ... not the rounded one
-    for a, b in zip(g_u, g_x):                               # same dO in: the same gradients,
-        assert torch.equal(a, b)                             # δ still from the rounded O
+    assert torch.equal(out_x, want)  # the exact O goes downstream
+    assert not torch.equal(out_x, out_u)  # ... not the rounded one
+    for a, b in zip(g_u, g_x):  # same dO in: the same gradients,
+        assert torch.equal(a, b)  # δ still from the rounded O
 
 
 def test_every_control_trains_and_is_recorded():
-    for spec in ("paper:delta=o_fp32,dshift=1e-6", "paper:delta=o_fp32,dnoise=1e-6",
-                 "paper:derr=mean,obits=3", "paper:derr=sign,obits=3", "paper:out=exact,obits=3"):
+    for spec in (
+        "paper:delta=o_fp32,dshift=1e-6",
+        "paper:delta=o_fp32,dnoise=1e-6",
+        "paper:derr=mean,obits=3",
+        "paper:derr=sign,obits=3",
+        "paper:out=exact,obits=3",
+    ):
         model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, attn=spec))
         model.set_monitoring(True)
         idx = torch.randint(0, 256, (2, 16))

@@ -1,4 +1,5 @@
 """Chapter 7's comparison of the fixes in training, read from the stored GPU runs."""
+
 import copy
 
 import matplotlib
@@ -47,5 +48,5 @@ def test_fix_table_counts_every_run_once_and_matches_outcome():
         assert row.failed == failed
     fig, ax = plt.subplots()
     figures.plot_fix_growth(ax, runs)
-    assert len(ax.lines) >= len(runs) - 3          # one line per run, the control as a rule
+    assert len(ax.lines) >= len(runs) - 3  # one line per run, the control as a rule
     plt.close(fig)

@@ -1,4 +1,5 @@
 """Tests of the chapter-6 GPT-2 package (CPU, small sizes, fresh random inputs each run)."""
+
 import math
 
 import numpy as np
@@ -6,19 +7,31 @@ import pytest
 import torch
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
-from kernels.env import interpreting
 from kernels.attention import AttentionOptions
-from kernels.gpt2 import (GPT, BatchOrder, GPTConfig, EmulatedAttention, TrainConfig, Trainer,
-                          attend, exact_attention, load_corpus, lr_at, parse_spec)
-from kernels.gpt2 import data as gdata
-from kernels.gpt2 import diagnostics as dg
+from kernels.env import interpreting
+from kernels.gpt2 import (
+    GPT,
+    BatchOrder,
+    EmulatedAttention,
+    GPTConfig,
+    TrainConfig,
+    Trainer,
+    attend,
+    data as gdata,
+    diagnostics as dg,
+    exact_attention,
+    load_corpus,
+    lr_at,
+    parse_spec,
+)
 
 
 def paper_opts(delta, stable):
     """The GPT-2 chapter's untiled causal attention in the paper's numerics (one tile holds
     every key of these short test sequences)."""
-    return AttentionOptions(causal=True, numerics="paper", delta_source=delta, stable=stable,
-                            block_n=4096)
+    return AttentionOptions(
+        causal=True, numerics="paper", delta_source=delta, stable=stable, block_n=4096
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +45,9 @@ def _qkv(b=2, h=3, n=24, d=16, dtype=torch.float64):
 
 # ----------------------------------------------------------------------------- model
 def test_model_forward_backward_shapes():
-    cfg = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, attn="paper", layer_attn={1: "sdpa"})
+    cfg = GPTConfig(
+        block_size=16, n_layer=2, n_head=2, n_embd=32, attn="paper", layer_attn={1: "sdpa"}
+    )
     model = GPT(cfg)
     idx = torch.randint(0, 256, (3, 16))
     logits, loss = model(idx, torch.randint(0, 256, (3, 16)))
@@ -40,7 +55,10 @@ def test_model_forward_backward_shapes():
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.shape == p.shape and torch.isfinite(p.grad).all(), name
-    assert str(model.blocks[0].attn.spec).startswith("paper") and str(model.blocks[1].attn.spec) == "sdpa"
+    assert (
+        str(model.blocks[0].attn.spec).startswith("paper")
+        and str(model.blocks[1].attn.spec) == "sdpa"
+    )
 
 
 def test_model_rejects_bad_config():
@@ -49,17 +67,31 @@ def test_model_rejects_bad_config():
     with pytest.raises(ValueError, match="layer_attn"):
         GPTConfig(n_layer=2, layer_attn={5: "paper"})
     with pytest.raises(ValueError, match="longer than the context"):
-        GPT(GPTConfig(block_size=8, n_layer=1, n_head=1, n_embd=8))(torch.zeros(1, 9, dtype=torch.long))
+        GPT(GPTConfig(block_size=8, n_layer=1, n_head=1, n_embd=8))(
+            torch.zeros(1, 9, dtype=torch.long)
+        )
 
 
 def test_parse_spec():
     spec = parse_spec("paper:delta=o_fp32,stable=cross,beta=4")
     assert (spec.kind, spec.delta, spec.stable, spec.beta) == ("paper", "o_fp32", "cross", 4.0)
-    assert parse_spec("paper:obits=3").obits == 3 and str(parse_spec("paper:obits=3")).endswith("obits=3")
+    assert parse_spec("paper:obits=3").obits == 3 and str(parse_spec("paper:obits=3")).endswith(
+        "obits=3"
+    )
     assert "obits" not in str(parse_spec("paper"))
     assert parse_spec("paper:obits=3,oround=sr").oround == "sr"
-    for bad in ("flash", "paper:delta=x", "paper:stable=always", "paper:foo=1", "paper:beta", "paper:obits=0",
-                "paper:obits=8", "triton:obits=3", "paper:oround=sr", "paper:obits=3,oround=up"):
+    for bad in (
+        "flash",
+        "paper:delta=x",
+        "paper:stable=always",
+        "paper:foo=1",
+        "paper:beta",
+        "paper:obits=0",
+        "paper:obits=8",
+        "triton:obits=3",
+        "paper:oround=sr",
+        "paper:obits=3,oround=up",
+    ):
         with pytest.raises(ValueError):
             parse_spec(bad)
     with pytest.raises(TypeError):
@@ -136,8 +168,12 @@ def test_delta_sources_differ_only_through_o():
     """δ from the bf16 O differs from δ = rowsum(dP∘P); O recomputed in fp32 agrees with dP∘P."""
     q, k, v = (t.detach().bfloat16().float().requires_grad_() for t in _qkv(n=64))
     d_out = torch.randn(q.shape)
-    g = {d: torch.autograd.grad(EmulatedAttention.apply(q, k, v, paper_opts(d, "off")), (q,), d_out)[0]
-         for d in ("o", "dp", "o_fp32")}
+    g = {
+        d: torch.autograd.grad(EmulatedAttention.apply(q, k, v, paper_opts(d, "off")), (q,), d_out)[
+            0
+        ]
+        for d in ("o", "dp", "o_fp32")
+    }
     close = (g["dp"] - g["o_fp32"]).abs().max()
     far = (g["dp"] - g["o"]).abs().max()
     assert close < 1e-4 * g["dp"].abs().max() and far > 10 * close
@@ -157,6 +193,7 @@ def test_offline_corpus(corpus):
 def test_online_corpus_falls_back_offline(monkeypatch):
     def no_network(*args, **kwargs):
         raise OSError("no network in this test")
+
     monkeypatch.setattr(gdata, "download_gutenberg", no_network)
     c = load_corpus("gutenberg", max_bytes=50_000)
     assert "standard-library" in c.source and c.vocab_size == 256
@@ -173,7 +210,7 @@ def test_batch_order_replay(corpus, tmp_path):
         xa, ya = a.batch(corpus.train, step, 32)
         xc, yc = c.batch(corpus.train, step, 32)
         assert torch.equal(xa, xc) and torch.equal(ya, yc)
-        assert torch.equal(xa[:, 1:], ya[:, :-1])          # targets are the next tokens
+        assert torch.equal(xa[:, 1:], ya[:, :-1])  # targets are the next tokens
         # two DDP ranks together see exactly the global batch
         halves = [a.batch(corpus.train, step, 32, rank=r, world=2)[0] for r in (0, 1)]
         assert torch.equal(torch.stack(halves, 1).reshape(-1, 32), xa)
@@ -185,9 +222,22 @@ def test_batch_order_replay(corpus, tmp_path):
 
 # ----------------------------------------------------------------------------- training
 def _tiny(tmp_path, **kw):
-    base = dict(name="t", n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, steps=3, warmup=1,
-                attn="paper", autocast="off", out_dir=str(tmp_path), log_every=1, monitor_every=2,
-                progress=False)
+    base = dict(
+        name="t",
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        block_size=32,
+        batch_size=4,
+        steps=3,
+        warmup=1,
+        attn="paper",
+        autocast="off",
+        out_dir=str(tmp_path),
+        log_every=1,
+        monitor_every=2,
+        progress=False,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -209,8 +259,15 @@ def test_training_logs_diagnostics(corpus, tmp_path):
     assert summary["status"] == "finished" and summary["steps_done"] == 3
     assert [m["step"] for m in tr.monitor] == [0, 2]
     layer = tr.monitor[-1]["layers"][1]
-    for key in ("max_logit", "rows_p1_fa2", "rows_tied_bf16", "delta_err", "delta_err_running",
-                "rank1_token_cos", "rank1_step_cos"):
+    for key in (
+        "max_logit",
+        "rows_p1_fa2",
+        "rows_tied_bf16",
+        "delta_err",
+        "delta_err_running",
+        "rank1_token_cos",
+        "rank1_step_cos",
+    ):
         assert key in layer and layer[key] is not None, key
     assert len(tr.monitor[0]["wq_norms"]) == 2 and len(tr.monitor[0]["wq_norms"][0]) == 2
     assert (tmp_path / "t.csv").read_text().startswith("step,loss")
@@ -219,9 +276,14 @@ def test_training_logs_diagnostics(corpus, tmp_path):
 def test_lr_schedule_and_cli():
     cfg = TrainConfig(lr=1e-3, min_lr=1e-5, warmup=10, steps=110)
     assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
-    assert lr_at(60, cfg) == pytest.approx(0.5 * (1e-3 + 1e-5)) and lr_at(110, cfg) == pytest.approx(1e-5)
+    assert lr_at(60, cfg) == pytest.approx(0.5 * (1e-3 + 1e-5)) and lr_at(
+        110, cfg
+    ) == pytest.approx(1e-5)
     from kernels.gpt2.train import parse_args
-    parsed = parse_args(["--attn", "paper:delta=dp", "--qk-norm", "--lr", "3e-3", "--layer-attn", "1=sdpa"])
+
+    parsed = parse_args(
+        ["--attn", "paper:delta=dp", "--qk-norm", "--lr", "3e-3", "--layer-attn", "1=sdpa"]
+    )
     assert parsed.attn == "paper:delta=dp" and parsed.qk_norm and parsed.lr == 3e-3
     assert parsed.model_config(256).layer_attn == {1: "sdpa"}
     with pytest.raises(ValueError, match="autocast"):
@@ -236,7 +298,7 @@ def test_spectral_norms_known_matrix():
     a = u[:, :3] @ torch.diag(s.double()) @ w.T
     assert dg.spectral_norm(a) == pytest.approx(float(s.max()), rel=1e-9)
     weight = torch.zeros(12, 4)
-    weight[0, 0], weight[3, 1] = 3.0, -7.0          # head 0 rows 0-1, head 1 rows 2-3 of W_Q
+    weight[0, 0], weight[3, 1] = 3.0, -7.0  # head 0 rows 0-1, head 1 rows 2-3 of W_Q
     assert dg.wq_head_norms(weight, 2) == pytest.approx([3.0, 7.0])
     with pytest.raises(ValueError):
         dg.wq_head_norms(torch.zeros(10, 4), 2)
@@ -244,12 +306,19 @@ def test_spectral_norms_known_matrix():
 
 def test_tie_counts_on_constructed_rows():
     m = float(np.random.uniform(1, 8))
-    rows = torch.tensor([
-        [m, m, 0.0, -math.inf],             # exact tie: counted by both rules
-        [m, m - 1e-4, 0.0, -math.inf],      # near tie: P̄ = exp(-1e-4) rounds to 1.0 in bf16; not a tie
-        [m, m - 0.1, 0.0, -math.inf],       # P̄ = 0.905: neither
-        [m, -math.inf, -math.inf, -math.inf],  # one visible key: neither
-    ])
+    rows = torch.tensor(
+        [
+            [m, m, 0.0, -math.inf],  # exact tie: counted by both rules
+            [
+                m,
+                m - 1e-4,
+                0.0,
+                -math.inf,
+            ],  # near tie: P̄ = exp(-1e-4) rounds to 1.0 in bf16; not a tie
+            [m, m - 0.1, 0.0, -math.inf],  # P̄ = 0.905: neither
+            [m, -math.inf, -math.inf, -math.inf],  # one visible key: neither
+        ]
+    )
     assert dg.rows_with_tied_max(rows) == 1
     assert dg.rows_rounding_to_one(rows) == 2
     assert dg.max_logit(rows) == pytest.approx(m)
@@ -261,7 +330,7 @@ def test_causal_scores_and_delta_error():
     assert torch.isinf(s[0, 0, 0, 1:]).all() and torch.isfinite(s.tril()).all()
     assert torch.allclose(s[0, 0, 2, :3], (q[0, 0, 2] @ k[0, 0, :3].T) / 2)
     sb = dg.causal_scores(q, k, low=torch.bfloat16)
-    assert torch.equal(sb.bfloat16().float(), sb)       # every entry is a bf16 value
+    assert torch.equal(sb.bfloat16().float(), sb)  # every entry is a bf16 value
     d_out, o = torch.ones(2, 3, 4), torch.randn(2, 3, 4)
     c = float(np.random.uniform(-1, 1))
     assert torch.allclose(dg.delta_error(d_out, o + c, o), torch.full((2, 3), 4 * c), atol=1e-5)
@@ -270,12 +339,14 @@ def test_causal_scores_and_delta_error():
 def test_rank1_similarity():
     u, x = torch.randn(1, 5), torch.randn(1, 7)
     assert dg.pairwise_rank1_cosine(u.repeat(4, 1), x.repeat(4, 1)) == pytest.approx(1.0)
-    flipped = torch.cat([u, -u])                # uᵀx and (−u)ᵀx point in opposite directions
+    flipped = torch.cat([u, -u])  # uᵀx and (−u)ᵀx point in opposite directions
     assert dg.pairwise_rank1_cosine(flipped, x.repeat(2, 1)) == pytest.approx(-1.0)
     eye = torch.eye(3)
     assert dg.pairwise_rank1_cosine(eye, torch.randn(3, 4)) == pytest.approx(0.0, abs=1e-12)
     a = torch.randn(4, 6)
-    assert dg.matrix_cosine(a, 3 * a) == pytest.approx(1.0) and dg.matrix_cosine(a, -a) == pytest.approx(-1.0)
+    assert dg.matrix_cosine(a, 3 * a) == pytest.approx(1.0) and dg.matrix_cosine(
+        a, -a
+    ) == pytest.approx(-1.0)
 
 
 def test_find_explosion():
@@ -286,7 +357,7 @@ def test_find_explosion():
     boom[60:] += 3.0
     assert 550 <= dg.find_explosion(steps, boom) <= 640
     spike = healthy.copy()
-    spike[40:45] += 5.0                            # a spike that recovers is not an explosion
+    spike[40:45] += 5.0  # a spike that recovers is not an explosion
     assert dg.find_explosion(steps, spike) is None
     nan = healthy.copy()
     nan[70:] = np.nan
@@ -294,10 +365,25 @@ def test_find_explosion():
 
 
 # ----------------------------------------------------------------------------- search plans and report
-@pytest.mark.parametrize("name", ["tiny", "probe", "probe2", "seeds", "amplify", "amp_seeds", "amp_final",
-                                  "bf16_long", "amp_bits", "controls", "amp_fixes"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny",
+        "probe",
+        "probe2",
+        "seeds",
+        "amplify",
+        "amp_seeds",
+        "amp_final",
+        "bf16_long",
+        "amp_bits",
+        "controls",
+        "amp_fixes",
+    ],
+)
 def test_every_plan_builds_valid_runs(name):
     from kernels.gpt2.plans import plan
+
     runs = plan(name)
     assert len({n for n, _ in runs}) == len(runs), "run names must be unique"
     for run_name, opts in runs:
@@ -310,7 +396,7 @@ def test_every_plan_builds_valid_runs(name):
             assert any(s.oround == "sr" for s in specs)
         if "-L-" in run_name:
             assert specs[0].delta == "o" and all(s.delta == "o_fp32" for s in specs[1:])
-        if "-B-" in run_name or "-N-" in run_name:      # F plus a δ control in every layer
+        if "-B-" in run_name or "-N-" in run_name:  # F plus a δ control in every layer
             assert all(s.delta == "o_fp32" and s.controlled and s.obits == 4 for s in specs)
         if name in ("bf16_long", "amp_bits", "controls", "amp_fixes"):
             assert opts["checkpoint_every"] > 0, "GPU plans of the chapter must be resumable"
@@ -319,10 +405,11 @@ def test_every_plan_builds_valid_runs(name):
 def test_matched_controls_use_the_stored_failing_runs():
     from kernels.gpt2 import report
     from kernels.gpt2.plans import MATCHED_K4, variant_options
+
     stats = report.matched_delta_stats(report.load_search("amp_seeds")["data"]["runs"])
     for key in ("mean", "mean_abs"):
         assert stats[key] == pytest.approx(MATCHED_K4[key], rel=1e-3), key
-    assert all(m > 0 for m in stats["mean"])          # the failing runs' δ error leans positive
+    assert all(m > 0 for m in stats["mean"])  # the failing runs' δ error leans positive
     layers = variant_options("B", 4)["layer_attn"].split(";")
     assert len(layers) == 4 and all("dshift=" in item for item in layers)
     with pytest.raises(ValueError, match="obits=4"):
@@ -332,9 +419,13 @@ def test_matched_controls_use_the_stored_failing_runs():
 def test_variants_and_gpu_dealing():
     from kernels.gpt2.plans import plan, variant_options
     from kernels.gpt2.search import assign_gpus
+
     with pytest.raises(ValueError, match="obits"):
         variant_options("R")
-    assert variant_options("U", 4)["attn"] == "paper:delta=o,obits=4" and variant_options("A", 4)["attn"] == "sdpa"
+    assert (
+        variant_options("U", 4)["attn"] == "paper:delta=o,obits=4"
+        and variant_options("A", 4)["attn"] == "sdpa"
+    )
     runs = [(f"r{i}", {"steps": i}) for i in range(5)]
     dealt = assign_gpus(runs, ["3", "5"])
     assert [g for _, _, g in dealt] == ["3", "5", "3", "5", "3"]
@@ -346,12 +437,16 @@ def test_variants_and_gpu_dealing():
 
 def _fake_run(losses, steps=None, attn="paper:delta=o,obits=4"):
     steps = steps or list(range(0, 10 * len(losses), 10))
-    return {"history": {"step": steps, "loss": losses, "wall_s": [s / 10 for s in steps]},
-            "summary": {"steps_done": steps[-1] + 1, "steps_per_s": 10.0}, "config": {"attn": attn}}
+    return {
+        "history": {"step": steps, "loss": losses, "wall_s": [s / 10 for s in steps]},
+        "summary": {"steps_done": steps[-1] + 1, "steps_per_s": 10.0},
+        "config": {"attn": attn},
+    }
 
 
 def test_report_outcome_finds_explosions_and_nans():
     from kernels.gpt2 import figures, report
+
     rng = np.random.default_rng()
     calm = list(2.0 - np.linspace(0, 1, 200) + 0.01 * rng.standard_normal(200))
     boom = calm[:100] + [4.0] * 100
@@ -365,8 +460,10 @@ def test_report_outcome_finds_explosions_and_nans():
     table = report.outcome_table({"k4-U-s1": _fake_run(boom), "k4-F-s1": _fake_run(calm)})
     assert list(table.event) == ["explosion", "none"] and list(table.variant) == ["U", "F"]
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots()
     figures.plot_steps_to_failure(ax, table)
     # U failed and F did not: one filled and one open marker set, no empty legend entries
@@ -377,9 +474,22 @@ def test_report_outcome_finds_explosions_and_nans():
 
 def test_amplified_variants_train_end_to_end(corpus, tmp_path):
     from kernels.gpt2.search import run_inline
-    base = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, steps=4, warmup=1,
-                monitor_every=2, autocast="off", log_every=1)
-    runs = run_inline(base, "URL", corpus=corpus, out_dir=tmp_path, progress=False, obits=3, prefix="amp")
+
+    base = dict(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        block_size=32,
+        batch_size=4,
+        steps=4,
+        warmup=1,
+        monitor_every=2,
+        autocast="off",
+        log_every=1,
+    )
+    runs = run_inline(
+        base, "URL", corpus=corpus, out_dir=tmp_path, progress=False, obits=3, prefix="amp"
+    )
     assert set(runs) == {"amp-U-s0", "amp-R-s0", "amp-L-s0"}
     for name, rec in runs.items():
         assert rec["summary"]["status"] == "finished", name

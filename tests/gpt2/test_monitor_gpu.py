@@ -1,6 +1,7 @@
 """The CPU side of chapter 9's GPU script (kernels.gpt2.monitor_gpu): --small runs both stages
 at tiny sizes and writes a file the chapter can read; the curve comparison that decides
 "within noise" is checked on constructed curves."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,7 @@ def test_curve_gap_on_constructed_curves():
     shift = float(np.random.uniform(0.01, 1))
     assert gpu.curve_gap(a, a, width) == 0.0
     assert gpu.curve_gap(a, a + shift, width) == pytest.approx(shift)
-    late = np.r_[np.zeros(n // 2), np.full(n - n // 2, shift)]      # apart in the 2nd half
+    late = np.r_[np.zeros(n // 2), np.full(n - n // 2, shift)]  # apart in the 2nd half
     assert gpu.curve_gap(np.zeros(n), late, width) == pytest.approx(shift)
     with pytest.raises(ValueError, match="two loss curves of one length"):
         gpu.curve_gap(a, a[:-1], width)
@@ -25,8 +26,12 @@ def test_curve_gap_on_constructed_curves():
 def test_within_noise_compares_each_seed_with_the_seed_to_seed_gap():
     base = np.linspace(5, 2, 40)
     noise = float(np.random.uniform(0.05, 0.2))
-    curves = {("sdpa", 0): base, ("sdpa", 1): base + noise,
-              ("fix", 0): base + noise / 2, ("fix", 1): base + noise * 1.5}
+    curves = {
+        ("sdpa", 0): base,
+        ("sdpa", 1): base + noise,
+        ("fix", 0): base + noise / 2,
+        ("fix", 1): base + noise * 1.5,
+    }
     got = gpu.within_noise(curves, 4, (0, 1))
     assert got["noise_between_seeds"] == pytest.approx(noise)
     assert got["gap_to_sdpa"]["0"] == pytest.approx(noise / 2)
@@ -39,17 +44,19 @@ def test_small_run_end_to_end(tmp_path):
     out = gpu.main(["--small", "--out", str(tmp_path)])
     assert out == tmp_path
     record = results.load("monitor_gpu", directory=tmp_path)
-    assert record["provenance"]["command"] == "python -m kernels.gpt2.monitor_gpu --small " \
+    assert (
+        record["provenance"]["command"] == "python -m kernels.gpt2.monitor_gpu --small "
         f"--out {tmp_path}"
+    )
     if not torch.cuda.is_available():
         assert record["provenance"]["gpu"] is None
     data, sizes = record["data"], gpu.SMALL
     assert data["small"] is True
     rows = {row["setting"]: row for row in data["overhead"]["rows"]}
-    assert set(rows) == {"off"} | {f"every {e}{d}" for e in sizes["every"]
-                                    for d in ("", ", no delta")}
-    steps = [r * sizes["block"] + i for r in range(sizes["rounds"])
-             for i in range(sizes["block"])]
+    assert set(rows) == {"off"} | {
+        f"every {e}{d}" for e in sizes["every"] for d in ("", ", no delta")
+    }
+    steps = [r * sizes["block"] + i for r in range(sizes["rounds"]) for i in range(sizes["block"])]
     for name, row in rows.items():
         assert row["steps"] == len(steps) and row["mean_ms"] > 0
         want = 0 if name == "off" else sum(s % row["every"] == 0 for s in steps)
@@ -57,11 +64,11 @@ def test_small_run_end_to_end(tmp_path):
         assert row["overhead_min"] <= row["overhead_median"] <= row["overhead_max"]
     assert rows["off"]["overhead_median"] == 0.0
     hf = data["hf"]
-    assert set(hf["losses"]) == {f"{i}, seed {s}" for i in ("sdpa", "fix")
-                                 for s in sizes["seeds"]}
+    assert set(hf["losses"]) == {f"{i}, seed {s}" for i in ("sdpa", "fix") for s in sizes["seeds"]}
     assert all(len(v) == sizes["hf_steps"] for v in hf["losses"].values())
     assert hf["finite"] is True and isinstance(hf["within_noise"], bool)
     # the same init and batches: the fix starts where SDPA starts (fp32 on the CPU)
     for s in sizes["seeds"]:
         assert hf["losses"][f"fix, seed {s}"][0] == pytest.approx(
-            hf["losses"][f"sdpa, seed {s}"][0], rel=1e-5)
+            hf["losses"][f"sdpa, seed {s}"][0], rel=1e-5
+        )

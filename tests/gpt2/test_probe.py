@@ -1,4 +1,5 @@
 """The training probe computes its high-precision side in fp32 even under bf16 autocast."""
+
 import torch
 
 from kernels.gpt2.diagnostics import AttentionProbe
@@ -16,6 +17,6 @@ def test_probe_o_high_is_fp32_under_autocast():
     expected = torch.softmax(causal_scores(q, k), dim=-1) @ v.float()
     assert probe._out_high.dtype == torch.float32
     assert torch.equal(probe._out_high, expected)
-    with torch.autocast("cpu", dtype=torch.bfloat16):          # what autocast would have made
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what autocast would have made
         blurred = torch.softmax(q.float() @ k.float().transpose(-1, -2), -1) @ v.float()
-    assert blurred.dtype == torch.bfloat16                      # so the test can tell them apart
+    assert blurred.dtype == torch.bfloat16  # so the test can tell them apart

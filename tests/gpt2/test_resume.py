@@ -5,6 +5,7 @@ the same run: same parameters, same optimizer state, same logged losses and diag
 attention here draws random numbers every step (stochastic rounding of Ō), so a checkpoint that
 forgot a generator would fail this test (the second test shows that it would).
 """
+
 import random
 
 import numpy as np
@@ -23,10 +24,24 @@ def corpus():
 
 
 def _cfg(tmp_path, name, **kw):
-    base = dict(name=name, n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                steps=STEPS, warmup=2, lr=3e-3, autocast="off", out_dir=str(tmp_path),
-                log_every=1, monitor_every=2, progress=False, checkpoint_every=100,
-                attn="paper:delta=o,obits=3,oround=sr")
+    base = dict(
+        name=name,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        block_size=32,
+        batch_size=4,
+        steps=STEPS,
+        warmup=2,
+        lr=3e-3,
+        autocast="off",
+        out_dir=str(tmp_path),
+        log_every=1,
+        monitor_every=2,
+        progress=False,
+        checkpoint_every=100,
+        attn="paper:delta=o,obits=3,oround=sr",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -49,10 +64,10 @@ def _train_split(tmp_path, corpus, name, stop_at):
 def _assert_same_run(a: Trainer, b: Trainer):
     assert a.step == b.step == STEPS and a.status == b.status == "finished"
     assert a.history["step"] == b.history["step"]
-    assert a.history["loss"] == b.history["loss"]            # exact float equality
+    assert a.history["loss"] == b.history["loss"]  # exact float equality
     assert a.history["grad_norm"] == b.history["grad_norm"]
     strip = lambda mon: [{k: v for k, v in m.items()} for m in mon]  # noqa: E731
-    assert strip(a.monitor) == strip(b.monitor)              # ties, δ errors, rank-1 cosines
+    assert strip(a.monitor) == strip(b.monitor)  # ties, δ errors, rank-1 cosines
     for (name, p), (_, q) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert torch.equal(p, q), name
     sa, sb = a.opt.state_dict()["state"], b.opt.state_dict()["state"]
@@ -76,7 +91,7 @@ def test_resume_without_the_generators_would_differ(corpus, tmp_path, monkeypatc
     whole.run()
     monkeypatch.setattr(Trainer, "_set_rng_state", staticmethod(lambda state: None))
     split = _train_split(tmp_path, corpus, "split", stop_at=STEPS // 2)
-    assert split.history["loss"][STEPS // 2:] != whole.history["loss"][STEPS // 2:]
+    assert split.history["loss"][STEPS // 2 :] != whole.history["loss"][STEPS // 2 :]
 
 
 def test_resume_refuses_a_different_run(corpus, tmp_path):
@@ -91,9 +106,24 @@ def test_search_resumes_a_plan_across_calls(tmp_path):
     """Three calls of the launcher: the first pauses the run, the second resumes it to the end,
     the third finds it ended and does not start it again; the log equals an uninterrupted run's."""
     from kernels.gpt2.search import launch
-    base = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, steps=6, warmup=1,
-                max_bytes=200_000, autocast="off", log_every=1, monitor_every=2,
-                checkpoint_every=100, attn="paper:delta=o,obits=3,oround=sr", seed=0, data_seed=0)
+
+    base = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        block_size=32,
+        batch_size=4,
+        steps=6,
+        warmup=1,
+        max_bytes=200_000,
+        autocast="off",
+        log_every=1,
+        monitor_every=2,
+        checkpoint_every=100,
+        attn="paper:delta=o,obits=3,oround=sr",
+        seed=0,
+        data_seed=0,
+    )
     whole = launch([("w-U-s0", base)], 5, tmp_path / "whole")["w-U-s0"]
     first = launch([("r-U-s0", {**base, "stop_at": 3})], 5, tmp_path / "split")["r-U-s0"]
     assert first["summary"]["status"].startswith("stopped: paused") and first["returncode"] == 0
@@ -107,8 +137,19 @@ def test_search_resumes_a_plan_across_calls(tmp_path):
 def test_cuda_graph_needs_a_gpu(tmp_path):
     """The CUDA-graph step is refused, with a clear message, where there is no CUDA GPU."""
     from kernels.gpt2.train import TrainConfig, Trainer
-    cfg = TrainConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=2, steps=2,
-                      max_bytes=20_000, device="cpu", out_dir=str(tmp_path), cuda_graph=True,
-                      progress=False)
+
+    cfg = TrainConfig(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        block_size=16,
+        batch_size=2,
+        steps=2,
+        max_bytes=20_000,
+        device="cpu",
+        out_dir=str(tmp_path),
+        cuda_graph=True,
+        progress=False,
+    )
     with pytest.raises(ValueError, match="cuda_graph needs one CUDA GPU"):
         Trainer(cfg)

@@ -21,8 +21,7 @@ import torch
 import kernels  # noqa: F401
 from kernels import results
 from kernels.env import native_bf16
-from kernels.gpu import perf
-from kernels.gpu import perf_report as pr
+from kernels.gpu import perf, perf_report as pr
 from kernels.tools import style
 
 matplotlib.use("Agg")

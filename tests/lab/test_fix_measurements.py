@@ -1,5 +1,6 @@
 """The bias chapters' measurement scripts: the GPU script end to end in its CPU mode, and the
 website's slider grid (its figure moves between computed states)."""
+
 import json
 
 from kernels.lab import fixes_gpu, slider_grid
@@ -21,13 +22,14 @@ def test_fixes_gpu_small_runs_end_to_end_on_the_cpu(tmp_path):
 
 
 def test_slider_grid_marks_the_extremes_and_the_figure_switches_states():
-    grid = slider_grid.beta_grid(betas=(1.0005, 2.0, 64.0), n_keys=128, batch=2,
-                                 v_settings={"tied −1, other 0": (-1.0, 0.0)})
+    grid = slider_grid.beta_grid(
+        betas=(1.0005, 2.0, 64.0), n_keys=128, batch=2, v_settings={"tied −1, other 0": (-1.0, 0.0)}
+    )
     by = {r["beta"]: r for r in grid}
-    assert by[None]["bias"] > 0.05                      # the rule off: the storage bias
-    assert by[1.0005]["bias"] < 0                       # β too close to 1 flips its sign
+    assert by[None]["bias"] > 0.05  # the rule off: the storage bias
+    assert by[1.0005]["bias"] < 0  # β too close to 1 flips its sign
     assert abs(by[2.0]["bias"]) < abs(by[None]["bias"])
-    assert by[64.0]["nonfinite"] > 0                    # ℓ underflows, reported not raised
+    assert by[64.0]["nonfinite"] > 0  # ℓ underflows, reported not raised
     fig = slider_grid.beta_slider_figure(grid)
     steps = fig.layout.sliders[0].steps
     assert [s.label for s in steps] == ["1.0005", "2", "64"]

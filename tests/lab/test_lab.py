@@ -1,4 +1,5 @@
 """Tests of the chapter-5 lab (kernels/lab.py, kernels/lab_gpu.py). Fresh random inputs each run."""
+
 import math
 import random
 from dataclasses import replace
@@ -8,8 +9,7 @@ import pytest
 import torch
 
 from kernels import lab
-from kernels.numerics.rounding import error_in_ulps, next_below, round_to
-from kernels.numerics.rounding import ulp as ulp_of
+from kernels.numerics.rounding import error_in_ulps, next_below, round_to, ulp as ulp_of
 from kernels.numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased, mean_ci
 
 
@@ -39,7 +39,7 @@ def test_exactly_k_tied_maxima_at_requested_positions(placement, ties):
     for b in range(case.batch):
         where = torch.nonzero(is_max[b, 0]).flatten()
         assert torch.equal(where, built.tie_pos[b])
-        assert (is_max[b] == is_max[b, 0]).all()          # every row of a sequence: same keys
+        assert (is_max[b] == is_max[b, 0]).all()  # every row of a sequence: same keys
         tiles = built.tie_pos[b] // case.block_n
         if placement == "same":
             assert (tiles == tiles[0]).all()
@@ -49,9 +49,9 @@ def test_exactly_k_tied_maxima_at_requested_positions(placement, ties):
 
 def test_scores_are_exact_through_the_identity_query():
     built = lab.build(small_case(), fresh_seed())
-    s = (built.q.double() @ built.k.double().transpose(-1, -2))
+    s = built.q.double() @ built.k.double().transpose(-1, -2)
     assert torch.equal(s, built.scores.double())
-    assert torch.equal(to_bf16(built.scores), built.scores)      # bf16 values
+    assert torch.equal(to_bf16(built.scores), built.scores)  # bf16 values
     assert torch.equal(to_bf16(built.v), built.v)
 
 
@@ -69,15 +69,22 @@ def test_gap_and_rest_spread(gap):
     rest2 = (s2.amax(-1, keepdim=True) - s2)[s2 < s2.amax(-1, keepdim=True)]
     ulp = float(ulp_of(torch.tensor(2.0 - gap)))
     assert rest2.min() >= gap - ulp
-    assert abs(float((rest2 - gap).mean()) - math.sqrt(2 / math.pi)) < 0.05   # E|z| = √(2/π)
+    assert abs(float((rest2 - gap).mean()) - math.sqrt(2 / math.pi)) < 0.05  # E|z| = √(2/π)
 
 
 @pytest.mark.parametrize("family", lab.V_FAMILIES)
 def test_v_distributions_separately_for_tied_and_rest(family):
     mean_t, sd_t = random.uniform(-2, 2), random.uniform(0.2, 0.5)
     mean_r, sd_r = random.uniform(-2, 2), random.uniform(0.2, 0.5)
-    case = lab.Case(n_keys=2048, head_dim=32, batch=4, ties=8, block_n=64,
-                    v_tied=lab.VDist(family, mean_t, sd_t), v_rest=lab.VDist(family, mean_r, sd_r))
+    case = lab.Case(
+        n_keys=2048,
+        head_dim=32,
+        batch=4,
+        ties=8,
+        block_n=64,
+        v_tied=lab.VDist(family, mean_t, sd_t),
+        v_rest=lab.VDist(family, mean_r, sd_r),
+    )
     built = lab.build(case, fresh_seed())
     b, n, d = built.v.shape
     mask = torch.zeros(b, n, dtype=torch.bool)
@@ -105,21 +112,21 @@ def test_impossible_placements_are_value_errors():
 
 # ------------------------------------------------------------------ units and statistics
 def test_ulp_definition_and_next_below():
-    x = torch.tensor([1.0, 1.5, 0.75, -3.0, 2.0 ** -130])
-    want = torch.tensor([2.0 ** -7, 2.0 ** -7, 2.0 ** -8, 2.0 ** -6, 2.0 ** -133], dtype=torch.float64)
+    x = torch.tensor([1.0, 1.5, 0.75, -3.0, 2.0**-130])
+    want = torch.tensor([2.0**-7, 2.0**-7, 2.0**-8, 2.0**-6, 2.0**-133], dtype=torch.float64)
     assert torch.equal(ulp_of(x), want)
     vals = to_bf16(torch.randn(5000) * 10.0 ** torch.randint(-3, 4, (5000,)))
     vals = torch.cat([vals, torch.tensor([0.0, -0.0, 1.0, -1.0])])
     below = next_below(vals)
     assert (below < vals).all()
-    mid = (below.double() + vals.double()) / 2        # nothing in bf16 strictly between them
+    mid = (below.double() + vals.double()) / 2  # nothing in bf16 strictly between them
     r = mid.to(torch.bfloat16).double()
     assert ((r == below.double()) | (r == vals.double())).all()
 
 
 def test_error_in_ulps_known_values():
-    o_hp = torch.tensor([1.0 + 2.0 ** -9, -1.0, 0.0, 3.0], dtype=torch.float64)
-    o_lp = torch.tensor([1.0, -1.0 - 2.0 ** -7, 0.0, math.nan])
+    o_hp = torch.tensor([1.0 + 2.0**-9, -1.0, 0.0, 3.0], dtype=torch.float64)
+    o_lp = torch.tensor([1.0, -1.0 - 2.0**-7, 0.0, math.nan])
     err = error_in_ulps(o_lp, o_hp)
     assert err[0] == -0.25 and err[1] == -1.0 and err[2] == 0.0 and torch.isnan(err[3])
 
@@ -148,8 +155,9 @@ def test_mean_ci_and_bias_summary_on_known_inputs():
 
 
 # ------------------------------------------------------------------ bias measurements with known answers
-@pytest.mark.parametrize("label", ["ideal", "fa2/off", "fa2/cross", "paper/off", "paper/tile",
-                                   "paper-untiled/off"])
+@pytest.mark.parametrize(
+    "label", ["ideal", "fa2/off", "fa2/cross", "paper/off", "paper/tile", "paper-untiled/off"]
+)
 def test_single_max_with_vanishing_rest_is_exact(label):
     """k = 1, other scores 120 below: exp underflows to 0 for the rest, O = V of the max exactly.
     (rm = 110 keeps every score above -100: see the chapter's boundary case on the cross rule.)"""
@@ -189,7 +197,7 @@ def test_tile_rule_misses_split_ties_cross_rule_sees_them():
     seed = fresh_seed()
     for placement, tile_sees in (("split", False), ("same", True)):
         built = lab.build(small_case(placement=placement, ties=2), seed)
-        rm = built.row_max                                   # in [1, 3]: beta * rm when seen
+        rm = built.row_max  # in [1, 3]: beta * rm when seen
         tile = lab.run("fa2", built, stable="tile", block_n=32)
         cross = lab.run("fa2", built, stable="cross", block_n=32)
         assert torch.equal(tile.row_offset, 2 * rm if tile_sees else rm)
@@ -215,13 +223,13 @@ def test_running_error_definitions():
     r = lab.running_error(s, v, m, "paper")
     p = to_bf16(torch.exp(to_bf16(torch.tensor(s - m).float()))).double().numpy()
     acc32 = np.float32(0)
-    for t in range(300):                                    # Eq. (5), one term at a time
+    for t in range(300):  # Eq. (5), one term at a time
         acc32 = np.float32(acc32 + np.float32(p[t] * v[t]))
         lp = float(to_bf16(torch.tensor(float(acc32))))
-        assert r["error"][t] == pytest.approx(lp - np.sum(p[:t + 1] * v[:t + 1]), abs=1e-12)
+        assert r["error"][t] == pytest.approx(lp - np.sum(p[: t + 1] * v[: t + 1]), abs=1e-12)
     assert set(r["p_is_one"]) == set(np.flatnonzero(s == m))
     r2 = lab.running_error(s, v, m, "fa2")
-    assert np.all(np.abs(r2["error"]) < 0.01)             # fp32 accumulator: tiny errors
+    assert np.all(np.abs(r2["error"]) < 0.01)  # fp32 accumulator: tiny errors
 
 
 # ------------------------------------------------------------------ the widget's function never raises
@@ -267,18 +275,25 @@ def test_lab_messages_say_what_happened():
     assert any("exactly 0" in m for m in r.messages)
     r = lab.lab(v_tied_mean=3e38, v_rest_mean=3e38, v_tied_spread=0.0, **base)
     assert r.counts["inf outputs"] > 0
-    r = lab.lab(**base)                      # an ordinary setting: numbers, no alarm
+    r = lab.lab(**base)  # an ordinary setting: numbers, no alarm
     assert not r.messages and math.isfinite(r.stats["mean"]) and r.running is not None
 
 
 def test_small_sweep_and_gpu_script_on_cpu(tmp_path):
-    recs = lab.sweep(ties=(2,), gaps=(16.0,), v_means=((-1.0, 0.0),),
-                     impls=("ideal", "fa2/off", "paper/cross"), base=small_case(),
-                     pairs=[("fa2/off", "ideal")], progress=False)
+    recs = lab.sweep(
+        ties=(2,),
+        gaps=(16.0,),
+        v_means=((-1.0, 0.0),),
+        impls=("ideal", "fa2/off", "paper/cross"),
+        base=small_case(),
+        pairs=[("fa2/off", "ideal")],
+        progress=False,
+    )
     assert [r["impl"] for r in recs] == ["ideal", "fa2/off", "paper/cross", "fa2/off vs ideal"]
     assert recs[-1]["identical"] > 0.99
     from kernels import results
     from kernels.lab import gpu as lab_gpu
+
     path = lab_gpu.main(["--small", "--out", str(tmp_path)])
     rec = results.load("lab_sweep_gpu", directory=tmp_path)
     assert rec["provenance"]["command"].startswith("python -m kernels.lab.gpu")
@@ -294,16 +309,21 @@ def test_fused_accumulation_model_loses_tiny_terms_against_a_large_accumulator()
     scores = torch.full((1, d, n), -26 * math.log(2.0)).float()
     scores[..., :2] = 0.0
     v = torch.full((1, n, d), -2.0)
-    v[:, 0], v[:, 1] = -1.0, -1.0 - 2.0 ** -7
-    sign = 1.0 if random.random() < 0.5 else -1.0          # the mirror image works the same
-    built = lab.Built(q=torch.eye(d).unsqueeze(0), k=scores.transpose(-1, -2).contiguous(),
-                      v=sign * v, scores=scores, tie_pos=torch.tensor([[0, 1]]),
-                      row_max=scores[..., 0])
+    v[:, 0], v[:, 1] = -1.0, -1.0 - 2.0**-7
+    sign = 1.0 if random.random() < 0.5 else -1.0  # the mirror image works the same
+    built = lab.Built(
+        q=torch.eye(d).unsqueeze(0),
+        k=scores.transpose(-1, -2).contiguous(),
+        v=sign * v,
+        scores=scores,
+        tie_pos=torch.tensor([[0, 1]]),
+        row_max=scores[..., 0],
+    )
     exact = lab.reference(built)
     tiled = lab.run("fa2", built).out
     fused = lab.run("fa2-fma", built).out
     assert torch.equal(tiled.double(), to_bf16(exact))
-    assert torch.all(tiled == sign * (-1.0 - 2.0 ** -7))
+    assert torch.all(tiled == sign * (-1.0 - 2.0**-7))
     assert torch.all(fused == sign * -1.0)
     with pytest.raises(ValueError, match="stable='off'"):
         lab.run("fa2-fma", built, stable="cross")

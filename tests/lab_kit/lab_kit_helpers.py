@@ -1,4 +1,5 @@
 """Running a chapter's exercise cells outside Jupyter, as the lab's student would."""
+
 from __future__ import annotations
 
 import linecache
@@ -28,6 +29,7 @@ def fresh_namespace(nb, setup, path) -> dict:
     """A namespace holding what the exercise section's setup cell imports (and nothing of the
     chapter's other cells: the exercises must stand on their own)."""
     import kernels  # noqa: F401  (the interpreter switch, before triton)
+
     namespace = {"__name__": "__main__"}
     run(notebook.source(nb["cells"][setup]), namespace, f"<{path.name} exercise setup>")
     return namespace
@@ -35,7 +37,11 @@ def fresh_namespace(nb, setup, path) -> dict:
 
 def hidden_tests(text: str) -> str:
     """The code between the hidden-test markers."""
-    match = re.search(rf"{re.escape(notebook.BEGIN_HIDDEN)}\n(.*?)\n\s*"
-                      rf"{re.escape(notebook.END_HIDDEN)}", text, re.S)
+    match = re.search(
+        rf"{re.escape(notebook.BEGIN_HIDDEN)}\n(.*?)\n\s*"
+        rf"{re.escape(notebook.END_HIDDEN)}",
+        text,
+        re.S,
+    )
     assert match, "no hidden tests in the cell"
     return match.group(1)

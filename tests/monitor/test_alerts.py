@@ -2,6 +2,7 @@
 runs reached, alerts that fire on every stored failing run before its loss exploded and
 on no healthy run, once per crossing, through warnings and on_alert, from a live
 monitor too."""
+
 import math
 import warnings
 
@@ -24,11 +25,14 @@ def stored_runs():
         amp.update(report.load_search(plan)["data"]["runs"])
     stored = {**first, **amp}
     ended = {name: report.outcome(run) for name, run in stored.items()}
-    healthy = {name: run for name, run in stored.items()
-               if ended[name]["event"] is None and not run["config"]["qk_norm"]
-               and (name in first or report.parse_name(name)[1] == "F")}
-    failing = {name: run for name, run in stored.items()
-               if ended[name]["event"] == "explosion"}
+    healthy = {
+        name: run
+        for name, run in stored.items()
+        if ended[name]["event"] is None
+        and not run["config"]["qk_norm"]
+        and (name in first or report.parse_name(name)[1] == "F")
+    }
+    failing = {name: run for name, run in stored.items() if ended[name]["event"] == "explosion"}
     return healthy, failing, ended
 
 
@@ -42,7 +46,7 @@ def test_thresholds_are_what_the_healthy_runs_reached(runs):
     drawn = thresholds_from_runs(healthy.values())
     assert set(drawn) == set(RULES) == set(THRESHOLDS)
     for rule in RULES:
-        assert THRESHOLDS[rule] == drawn[rule], rule           # exactly: no rounding
+        assert THRESHOLDS[rule] == drawn[rule], rule  # exactly: no rounding
 
 
 def test_fires_on_every_failing_run_before_it_explodes_and_never_on_a_healthy_one(runs):
@@ -62,8 +66,7 @@ def test_once_per_crossing_and_on_alert():
     threshold = float(np.random.uniform(1, 10))
     values = threshold * (1 + 0.3 * np.random.randn(60))
     got = []
-    alerts = Alerts({"max_logit": threshold}, early=(0, 5), on_alert=got.append,
-                    warn=False)
+    alerts = Alerts({"max_logit": threshold}, early=(0, 5), on_alert=got.append, warn=False)
     for step, value in enumerate(values):
         alerts.update(step, 0, {"max_logit": float(value)})
     above = values > threshold
@@ -78,7 +81,7 @@ def test_once_per_crossing_and_on_alert():
 def test_wq_growth_is_against_the_layers_own_early_level():
     level = float(np.random.uniform(0.5, 5))
     alerts = Alerts(early=(0, 3), warn=False)
-    for step in range(4):                                      # early: level, level...
+    for step in range(4):  # early: level, level...
         alerts.update(step, 1, {"wq_norm": level})
     assert alerts.update(4, 1, {"wq_norm": level * THRESHOLDS["wq_growth"] * 0.99}) == []
     fired = alerts.update(5, 1, {"wq_norm": level * THRESHOLDS["wq_growth"] * 1.01})
@@ -89,9 +92,8 @@ def test_wq_growth_is_against_the_layers_own_early_level():
 def test_a_lean_alone_is_no_alert():
     alerts = Alerts(early=(0, 0), warn=False)
     alerts.update(0, 0, {"wq_norm": 1.0})
-    for step in range(1, 12):                       # leans +1 but W_Q stays at its level
-        assert alerts.update(step, 0, {"wq_norm": 1.0, "delta_err": 1.0,
-                                       "delta_abs": 1.0}) == []
+    for step in range(1, 12):  # leans +1 but W_Q stays at its level
+        assert alerts.update(step, 0, {"wq_norm": 1.0, "delta_err": 1.0, "delta_abs": 1.0}) == []
     fired = alerts.update(12, 0, {"wq_norm": 10.0, "delta_err": 1.0, "delta_abs": 1.0})
     assert {a.rule for a in fired} == {"wq_growth", "delta_lean"}
 
@@ -110,8 +112,7 @@ def test_the_monitor_warns_once_per_crossing_and_calls_on_alert():
     callback for each layer once, not again on the next reading step."""
     model = GPT(GPTConfig(block_size=24, n_layer=2, n_head=2, n_embd=32, attn="sdpa"))
     got = []
-    mon = AttentionMonitor.attach(model, every=1, on_alert=got.append,
-                                  alerts={"max_logit": 1e-9})
+    mon = AttentionMonitor.attach(model, every=1, on_alert=got.append, alerts={"max_logit": 1e-9})
     mon.alerts.early = (0, 0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -121,8 +122,7 @@ def test_the_monitor_warns_once_per_crossing_and_calls_on_alert():
             model(idx, idx)[1].backward()
         mon.close()
     alerts = [w for w in caught if issubclass(w.category, AttentionAlert)]
-    assert [(a.step, a.layer, a.rule) for a in got] == [(1, 0, "max_logit"),
-                                                        (1, 1, "max_logit")]
+    assert [(a.step, a.layer, a.rule) for a in got] == [(1, 0, "max_logit"), (1, 1, "max_logit")]
     assert len(alerts) == 2 and "step 1, layer 0: max_logit" in str(alerts[0].message)
     assert "(your threshold)" in str(alerts[0].message)
     book = Alert(5, 0, "ties_bf16", 0.5, THRESHOLDS["ties_bf16"]).message

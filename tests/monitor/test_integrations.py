@@ -2,6 +2,7 @@
 Lightning Trainer with the monitor's callbacks (short CPU runs), and the book's attention
 with δ from rowsum(dP∘P) registered with transformers and as nanoGPT's SDPA call. The
 Triton interpreter is slow: tiny models (width 32, 2 heads of 16, 16 tokens)."""
+
 import sys
 
 import numpy as np
@@ -11,19 +12,28 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels  # noqa: F401
-from kernels.gpt2 import GPT, GPTConfig
 from kernels.attention import hf_attention
+from kernels.gpt2 import GPT, GPTConfig
 from kernels.monitor import callbacks
 
-TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
-            attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0,
-            eos_token_id=0)
+TINY = dict(
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    vocab_size=64,
+    n_positions=32,
+    attn_pdrop=0.0,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 
 
 def hf_gpt2(implementation, **extra):
     from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(**{**TINY, **extra},
-                                      attn_implementation=implementation))
+
+    return GPT2LMHeadModel(GPT2Config(**{**TINY, **extra}, attn_implementation=implementation))
 
 
 # ---------------------------------------------------------------- the fix, registered
@@ -34,8 +44,11 @@ def test_registered_attention_trains_a_stock_gpt2_like_sdpa(monkeypatch):
     name = hf_attention.register()
     calls = []
     real = hf_attention.flash_attention
-    monkeypatch.setattr(hf_attention, "flash_attention",
-                        lambda q, k, v, opts: calls.append(opts) or real(q, k, v, opts))
+    monkeypatch.setattr(
+        hf_attention,
+        "flash_attention",
+        lambda q, k, v, opts: calls.append(opts) or real(q, k, v, opts),
+    )
     torch.manual_seed(int(np.random.randint(0, 2**31)))
     ref = hf_gpt2("sdpa")
     fix = hf_gpt2(name)
@@ -56,8 +69,7 @@ def test_registered_attention_trains_a_stock_gpt2_like_sdpa(monkeypatch):
         for a, b in zip(*grads):
             assert torch.allclose(a, b, rtol=1e-3, atol=1e-6), step
     assert len(calls) == 3 * 2
-    assert all(o.delta_source == "dp" and o.causal and o.scale == 16 ** -0.5
-               for o in calls)
+    assert all(o.delta_source == "dp" and o.causal and o.scale == 16**-0.5 for o in calls)
 
 
 def test_registered_attention_under_bf16_autocast():
@@ -81,7 +93,7 @@ def test_registered_attention_refuses_what_it_cannot_do():
     name = hf_attention.register()
     idx = torch.randint(0, 64, (2, 16))
     mask = torch.ones_like(idx)
-    mask[0, int(np.random.randint(4, 16)):] = 0
+    mask[0, int(np.random.randint(4, 16)) :] = 0
     with pytest.raises(ValueError, match="attention mask with padding"):
         hf_gpt2(name)(idx, attention_mask=mask, labels=idx)
     dropping = hf_gpt2(name, attn_pdrop=0.1)
@@ -102,8 +114,7 @@ class NanoAttention(nn.Module):
     def forward(self, x):
         b, n, c = x.size()
         q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (t.view(b, n, self.n_head, c // self.n_head).transpose(1, 2)
-                   for t in (q, k, v))
+        q, k, v = (t.view(b, n, self.n_head, c // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = self.attend(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, n, c))
 
@@ -145,20 +156,29 @@ def test_hugging_face_trainer_callback(tmp_path):
     """Six optimizer steps of two micro-batches each, reading every 2: steps 0, 2, 4
     read once each, the file written, the monitor detached at the end."""
     from transformers import Trainer, TrainingArguments
+
     model = hf_gpt2("sdpa")
     callback = callbacks.MonitorTrainerCallback(every=2, path=tmp_path / "m.csv")
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6,
-                             per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                             learning_rate=1e-3, report_to=[], save_strategy="no",
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    Trainer(model=model, args=args, train_dataset=Tokens(24),
-            callbacks=[callback]).train()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    Trainer(model=model, args=args, train_dataset=Tokens(24), callbacks=[callback]).train()
     mon = callback.monitor
     assert mon.detached and mon.layer_names == ["transformer.h.0.attn", "transformer.h.1.attn"]
     keys = [row[:4] for row in mon.rows]
     assert sorted({k[0] for k in keys}) == [0, 2, 4] and len(set(keys)) == len(keys)
     assert len(keys) == 3 * 2 * 2 * 4
     from kernels.monitor import read_rows
+
     assert len(read_rows(tmp_path / "m.csv")) == len(keys)
 
 
@@ -170,8 +190,9 @@ class LitGPT:
         class Module(base):
             def __init__(self):
                 super().__init__()
-                self.model = GPT(GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32,
-                                           attn="sdpa"))
+                self.model = GPT(
+                    GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32, attn="sdpa")
+                )
 
             def training_step(self, batch, batch_idx):
                 idx = batch["input_ids"]
@@ -179,20 +200,29 @@ class LitGPT:
 
             def configure_optimizers(self):
                 return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
         return Module()
 
 
 def test_lightning_callback(tmp_path):
     """As the Hugging Face test, in Lightning: its on_train_batch_start runs once per
     micro-batch, with the same global_step for both micro-batches of a step."""
-    import pytorch_lightning as pl           # pinned in requirements.txt
+    import pytorch_lightning as pl  # pinned in requirements.txt
+
     cls = callbacks.lightning_callback_class("pytorch_lightning")
     assert issubclass(cls, pl.Callback)
     callback = cls(every=2, path=tmp_path / "m.jsonl")
-    trainer = pl.Trainer(max_steps=6, accumulate_grad_batches=2, accelerator="cpu",
-                         callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=str(tmp_path))
+    trainer = pl.Trainer(
+        max_steps=6,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     loader = torch.utils.data.DataLoader(Tokens(24, vocab=256), batch_size=2)
     trainer.fit(LitGPT.make(pl.LightningModule), loader)
     mon = callback.monitor
@@ -217,10 +247,15 @@ def test_the_package_imports_neither_lightning_nor_transformers():
     """kernels.monitor (and its callbacks module) work without Lightning: nothing imports
     it, or transformers, until a callback or the registration is asked for."""
     import subprocess
+
     from kernels.env import REPO_ROOT
-    code = ("import sys, kernels.monitor, kernels.monitor.callbacks; "
-            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+
+    code = (
+        "import sys, kernels.monitor, kernels.monitor.callbacks; "
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"

@@ -3,6 +3,7 @@ GPT-2 and of Hugging Face's GPT-2, reads the right numbers (known answers and fp
 references), changes nothing the model computes (bit-identical outputs and gradients),
 writes what it says, and refuses bad input with a clear error. CPU only, tiny models,
 fresh random inputs each run."""
+
 import copy
 import math
 import sys
@@ -15,25 +16,49 @@ import torch
 import torch.nn as nn
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
-from kernels.gpt2 import GPT, GPTConfig
-from kernels.gpt2 import diagnostics as dg
-from kernels.monitor import (COLUMNS, METRICS, AttentionMonitor, ceiling_and_lead,
-                             layer_table, metrics, read_rows, time_steps)
+from kernels.gpt2 import GPT, GPTConfig, diagnostics as dg
+from kernels.monitor import (
+    COLUMNS,
+    METRICS,
+    AttentionMonitor,
+    ceiling_and_lead,
+    layer_table,
+    metrics,
+    read_rows,
+    time_steps,
+)
 
 FORWARD_METRICS = ("ties_bf16", "p1_fa2", "wq_norm", "max_logit")
 
 
-def book_model(attn="paper:delta=o", qk_norm=False, n_layer=2, n_head=2, n_embd=32,
-               block=24):
-    return GPT(GPTConfig(block_size=block, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, attn=attn, qk_norm=qk_norm))
+def book_model(attn="paper:delta=o", qk_norm=False, n_layer=2, n_head=2, n_embd=32, block=24):
+    return GPT(
+        GPTConfig(
+            block_size=block,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            attn=attn,
+            qk_norm=qk_norm,
+        )
+    )
 
 
 def hf_model(dropout=0.0):
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64,
-                     attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout,
-                     bos_token_id=0, eos_token_id=0)
+
+    cfg = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=64,
+        n_positions=64,
+        attn_pdrop=dropout,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(cfg)
 
 
@@ -64,13 +89,14 @@ class Reference:
     def _qkv(self, i):
         def hook(mod, inp, out):
             self.qkv[i] = out.detach().clone()
+
         return hook
 
     def _out(self, i):
         def hook(mod, inp):
             self.out[i] = inp[0].detach().clone()
-            inp[0].register_hook(
-                lambda g: self.d_out.__setitem__(i, g.detach().clone()))
+            inp[0].register_hook(lambda g: self.d_out.__setitem__(i, g.detach().clone()))
+
         return hook
 
     def heads(self, i, t):
@@ -95,8 +121,15 @@ def table(monitor, step):
 
 # ----------------------------------------------------------------------------- one home
 def test_diagnostics_use_the_monitors_functions():
-    for name in ("spectral_norm", "wq_head_norms", "causal_scores", "max_logit",
-                 "rows_rounding_to_one", "rows_with_tied_max", "delta_error"):
+    for name in (
+        "spectral_norm",
+        "wq_head_norms",
+        "causal_scores",
+        "max_logit",
+        "rows_rounding_to_one",
+        "rows_with_tied_max",
+        "delta_error",
+    ):
         assert getattr(dg, name) is getattr(metrics, name), name
         assert getattr(dg, name).__module__ == "kernels.monitor.metrics", name
 
@@ -113,12 +146,13 @@ def test_head_readings_on_constructed_rows():
     assert r["max_logit"] == [0.0, pytest.approx(2.0 * (n - 1))]
     scale = float(np.random.uniform(0.1, 2))
     assert metrics.head_readings(q, k, scale=scale)["max_logit"][1] == pytest.approx(
-        4.0 * (n - 1) * scale)
+        4.0 * (n - 1) * scale
+    )
 
 
 def test_exact_output_matches_fp64():
     q, k, v = (torch.randn(2, 3, 17, 8) for _ in range(3))
-    ref = torch.softmax(fp64_scores(q, k, 8 ** -0.5), -1) @ v.double()
+    ref = torch.softmax(fp64_scores(q, k, 8**-0.5), -1) @ v.double()
     assert torch.allclose(metrics.exact_output(q, k, v).double(), ref, atol=1e-6)
 
 
@@ -129,7 +163,7 @@ def test_finds_the_layers_of_both_models():
     assert [layer.n_head for layer in mon.layers] == [2, 2, 2]
     mon = AttentionMonitor.attach(hf_model(), every=10)
     assert mon.layer_names == ["transformer.h.0.attn", "transformer.h.1.attn"]
-    assert [layer.scale for layer in mon.layers] == [16 ** -0.5] * 2
+    assert [layer.scale for layer in mon.layers] == [16**-0.5] * 2
 
 
 def test_model_without_attention_is_refused():
@@ -140,8 +174,10 @@ def test_model_without_attention_is_refused():
 
 def test_missing_layer_index_is_refused():
     for bad in (2, -1, 7):
-        with pytest.raises(ValueError, match=f"layer index {bad} does not exist: the "
-                                             "model has 2 attention layers, 0 to 1"):
+        with pytest.raises(
+            ValueError,
+            match=f"layer index {bad} does not exist: the model has 2 attention layers, 0 to 1",
+        ):
             AttentionMonitor.attach(book_model(), layers=[0, bad])
 
 
@@ -166,8 +202,8 @@ def test_known_answers_through_the_hooks():
     top = float(np.random.uniform(0.5, 3))
     with torch.no_grad():
         w = model.blocks[0].attn.c_attn.weight
-        w[c:c + 16].zero_()                               # W_K of head 0
-        model.blocks[0].attn.c_attn.bias[c:c + 16].zero_()
+        w[c : c + 16].zero_()  # W_K of head 0
+        model.blocks[0].attn.c_attn.bias[c : c + 16].zero_()
         w[16:32].zero_()
         w[16:32, :16] = torch.diag(torch.linspace(0.1, top, 16))  # W_Q of head 1
     mon = AttentionMonitor.attach(model, every=1, layers=[0])
@@ -178,7 +214,7 @@ def test_known_answers_through_the_hooks():
     assert got[(0, 0, "ties_bf16")] == got[(0, 0, "p1_fa2")] == pytest.approx(23 / 24)
     assert got[(0, 0, "max_logit")] == 0.0
     assert got[(0, 1, "wq_norm")] == pytest.approx(top, rel=1e-6)
-    assert {key[0] for key in got} == {0}                 # only the layer asked for
+    assert {key[0] for key in got} == {0}  # only the layer asked for
 
 
 @pytest.mark.parametrize("kind", ["book-paper-bf16", "book-qknorm", "hf"])
@@ -190,8 +226,9 @@ def test_readings_match_an_fp64_reference(kind):
         idx = torch.randint(0, 64, (3, 20))
         weights = [b.attn.c_attn.weight.T for b in model.transformer.h]
     else:
-        model = book_model(attn="paper:delta=o" if autocast else "sdpa",
-                           qk_norm=kind == "book-qknorm")
+        model = book_model(
+            attn="paper:delta=o" if autocast else "sdpa", qk_norm=kind == "book-qknorm"
+        )
         loss_of, idx = book_loss, torch.randint(0, 256, (3, 24))
         layers = [(b.attn, 2) for b in model.blocks]
         weights = [b.attn.c_attn.weight for b in model.blocks]
@@ -208,27 +245,28 @@ def test_readings_match_an_fp64_reference(kind):
             with torch.no_grad():
                 q = module.q_norm(q.float()).double()
                 k = module.k_norm(k.float()).double()
-        s = fp64_scores(q, k, 16 ** -0.5)
+        s = fp64_scores(q, k, 16**-0.5)
         o_hp = torch.softmax(s, -1) @ v
         err = (ref.heads(i, ref.d_out[i]) * (ref.heads(i, ref.out[i]) - o_hp)).sum(-1)
         size = (ref.heads(i, ref.d_out[i]) * ref.heads(i, ref.out[i])).abs()
         size = size.sum((-1, -2))
         for h in range(n_head):
             finite = s[:, h][torch.isfinite(s[:, h])]
-            assert got[(i, h, "max_logit")] == pytest.approx(float(finite.abs().max()),
-                                                             rel=1e-5)
-            w_q = weights[i][h * 16:(h + 1) * 16].detach().double()
+            assert got[(i, h, "max_logit")] == pytest.approx(float(finite.abs().max()), rel=1e-5)
+            w_q = weights[i][h * 16 : (h + 1) * 16].detach().double()
             assert got[(i, h, "wq_norm")] == pytest.approx(
-                float(torch.linalg.svdvals(w_q)[0]), rel=1e-9)
+                float(torch.linalg.svdvals(w_q)[0]), rel=1e-9
+            )
             for metric in ("ties_bf16", "p1_fa2"):
                 assert 0.0 <= got[(i, h, metric)] <= 1.0
-            if kind == "book-paper-bf16":      # a real δ error: it matches the fp64 one
+            if kind == "book-paper-bf16":  # a real δ error: it matches the fp64 one
                 scale = float(err[:, h].abs().sum(-1).mean())
                 assert scale > 1e-4 * float(size[:, h].mean())
                 assert got[(i, h, "delta_abs")] == pytest.approx(scale, rel=1e-2)
-                assert abs(got[(i, h, "delta_err")] - float(err[:, h].sum(-1).mean())) \
-                    <= 1e-2 * scale
-            else:                              # exact attention: only fp32 noise left
+                assert (
+                    abs(got[(i, h, "delta_err")] - float(err[:, h].sum(-1).mean())) <= 1e-2 * scale
+                )
+            else:  # exact attention: only fp32 noise left
                 assert got[(i, h, "delta_abs")] < 1e-5 * float(size[:, h].mean())
 
 
@@ -240,7 +278,7 @@ def test_tie_shares_match_a_direct_count():
     with torch.no_grad():
         model.wpe.weight.zero_()
         for b in model.blocks:
-            b.attn.c_attn.weight[:64] *= 3.0          # larger logits: W_Q and W_K
+            b.attn.c_attn.weight[:64] *= 3.0  # larger logits: W_Q and W_K
     mon = AttentionMonitor.attach(model, every=1)
     ref = Reference([(b.attn, 2) for b in model.blocks])
     mon.step(0)
@@ -257,7 +295,7 @@ def test_tie_shares_match_a_direct_count():
             tied = one = 0
             for b in range(2):
                 for t in range(24):
-                    row_low, row32 = s_low[b, h, t, :t + 1], s32[b, h, t, :t + 1]
+                    row_low, row32 = s_low[b, h, t, : t + 1], s32[b, h, t, : t + 1]
                     tied += int((row_low == row_low.max()).sum() >= 2)
                     p_bar = torch.exp(row32 - row32.max()).bfloat16()
                     one += int((p_bar == 1.0).sum() >= 2)
@@ -272,14 +310,14 @@ def test_outputs_and_gradients_are_bit_identical(kind, autocast):
     """Six training steps, the monitor reading steps 0, 2, 4 with δ: the same logits,
     losses, gradients and (after AdamW) weights as the same model without it, bit for
     bit."""
-    if kind == "hf":            # dropout on: the monitor must draw no random numbers
+    if kind == "hf":  # dropout on: the monitor must draw no random numbers
         plain, loss_of, vocab = hf_model(dropout=0.1), hf_loss, 64
     else:
         plain = book_model(attn="paper:delta=o" if kind == "book-paper" else "sdpa")
         loss_of, vocab = book_loss, 256
     watched = copy.deepcopy(plain)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # the dropout warning of delta=True
+        warnings.simplefilter("ignore")  # the dropout warning of delta=True
         mon = AttentionMonitor.attach(watched, every=2, delta=True)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, watched)]
     for step in range(6):
@@ -293,8 +331,9 @@ def test_outputs_and_gradients_are_bit_identical(kind, autocast):
             opt.zero_grad()
             logits, loss = loss_of(model, idx, autocast)
             loss.backward()
-            results.append((logits.detach(), loss.detach(),
-                            [p.grad.clone() for p in model.parameters()]))
+            results.append(
+                (logits.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()])
+            )
             opt.step()
         (la, lossa, ga), (lb, lossb, gb) = results
         assert torch.equal(la, lb) and torch.equal(lossa, lossb), step
@@ -308,10 +347,12 @@ def test_outputs_and_gradients_are_bit_identical(kind, autocast):
 def test_no_hooks_between_monitoring_steps():
     model = book_model()
     mon = AttentionMonitor.attach(model, every=5, delta=True)
-    count = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks)  # noqa: E731
-                        for m in model.modules())
+    count = lambda: sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks)  # noqa: E731
+        for m in model.modules()
+    )
     assert mon.step(1) is False and count() == 0
-    assert mon.step(5) is True and count() == 2 * 3         # c_attn, c_proj, the layer
+    assert mon.step(5) is True and count() == 2 * 3  # c_attn, c_proj, the layer
     book_loss(model, torch.randint(0, 256, (2, 24)))[1].backward()
     assert count() == 0 and len(mon.rows) == 2 * 2 * len(METRICS)
 
@@ -321,20 +362,21 @@ def test_only_the_first_training_pass_of_a_step_is_read():
     model = book_model(attn="sdpa")
     mon = AttentionMonitor.attach(model, every=1)
     mon.step(0)
-    with torch.no_grad():                                 # an evaluation pass: not read
+    with torch.no_grad():  # an evaluation pass: not read
         model(torch.zeros(1, 24, dtype=torch.long))
     assert mon.rows == []
     first, second = torch.randint(0, 256, (2, 2, 24))
     ref = Reference([(b.attn, 2) for b in model.blocks])
-    book_loss(model, first)[1].backward()                  # micro-batch 1: read
+    book_loss(model, first)[1].backward()  # micro-batch 1: read
     q0 = ref.qkv[0].clone()
-    book_loss(model, second)[1].backward()                 # micro-batch 2: not read
+    book_loss(model, second)[1].backward()  # micro-batch 2: not read
     ref.remove()
     got = table(mon, 0)
     q, k, _ = (ref.heads(0, t) for t in q0.split(32, dim=-1))
     s = fp64_scores(q, k, 0.25)
-    assert got[(0, 0, "max_logit")] == pytest.approx(float(s[:, 0][s[:, 0].isfinite()]
-                                                           .abs().max()), rel=1e-5)
+    assert got[(0, 0, "max_logit")] == pytest.approx(
+        float(s[:, 0][s[:, 0].isfinite()].abs().max()), rel=1e-5
+    )
 
 
 def test_armed_step_without_a_pass_warns():
@@ -370,13 +412,15 @@ def test_sequences_limits_what_is_read():
     for i in range(2):
         q, k, v = (ref.heads(i, t)[:1] for t in ref.qkv[i].split(32, dim=-1))
         s = fp64_scores(q, k, 0.25)
-        err = (ref.heads(i, ref.d_out[i])[:1]
-               * (ref.heads(i, ref.out[i])[:1] - torch.softmax(s, -1) @ v)).sum(-1)
+        err = (
+            ref.heads(i, ref.d_out[i])[:1]
+            * (ref.heads(i, ref.out[i])[:1] - torch.softmax(s, -1) @ v)
+        ).sum(-1)
         for h in range(2):
             assert got[(i, h, "max_logit")] == pytest.approx(
-                float(s[0, h][s[0, h].isfinite()].abs().max()), rel=1e-5)
-            assert got[(i, h, "delta_abs")] == pytest.approx(
-                float(err[0, h].abs().sum()), rel=1e-2)
+                float(s[0, h][s[0, h].isfinite()].abs().max()), rel=1e-5
+            )
+            assert got[(i, h, "delta_abs")] == pytest.approx(float(err[0, h].abs().sum()), rel=1e-2)
 
 
 # ---------------------------------------------------------------------- where it writes
@@ -410,8 +454,9 @@ def test_append_continues_a_file(tmp_path):
 
 def test_tensorboard_missing_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    with pytest.raises(ImportError, match="needs the 'tensorboard' package.*pip "
-                                          "install tensorboard"):
+    with pytest.raises(
+        ImportError, match="needs the 'tensorboard' package.*pip install tensorboard"
+    ):
         AttentionMonitor.attach(book_model(), tensorboard=tmp_path / "tb")
 
 
@@ -448,6 +493,7 @@ def test_tensorboard_gets_every_row(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------- DDP, compile
 def test_only_rank_zero_writes(tmp_path, monkeypatch):
     import torch.distributed as dist
+
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
     model = book_model(attn="sdpa")
@@ -465,12 +511,11 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
 def test_ddp_gloo_single_process(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
-                            world_size=1)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model = DDP(book_model(attn="sdpa"))
-        with AttentionMonitor.attach(model, every=1, path=tmp_path / "m.csv",
-                                     delta=True) as mon:
+        with AttentionMonitor.attach(model, every=1, path=tmp_path / "m.csv", delta=True) as mon:
             assert mon.layer_names == ["module.blocks.0.attn", "module.blocks.1.attn"]
             mon.step(0)
             logits, _ = model(torch.randint(0, 256, (2, 24)))
@@ -516,12 +561,10 @@ def test_time_steps_reports_medians():
     out = time_steps(model, lambda: book_loss(model, idx)[1], mon, repeats=3, warmup=0)
     assert set(out) == {"off", "between", "reading", "call", "paired"}
     assert out["call"]["median"] < out["off"]["median"]
-    assert all(out[k]["median"] > 0 and out[k]["iqr"] >= 0
-               for k in ("off", "between", "reading"))
-    assert sorted({row[0] for row in mon.rows}) == [10, 20, 30]   # calls read nothing
+    assert all(out[k]["median"] > 0 and out[k]["iqr"] >= 0 for k in ("off", "between", "reading"))
+    assert sorted({row[0] for row in mon.rows}) == [10, 20, 30]  # calls read nothing
     with pytest.raises(ValueError, match="every=1"):
-        time_steps(model, lambda: book_loss(model, idx)[1],
-                   AttentionMonitor.attach(model, every=1))
+        time_steps(model, lambda: book_loss(model, idx)[1], AttentionMonitor.attach(model, every=1))
 
 
 def test_time_steps_synchronises_around_every_pass():
@@ -531,18 +574,22 @@ def test_time_steps_synchronises_around_every_pass():
     idx = torch.randint(0, 256, (2, 24))
     calls = []
     repeats, warmup = int(np.random.randint(3, 5)), int(np.random.randint(0, 2))
-    time_steps(model, lambda: book_loss(model, idx)[1],
-               AttentionMonitor.attach(model, every=10), repeats=repeats, warmup=warmup,
-               sync=lambda: calls.append(1))
+    time_steps(
+        model,
+        lambda: book_loss(model, idx)[1],
+        AttentionMonitor.attach(model, every=10),
+        repeats=repeats,
+        warmup=warmup,
+        sync=lambda: calls.append(1),
+    )
     assert len(calls) == 2 * 3 * (repeats + warmup)
 
 
 def test_ceiling_and_lead():
     steps = np.arange(0, 1000, 100)
     level = float(np.random.uniform(1, 5))
-    healthy = [(steps, np.full(10, level)),
-               (steps, np.r_[np.full(9, level / 2), np.nan])]
-    rising = level * 2.0 ** (steps / 300)              # passes the level after step 0
+    healthy = [(steps, np.full(10, level)), (steps, np.r_[np.full(9, level / 2), np.nan])]
+    rising = level * 2.0 ** (steps / 300)  # passes the level after step 0
     never = np.full(10, level * 0.9)
     out = ceiling_and_lead(healthy, [(steps, rising, 700), (steps, never, 500)])
     assert out["ceiling"] == level and out["crossed"] == 1 and out["failing"] == 2
@@ -572,11 +619,13 @@ def test_hugging_face_gpt2_as_configured_by_default(implementation):
     """The model exactly as a reader builds it (default dropout 0.1, SDPA or eager
     attention): found, read against fp64, and its gradients unchanged by the monitor."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
     extra = {} if implementation is None else {"attn_implementation": implementation}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # token ids outside the tiny vocabulary
-        plain = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32,
-                                           vocab_size=64, n_positions=64, **extra))
+        warnings.simplefilter("ignore")  # token ids outside the tiny vocabulary
+        plain = GPT2LMHeadModel(
+            GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64, **extra)
+        )
     watched = copy.deepcopy(plain)
     mon = AttentionMonitor.attach(watched, every=1)
     ref = Reference([(b.attn, 2) for b in watched.transformer.h])
@@ -585,7 +634,7 @@ def test_hugging_face_gpt2_as_configured_by_default(implementation):
     for model in (plain, watched):
         if model is watched:
             mon.step(0)
-        torch.manual_seed(1)                          # the same dropout masks
+        torch.manual_seed(1)  # the same dropout masks
         model(idx, labels=idx).loss.backward()
         grads.append([p.grad for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
@@ -593,7 +642,8 @@ def test_hugging_face_gpt2_as_configured_by_default(implementation):
     assert len(got) == 2 * 2 * len(FORWARD_METRICS)
     for i in range(2):
         q, k, _ = (ref.heads(i, t) for t in ref.qkv[i].split(32, dim=-1))
-        s = fp64_scores(q, k, 16 ** -0.5)
+        s = fp64_scores(q, k, 16**-0.5)
         for h in range(2):
             assert got[(i, h, "max_logit")] == pytest.approx(
-                float(s[:, h][s[:, h].isfinite()].abs().max()), rel=1e-5)
+                float(s[:, h][s[:, h].isfinite()].abs().max()), rel=1e-5
+            )

@@ -3,6 +3,7 @@ detach() and sinks that never start a file over; attention layouts the monitor d
 know refused, GPTBigCode read right; a SummaryWriter or any callable as a sink; compile
 after attach caught with one warning; step() idempotent within a step; a warning when a
 padding mask is seen. CPU only, tiny models, fresh random inputs each run."""
+
 import math
 import warnings
 
@@ -51,9 +52,8 @@ def test_close_detaches_and_later_steps_are_refused(tmp_path):
     with pytest.raises(RuntimeError, match="detached.*attach a new monitor"):
         mon.step(steps)
     train_pass(model)
-    assert len(read_rows(path)) == rows                 # the file kept every row
-    assert all(len(m._forward_hooks) + len(m._forward_pre_hooks) == 0
-               for m in model.modules())
+    assert len(read_rows(path)) == rows  # the file kept every row
+    assert all(len(m._forward_hooks) + len(m._forward_pre_hooks) == 0 for m in model.modules())
 
 
 def test_detach_leaves_no_hook_on_an_armed_step():
@@ -62,10 +62,9 @@ def test_detach_leaves_no_hook_on_an_armed_step():
     assert mon.step(0) is True
     assert sum(len(m._forward_hooks) for m in model.modules()) > 0
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                 # the step armed but never run
+        warnings.simplefilter("ignore")  # the step armed but never run
         mon.detach()
-    assert all(len(m._forward_hooks) + len(m._forward_pre_hooks) == 0
-               for m in model.modules())
+    assert all(len(m._forward_hooks) + len(m._forward_pre_hooks) == 0 for m in model.modules())
     assert mon.detached and not mon.enabled
 
 
@@ -101,9 +100,18 @@ def test_unknown_layout_is_refused_naming_the_module():
 
 def bigcode(multi_query):
     from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
-    cfg = GPTBigCodeConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64,
-                           multi_query=multi_query, attn_pdrop=0.0, resid_pdrop=0.0,
-                           embd_pdrop=0.0)
+
+    cfg = GPTBigCodeConfig(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=64,
+        n_positions=64,
+        multi_query=multi_query,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
     return GPTBigCodeForCausalLM(cfg)
 
 
@@ -113,12 +121,13 @@ def test_gptbigcode_is_read_in_its_own_layout(multi_query):
     exactly as GPTBigCodeAttention cuts them (per head [q; k; v], or one k/v head)."""
     model = bigcode(multi_query)
     with torch.no_grad():
-        for block in model.transformer.h:            # larger logits than at init
+        for block in model.transformer.h:  # larger logits than at init
             block.attn.c_attn.weight.mul_(float(np.random.uniform(4, 8)))
     got_qkv = {}
     for i, block in enumerate(model.transformer.h):
         block.attn.c_attn.register_forward_hook(
-            lambda m, inp, out, i=i: got_qkv.__setitem__(i, out.detach().clone()))
+            lambda m, inp, out, i=i: got_qkv.__setitem__(i, out.detach().clone())
+        )
     mon = AttentionMonitor.attach(model, every=1)
     assert [layer.layout for layer in mon.layers] == ["mqa" if multi_query else "per_head"] * 2
     mon.step(0)
@@ -133,15 +142,16 @@ def test_gptbigcode_is_read_in_its_own_layout(multi_query):
             q, k, _ = qkv.split((32, d, d), dim=-1)
             q = q.reshape(b, n, 2, d).transpose(1, 2)
             k = k.reshape(b, n, 1, d).transpose(1, 2).expand(b, 2, n, d)
-            rows = [w[h * d:(h + 1) * d] for h in range(2)]
+            rows = [w[h * d : (h + 1) * d] for h in range(2)]
         else:
             q, k, _ = qkv.view(b, n, 2, 3 * d).transpose(1, 2).split(d, dim=-1)
-            rows = [w[h * 3 * d:h * 3 * d + d] for h in range(2)]
+            rows = [w[h * 3 * d : h * 3 * d + d] for h in range(2)]
         want = fp64_max_logit(q, k, block.attn.scaling)
         for h in range(2):
             assert got[(i, h, "max_logit")] == pytest.approx(want[h], rel=1e-5)
             assert got[(i, h, "wq_norm")] == pytest.approx(
-                float(torch.linalg.svdvals(rows[h])[0]), rel=1e-9)
+                float(torch.linalg.svdvals(rows[h])[0]), rel=1e-9
+            )
 
 
 def test_grouped_query_heads_are_refused():
@@ -178,10 +188,10 @@ def test_a_summary_writer_is_written_to_not_taken_for_a_path(tmp_path, monkeypat
     mon.step(step)
     train_pass(model)
     mon.close()
-    assert list(tmp_path.iterdir()) == []               # no folder named after a repr
+    assert list(tmp_path.iterdir()) == []  # no folder named after a repr
     assert len(writer.scalars) == 2 * 2 * len(FORWARD) and writer.flushed >= 1
     assert {s for _, _, s in writer.scalars} == {step}
-    assert not writer.closed                             # the reader's writer stays open
+    assert not writer.closed  # the reader's writer stays open
 
 
 def test_any_callable_is_a_sink():
@@ -228,8 +238,9 @@ def per_block(model):
     return model
 
 
-@pytest.mark.parametrize("make", [whole, whole_fullgraph, per_block],
-                         ids=["whole model", "fullgraph", "per block"])
+@pytest.mark.parametrize(
+    "make", [whole, whole_fullgraph, per_block], ids=["whole model", "fullgraph", "per block"]
+)
 def test_compile_after_attach_switches_the_monitor_off_once(make):
     torch._dynamo.reset()
     mon, messages = _compile_run(make)
@@ -269,9 +280,20 @@ def test_layer_table_warns_about_repeated_rows():
 # -------------------------------------------------------------------------- padding
 def hf_gpt2(implementation):
     from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
-                                      n_positions=64, attn_pdrop=0.0, resid_pdrop=0.0,
-                                      embd_pdrop=0.0, attn_implementation=implementation))
+
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            vocab_size=64,
+            n_positions=64,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_implementation=implementation,
+        )
+    )
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -280,11 +302,11 @@ def test_padding_mask_warns_once(implementation):
     mon = AttentionMonitor.attach(model, every=1)
     idx = torch.randint(0, 64, (2, 16))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                   # no padding: no warning
+        warnings.simplefilter("error")  # no padding: no warning
         mon.step(0)
         model(idx, attention_mask=torch.ones_like(idx), labels=idx).loss.backward()
     mask = torch.ones_like(idx)
-    mask[1, int(np.random.randint(8, 16)):] = 0          # right padding
+    mask[1, int(np.random.randint(8, 16)) :] = 0  # right padding
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in (1, 2):

@@ -2,6 +2,7 @@
 
 Every run draws fresh random operands (no fixed seed): a disagreement anywhere shows up sooner or later.
 """
+
 import math
 from fractions import Fraction
 
@@ -18,7 +19,7 @@ NAMES = list(B.FORMATS)
 def _random_values(fmt, n, rng):
     """n finite values of ``fmt``: half random bit patterns, half log-uniform magnitudes over the range."""
     f = B.get_format(fmt)
-    codes = rng.integers(0, 2 ** f.total_bits, size=n, dtype=np.uint64).astype(f.uint)
+    codes = rng.integers(0, 2**f.total_bits, size=n, dtype=np.uint64).astype(f.uint)
     with np.errstate(invalid="ignore"):
         from_codes = codes.view(f.dtype).astype(np.float64)
     logs = rng.uniform(math.log2(f.smallest_subnormal), math.log2(f.max), size=n)
@@ -89,8 +90,8 @@ def test_same_binade_sums_with_residual_round_away_from_zero():
     rng = np.random.default_rng()
     for _ in range(300):
         sig = rng.integers(128, 256, size=2)
-        a, b = -sig[0] / 64.0, -sig[1] / 64.0                    # two bf16 values in [-4, -2)
-        acc = B.round_to(a - rng.uniform(1e-6, 0.01), "fp32")    # same-signed residual below a's ulp
+        a, b = -sig[0] / 64.0, -sig[1] / 64.0  # two bf16 values in [-4, -2)
+        acc = B.round_to(a - rng.uniform(1e-6, 0.01), "fp32")  # same-signed residual below a's ulp
         t = B.add_trace(acc, b, "bf16", a_fmt="fp32")
         assert t.normalise == "carry"
         assert t.guard == (int(sig[0] + sig[1]) & 1)
@@ -115,16 +116,16 @@ def test_paper_example_bit_for_bit():
 
 
 def test_ties_go_to_even():
-    down = B.add_trace(-2.40625, -2.296875, "bf16")     # kept last bit 0: stays
+    down = B.add_trace(-2.40625, -2.296875, "bf16")  # kept last bit 0: stays
     assert down.tie and not down.rounded_up and down.result == -4.6875
-    up = B.add_trace(1.0234375, 1.0, "bf16")            # kept last bit 1: goes up to even
+    up = B.add_trace(1.0234375, 1.0, "bf16")  # kept last bit 1: goes up to even
     assert up.tie and up.rounded_up and up.result == 2.03125
 
 
 def test_round_to_avoids_double_rounding():
-    x = 1 + 2 ** -8 + 2 ** -30                           # above the bf16 tie, below fp32's resolution
-    assert float(ml_dtypes.bfloat16(x)) == 1.0           # the library's float64 path rounds twice
-    assert B.round_to(x, "bf16") == 1.0078125            # round_to rounds once, correctly
+    x = 1 + 2**-8 + 2**-30  # above the bf16 tie, below fp32's resolution
+    assert float(ml_dtypes.bfloat16(x)) == 1.0  # the library's float64 path rounds twice
+    assert B.round_to(x, "bf16") == 1.0078125  # round_to rounds once, correctly
     rng = np.random.default_rng()
     for fmt in NAMES:
         f = B.get_format(fmt)
@@ -147,12 +148,14 @@ def test_format_constants_match_finfo_and_bit_counts(fmt):
     info = ml_dtypes.finfo(f.dtype)
     assert (f.exponent_bits, f.fraction_bits, f.total_bits) == (info.nexp, info.nmant, info.bits)
     assert f.bias == 2 ** (f.exponent_bits - 1) - 1
-    assert f.eps == float(info.eps) == 2.0 ** -f.fraction_bits
-    assert f.smallest_normal == float(info.smallest_normal) == 2.0 ** f.emin
-    assert f.smallest_subnormal == float(info.smallest_subnormal) == 2.0 ** (f.emin - f.fraction_bits)
-    if f.has_inf:      # IEEE-style: the all-ones exponent is reserved
-        assert f.max == (2 - 2.0 ** -f.fraction_bits) * 2.0 ** f.bias
-    else:              # E4M3 "fn": only the all-ones pattern is NaN
+    assert f.eps == float(info.eps) == 2.0**-f.fraction_bits
+    assert f.smallest_normal == float(info.smallest_normal) == 2.0**f.emin
+    assert (
+        f.smallest_subnormal == float(info.smallest_subnormal) == 2.0 ** (f.emin - f.fraction_bits)
+    )
+    if f.has_inf:  # IEEE-style: the all-ones exponent is reserved
+        assert f.max == (2 - 2.0**-f.fraction_bits) * 2.0**f.bias
+    else:  # E4M3 "fn": only the all-ones pattern is NaN
         assert f.max == (2 - 2.0 ** (1 - f.fraction_bits)) * 2.0 ** (f.bias + 1)
     assert f.max == float(info.max)
 
@@ -175,7 +178,7 @@ def test_bits_roundtrip_every_pattern(fmt):
     f = B.get_format(fmt)
     values = exercises._all_values(fmt)
     rng = np.random.default_rng()
-    for code in rng.choice(2 ** f.total_bits, size=min(300, 2 ** f.total_bits), replace=False):
+    for code in rng.choice(2**f.total_bits, size=min(300, 2**f.total_bits), replace=False):
         v = values[code]
         pattern = format(int(code), f"0{f.total_bits}b")
         got = B.from_bits(pattern, fmt)
@@ -188,10 +191,16 @@ def test_bits_roundtrip_every_pattern(fmt):
 
 def test_decode_fields():
     d = B.decode(-2.296875, "bf16")
-    assert (d.sign, d.exponent_field, d.exponent, d.kind, d.significand) == (1, 128, 1, "normal", "1.0010011")
+    assert (d.sign, d.exponent_field, d.exponent, d.kind, d.significand) == (
+        1,
+        128,
+        1,
+        "normal",
+        "1.0010011",
+    )
     assert B.decode(B.get_format("bf16").smallest_subnormal, "bf16").kind == "subnormal"
     assert B.decode(math.inf, "bf16").kind == "inf"
-    assert B.decode(math.inf, "fp8_e4m3").kind == "nan"      # E4M3 has no infinity
+    assert B.decode(math.inf, "fp8_e4m3").kind == "nan"  # E4M3 has no infinity
     assert B.bits(1.0, "fp32") == "0|01111111|00000000000000000000000"
 
 
@@ -231,7 +240,7 @@ def test_overflow_and_underflow_traces():
     assert t.overflow and math.isnan(t.result)
     t = B.add_trace(1e-39, -1.1e-39, "bf16")
     assert t.underflow and t.result < 0 and "underflow" in str(t)
-    t = B.add_trace(1e30, 1e-30, "fp32")                # exact sum needs ~200 bits
+    t = B.add_trace(1e30, 1e-30, "fp32")  # exact sum needs ~200 bits
     assert t.result == B.round_to(1e30, "fp32") and t.sticky == 1
 
 

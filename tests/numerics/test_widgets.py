@@ -1,4 +1,5 @@
 """explore() turns every input, however extreme, into a report; the widget builds without errors."""
+
 import math
 
 import numpy as np
@@ -7,10 +8,20 @@ import pytest
 from kernels import numerics as B
 from kernels.numerics.widgets import bits_explorer, explore, parse_value
 
-BAD = [("nan", "NaN"), (math.nan, "NaN"), ("inf", "infinite"), (-math.inf, "infinite"),
-       ("hello", "not a number"), ("", "not a number"), ("1e39", "overflows BF16"),
-       (10 ** 400, "too large"), ("0b0101", "16-bit pattern"), (None, "not a number"),
-       (True, "boolean"), ([1.0], "not a number")]
+BAD = [
+    ("nan", "NaN"),
+    (math.nan, "NaN"),
+    ("inf", "infinite"),
+    (-math.inf, "infinite"),
+    ("hello", "not a number"),
+    ("", "not a number"),
+    ("1e39", "overflows BF16"),
+    (10**400, "too large"),
+    ("0b0101", "16-bit pattern"),
+    (None, "not a number"),
+    (True, "boolean"),
+    ([1.0], "not a number"),
+]
 
 
 @pytest.mark.parametrize("bad,words", BAD)
@@ -29,9 +40,17 @@ def test_unknown_format_gives_a_message():
 def test_extreme_values_are_traced_with_notes(fmt):
     f = B.get_format(fmt)
     rng = np.random.default_rng()
-    cases = [(f.max, f.max), (-f.max, -f.max), (f.max, -f.max), (f.smallest_subnormal, f.smallest_subnormal),
-             (f.smallest_subnormal / 4, 0.0), (f.smallest_normal, -f.smallest_subnormal), (0.0, -0.0),
-             (f.max, f.smallest_subnormal), (rng.standard_normal(), rng.standard_normal())]
+    cases = [
+        (f.max, f.max),
+        (-f.max, -f.max),
+        (f.max, -f.max),
+        (f.smallest_subnormal, f.smallest_subnormal),
+        (f.smallest_subnormal / 4, 0.0),
+        (f.smallest_normal, -f.smallest_subnormal),
+        (0.0, -0.0),
+        (f.max, f.smallest_subnormal),
+        (rng.standard_normal(), rng.standard_normal()),
+    ]
     for a, b in cases:
         report = explore(a, b, fmt)
         assert report.ok, report.text
@@ -57,6 +76,7 @@ def test_parse_value():
 
 def test_widget_builds_and_reacts():
     import ipywidgets  # noqa: F401  (in requirements.txt: a missing install fails here, loudly)
+
     box = bits_explorer()
     html_out = box.children[-1]
     assert "-4.71875" in html_out.value
@@ -65,6 +85,6 @@ def test_widget_builds_and_reacts():
     assert "Cannot trace" in html_out.value
     slider = box.children[1].children[1]
     slider.value = 1.0
-    assert "Cannot trace" in html_out.value      # a is still bad text
-    box.children[0].children[1].value = 2.0       # sliding a replaces the bad text
+    assert "Cannot trace" in html_out.value  # a is still bad text
+    box.children[0].children[1].value = 2.0  # sliding a replaces the bad text
     assert "exact sum" in html_out.value

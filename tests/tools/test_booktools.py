@@ -6,6 +6,7 @@
 * the URL is written by hand nowhere but _config.yml;
 * the README holds exactly two commands, and .ci/run runs exactly those.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from kernels.tools import booktools
 from kernels.env import REPO_ROOT
+from kernels.tools import booktools
 
 
 def run_booktools(root: Path, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernels.tools.booktools", command], cwd=root,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.tools.booktools", command],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def setup_cell_source(nb_path: Path) -> str:
@@ -36,10 +42,21 @@ def setup_cell_source(nb_path: Path) -> str:
 
 def probe_notebook(title: str) -> dict:
     """A minimal chapter: a title and an (outdated) setup cell."""
-    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": [f"# {title}\n"]},
-                      {"cell_type": "code", "metadata": {"tags": ["setup"]}, "source": ["pass\n"],
-                       "outputs": [], "execution_count": None}],
-            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": [f"# {title}\n"]},
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["setup"]},
+                "source": ["pass\n"],
+                "outputs": [],
+                "execution_count": None,
+            },
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 # ---------------------------------------------------------------- the repository as it is
@@ -64,8 +81,12 @@ def test_every_chapter_in_the_toc_has_a_readme_row_and_a_notebook():
 def test_repository_url_is_written_by_hand_only_in_config():
     url, _ = booktools.repository()
     slug = url.split("github.com/")[-1]
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     if listed.returncode != 0:
         pytest.fail("git ls-files failed: the tests run in a git checkout")
     offenders = []
@@ -79,8 +100,9 @@ def test_repository_url_is_written_by_hand_only_in_config():
             text = head + rest.split(booktools.README_END, 1)[1]
         elif path.suffix == ".ipynb":  # the generated setup cell may name it
             nb = json.loads(text)
-            text = json.dumps([c for c in nb["cells"]
-                               if "setup" not in c.get("metadata", {}).get("tags", [])])
+            text = json.dumps(
+                [c for c in nb["cells"] if "setup" not in c.get("metadata", {}).get("tags", [])]
+            )
         if slug in text:
             offenders.append(rel)
     assert offenders == [], f"the repository ({slug}) is hard-coded in {offenders}"
@@ -91,8 +113,9 @@ def test_repository_url_is_written_by_hand_only_in_config():
 def repo_copy(tmp_path):
     """A copy of what booktools reads and writes: kernels/, the chapters, README, _config.yml."""
     root = tmp_path / "book-copy"
-    shutil.copytree(REPO_ROOT / "kernels", root / "kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (root / "book").mkdir()
     for nb_path in booktools.chapters():
         shutil.copy(nb_path, root / "book" / nb_path.name)
@@ -138,8 +161,12 @@ def test_changing_the_url_changes_every_derived_link(repo_copy):
     assert old_url.split("github.com/")[-1] not in table
 
     # The website's buttons read the same key: the Sphinx configuration jupyter-book derives.
-    conf = subprocess.run(["jupyter-book", "config", "sphinx", str(repo_copy)],
-                          capture_output=True, text=True, timeout=120)
+    conf = subprocess.run(
+        ["jupyter-book", "config", "sphinx", str(repo_copy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert conf.returncode == 0, conf.stderr
     conf_py = (repo_copy / "conf.py").read_text()
     assert f"'repository_url': '{new_url}'" in conf_py
@@ -174,8 +201,13 @@ def test_readme_has_exactly_two_commands():
 def test_ci_runs_the_readme_commands():
     script = (REPO_ROOT / ".ci" / "run").read_text()
     assert script.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in script
-    done = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "run"), "--commands"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / ".ci" / "run"), "--commands"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == readme_commands()
     assert 'eval "$TEST_CMD"' in script and 'eval "$BUILD_CMD"' in script
@@ -184,9 +216,20 @@ def test_ci_runs_the_readme_commands():
 def test_run_plain_runs_several_notebooks_in_one_process_without_ipython(tmp_path):
     """The GPU machine has no IPython: the stand-in must survive a second notebook."""
     script = tmp_path / "run_two.py"
-    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                     "source": ["from IPython.display import display\n", "display('ok')\n"]}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": ["from IPython.display import display\n", "display('ok')\n"],
+            }
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     for name in ("a.ipynb", "b.ipynb"):
         (tmp_path / name).write_text(json.dumps(nb))
     script.write_text(
@@ -195,8 +238,10 @@ def test_run_plain_runs_several_notebooks_in_one_process_without_ipython(tmp_pat
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
         "from kernels.tools import booktools\n"
         f"for n in ('a.ipynb', 'b.ipynb'): booktools.run_plain({str(tmp_path)!r} + '/' + n)\n"
-        "print('both ran')\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+        "print('both ran')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "both ran" in done.stdout and done.stdout.count("ok") == 2

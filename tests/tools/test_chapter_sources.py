@@ -1,5 +1,6 @@
 """Rules every chapter's source obeys, checked without executing anything (the site test checks
 the rendered pages): code that fits the column, progress bars that print text, plain words."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import re
 import pytest
 
 from kernels.env import REPO_ROOT
-from kernels.tools import booktools
 
 CHAPTERS = sorted((REPO_ROOT / "book").glob("*.ipynb"))
 MAX_CODE_LINE = 88
@@ -25,22 +25,32 @@ def cells(path, kind):
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_code_lines_fit_the_column(path):
-    long = [(i, line) for i, src in cells(path, "code") for line in src.splitlines()
-            if len(line) > MAX_CODE_LINE and not src.startswith("# Setup")]
+    long = [
+        (i, line)
+        for i, src in cells(path, "code")
+        for line in src.splitlines()
+        if len(line) > MAX_CODE_LINE and not src.startswith("# Setup")
+    ]
     assert long == [], f"{path.name}: code lines over {MAX_CODE_LINE} characters: {long[:3]}"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_progress_bars_print_text(path):
     """tqdm.auto draws a Jupyter widget: on the static site (and in CI) an empty box."""
-    offending = [i for i, src in cells(path, "code") if "tqdm.auto" in src or "tqdm.notebook" in src]
+    offending = [
+        i for i, src in cells(path, "code") if "tqdm.auto" in src or "tqdm.notebook" in src
+    ]
     assert offending == [], f"{path.name}: cells {offending} import a widget progress bar"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_no_internal_words(path):
-    hits = [(i, m.group(0)) for kind in ("markdown", "code") for i, src in cells(path, kind)
-            for m in INTERNAL.finditer(src)]
+    hits = [
+        (i, m.group(0))
+        for kind in ("markdown", "code")
+        for i, src in cells(path, kind)
+        for m in INTERNAL.finditer(src)
+    ]
     assert hits == [], f"{path.name}: internal words {hits}"
 
 

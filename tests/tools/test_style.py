@@ -1,4 +1,5 @@
 """The figures' legibility record: what the site test reads back from every PNG."""
+
 from __future__ import annotations
 
 import random
@@ -20,14 +21,16 @@ def test_record_holds_the_smallest_font_and_bare_heatmaps():
     left.set_title("title", fontsize=size)
     right.imshow(np.random.rand(4, 4))
     record = style.read_record(style.png_with_record(fig))
-    assert float(record[style.PNG_KEY_FONT]) == min(size, float(style.RC["xtick.labelsize"]),
-                                                    float(style.RC["ytick.labelsize"]))
+    assert float(record[style.PNG_KEY_FONT]) == min(
+        size, float(style.RC["xtick.labelsize"]), float(style.RC["ytick.labelsize"])
+    )
     assert record[style.PNG_KEY_NO_COLORBAR] == "1"
     fig.colorbar(right.images[0], ax=right)
     assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_NO_COLORBAR] == "0"
     # a second heatmap on the same scale shares the bar; one on another scale does not
-    left.imshow(np.random.rand(3, 3), vmin=right.images[0].get_clim()[0],
-                vmax=right.images[0].get_clim()[1])
+    left.imshow(
+        np.random.rand(3, 3), vmin=right.images[0].get_clim()[0], vmax=right.images[0].get_clim()[1]
+    )
     assert style.heatmaps_without_colorbar(fig) == 0
     left.images[0].set_clim(-5, 5)
     assert style.heatmaps_without_colorbar(fig) == 1
@@ -44,7 +47,10 @@ def test_hidden_text_does_not_count():
 
 def test_the_book_defaults_are_legible_at_column_width():
     style.apply()
-    assert min(v for k, v in style.RC.items() if k.endswith("size") and k != "figure.figsize") >= style.MIN_FONT_PT
+    assert (
+        min(v for k, v in style.RC.items() if k.endswith("size") and k != "figure.figsize")
+        >= style.MIN_FONT_PT
+    )
     # A default-width figure shown at a 730 px column keeps 9 pt text at >= 12 CSS px ...
     assert style.rendered_font_px(9, style.DPI, 730, style.WIDTH_IN * style.DPI) >= 12
     # ... a 14-inch figure squeezed into the same column does not.
@@ -53,6 +59,7 @@ def test_the_book_defaults_are_legible_at_column_width():
 
 def test_a_png_without_a_record_reads_empty():
     import io
+
     fig, ax = plt.subplots()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -69,17 +76,25 @@ def test_notebook_figures_carry_the_record():
     import nbformat
 
     from kernels.env import REPO_ROOT
+
     size = round(random.uniform(9.5, 12.0), 1)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-                                          "import kernels; kernels.setup(quiet=True)\n"
-                                          "import matplotlib.pyplot as plt"),
-                # shown at once by plt.show(), in the first cell after the backend was loaded
-                nbformat.v4.new_code_cell("fig, ax = plt.subplots(); ax.plot([1, 2])\n"
-                                          f"ax.tick_params(labelsize={size}); plt.show()"),
-                # shown by the backend when the cell ends
-                nbformat.v4.new_code_cell("fig, ax = plt.subplots(); ax.plot([1, 2])\n"
-                                          f"ax.tick_params(labelsize={size})")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+            "import kernels; kernels.setup(quiet=True)\n"
+            "import matplotlib.pyplot as plt"
+        ),
+        # shown at once by plt.show(), in the first cell after the backend was loaded
+        nbformat.v4.new_code_cell(
+            "fig, ax = plt.subplots(); ax.plot([1, 2])\n"
+            f"ax.tick_params(labelsize={size}); plt.show()"
+        ),
+        # shown by the backend when the cell ends
+        nbformat.v4.new_code_cell(
+            f"fig, ax = plt.subplots(); ax.plot([1, 2])\nax.tick_params(labelsize={size})"
+        ),
+    ]
     nbclient.NotebookClient(nb, timeout=120).execute()
     for cell in nb.cells[1:]:
         pngs = [o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})]
