@@ -136,6 +136,7 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
         launches: list = []
         with _triton_only(launches):
             got = call(fn, "row_max", x)
+        launches += getattr(fn, "remote_launches", [])   # the grader's worker counted them
         if not launches:
             fail("row_max launched no Triton kernel: write the kernel and launch it with "
                  "kernel[grid](...)")

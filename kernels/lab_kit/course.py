@@ -8,14 +8,13 @@
   the hidden tests and the points). Together these are the autograder.
 * ``student/``  the student notebooks, one per chapter, ready to hand out.
 
-``grade`` copies submitted notebooks into ``course/submitted/<student>/chNN/``, runs
-``nbgrader autograde`` (which puts the locked cells and the hidden tests back, executes the
-notebook top to bottom and scores every check cell: 1 point if it runs without an error) and
-writes ``grades.csv``.
+``grade`` (:mod:`.grading`) takes the answer cells' source from each submitted notebook, runs
+every answer in a fresh process of its own and the chapter's checks and held-back tests, from
+the autograder's copy of the chapter, against it; it writes ``grades.csv``, ``exercises.csv``
+and a feedback page per student and chapter.
 """
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from ..env import REPO_ROOT
 from ..tools import booktools
-from . import notebook
+from . import grading, notebook
 
 DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
@@ -108,6 +107,9 @@ def assignment(path) -> str:
 def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     """Run an nbgrader command in the course directory, with the book's package importable."""
     env = dict(os.environ)
+    # nbgrader runs tools of its own (alembic, for the gradebook) found on PATH: the ones next
+    # to this Python come first, so a virtual environment need not be activated
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)
     result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
@@ -168,18 +170,17 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
         _nbgrader(course, "generate_assignment", name, "--force")
         released = course / "release" / name / path.name
         shutil.copy2(released, student / path.name)
-        built.append((path.name, len(found), sum(2 if e.hidden is not None else 1
-                                                 for e in found)))
+        built.append((path.name, len(found), sum(grading.points(e.name) for e in found)))
     (out / "README.md").write_text(_readme(built, commit))
     if not quiet:
         for name, n_ex, points in built:
-            print(f"{name}: {n_ex} exercises, {points} points")
+            print(f"{name}: {n_ex} exercises, {points:g} points")
         print(f"student notebooks: {student}\nautograder (nbgrader course): {course}")
     return out
 
 
 def _readme(built, commit: str) -> str:
-    rows = "\n".join(f"| {name} | {n} | {p} |" for name, n, p in built)
+    rows = "\n".join(f"| {name} | {n} | {p:g} |" for name, n, p in built)
     made = f" at commit {commit}" if commit else ""
     return f"""# The lab kit (generated; do not edit, do not commit)
 
@@ -198,64 +199,7 @@ Grade a folder of submissions (`<folder>/<student>/<chapter notebook>.ipynb`) wi
 """
 
 
-def _chapter_of(path: Path, nb: dict) -> int | None:
-    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``),
-    or else from a two-digit prefix in its file name."""
-    for cell in nb.get("cells", []):
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-        if grade_id.startswith("ex") and "_" in grade_id:
-            return int(grade_id[2:grade_id.index("_")])
-    digits = "".join(ch for ch in path.name[:2] if ch.isdigit())
-    return int(digits) if len(digits) == 2 else None
-
-
 def grade(submissions, out=DEFAULT_OUT, quiet: bool = False) -> list[dict]:
-    """Autograde every notebook under ``submissions/<student>/``; returns one row per
-    (student, chapter) with the score and the maximum, and writes ``out/grades.csv``."""
-    out, submissions = Path(out).resolve(), Path(submissions).resolve()
-    course = out / "course"
-    if not (course / "gradebook.db").is_file():
-        raise FileNotFoundError(f"no autograder in {course}: run python -m kernels.lab_kit build "
-                                "first")
-    sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
-    todo = {}
-    for path in sorted(submissions.glob("*/*.ipynb")):
-        student = path.parent.name
-        chapter = _chapter_of(path, notebook.load(path))
-        if chapter not in sources:
-            raise ValueError(f"{path}: not a notebook of this lab (chapters "
-                             f"{sorted(sources)})")
-        source_path = sources[chapter]
-        target = course / "submitted" / student / source_path.parent.name / source_path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-        todo.setdefault(source_path.parent.name, set()).add(student)
-    if not todo:
-        raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
-    for name, students in sorted(todo.items()):
-        for who in sorted(students):
-            _nbgrader(course, "autograde", name, "--student", who, "--force")
-    rows = _scores(course, todo)
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", "assignment", "score", "max_score"])
-        writer.writeheader()
-        writer.writerows(rows)
-    if not quiet:
-        for r in rows:
-            print(f"{r['student']:20s} {r['assignment']}: {r['score']:g} / {r['max_score']:g}")
-        print(f"grades: {out / 'grades.csv'}; feedback: nbgrader generate_feedback in {course}")
-    return rows
-
-
-def _scores(course: Path, todo: dict) -> list[dict]:
-    from nbgrader.api import Gradebook
-    rows = []
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        for name, students in sorted(todo.items()):
-            for who in sorted(students):
-                sub = gb.find_submission(name, who)
-                rows.append({"student": who, "assignment": name, "score": float(sub.score),
-                             "max_score": float(sub.max_score)})
-    return rows
+    """Grade every notebook under ``submissions/<student>/`` (see :mod:`.grading`); returns one
+    row per (student, chapter) with the score and the maximum, as written to ``grades.csv``."""
+    return grading.grade(submissions, out, quiet=quiet)

@@ -30,6 +30,20 @@ REMOVE_TAG = "remove-from-student"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
+# points per exercise: what it takes, not how many checks it has (the Triton kernel of 2.2 is
+# worth five times the unit conversion of 7.1)
+POINTS = {"1.1": 1, "1.2": 3, "1.3": 2, "2.1": 2, "2.2": 5, "3.1": 4, "3.2": 2, "3.3": 2,
+          "4.1": 3, "4.2": 1, "5.1": 1, "5.2": 3, "6.1": 2, "6.2": 2, "6.3": 3, "7.1": 1,
+          "7.2": 2, "7.3": 3, "8.1": 1, "8.2": 2, "9.1": 2, "9.2": 2, "10.1": 2, "10.2": 2,
+          "10.3": 1}
+DEFAULT_POINTS = 2
+
+
+def points(name: str) -> float:
+    """The points exercise ``name`` ("2.2") is worth; its check and its held-back tests (if
+    any) share them evenly."""
+    return float(POINTS.get(name, DEFAULT_POINTS))
+
 
 def source(cell) -> str:
     s = cell["source"]
@@ -194,11 +208,12 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
                                        count=1)
         cells[ex.answer]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-answer",
                                                              solution=True)
+        share = points(ex.name) / (2 if ex.hidden is not None else 1)
         cells[ex.check]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-check", grade=True,
-                                                            locked=True, points=1)
+                                                            locked=True, points=share)
         if ex.hidden is not None:
             cells[ex.hidden]["metadata"]["nbgrader"] = _nbgrader(
-                f"{ex.grade_id}-hidden", grade=True, locked=True, points=1)
+                f"{ex.grade_id}-hidden", grade=True, locked=True, points=share)
     return out
 
 

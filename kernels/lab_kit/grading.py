@@ -1,0 +1,301 @@
+"""Grading submissions: every graded check in a fresh process, bad files skipped and named.
+
+For each submitted notebook the grader finds the chapter (by its cells' nbgrader ids, or the
+two-digit prefix of its file name) and, for each exercise of that chapter:
+
+1. takes the **source** of the student's answer cell (and of any code cell the student added
+   before it) from the submitted file: nothing else of the submission is used, so a deleted or
+   edited check cell, or a deleted held-back test, changes nothing;
+2. scans it (:mod:`.scan`): an answer that imports the grader, patches a module, calls a
+   checks' function or a library call that does the exercise's work scores 0, and the
+   feedback names the call;
+3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
+   held-back tests, from the autograder's copy of the chapter, in the grader's own process
+   against it.
+
+An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
+tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
+student and exercise, with the message of the first failed check) grow as each student is
+graded; ``feedback/<student>/chNN.md`` says what passed and what did not.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+import time
+import types
+from pathlib import Path
+
+from ..checking import WrongAnswer
+from . import isolate, notebook, scan
+from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
+
+GRADES = ["student", "assignment", "score", "max_score"]
+EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one exercise is graded: the answer's variable, the check's name, and the calls
+    (keyword arguments) it is graded with: the check's own, then the held-back tests'."""
+    name: str
+    grade_id: str
+    variable: str
+    check: str
+    parts: list
+    points: float
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    score: float
+    max_score: float
+    passed: list
+    message: str = ""
+
+
+def _ex_call(text: str, where: str):
+    """(check name, variable, keyword arguments) of the one ``ex.check_x(variable, ...)`` call in
+    a check cell's code."""
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "ex"
+                and node.args and isinstance(node.args[0], ast.Name)):
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            return node.func.attr, node.args[0].id, kwargs
+    raise ValueError(f"{where}: no call ex.check_...(answer) in the check cell")
+
+
+def _hidden_code(text: str) -> str:
+    start, end = text.find(notebook.BEGIN_HIDDEN), text.find(notebook.END_HIDDEN)
+    return text[start + len(notebook.BEGIN_HIDDEN):end]
+
+
+@dataclasses.dataclass
+class Chapter:
+    """A chapter of the autograder: its exercise setup, its plans, the ids of the release's
+    cells (to tell the cells a student added), and the checks' module."""
+    assignment: str
+    setup: str
+    plans: list
+    template_ids: set
+    checks: types.ModuleType
+    module_names: tuple
+
+    @classmethod
+    def load(cls, source_path: Path, release_path: Path | None = None):
+        """The chapter from the autograder's source notebook (its cells' nbgrader ids)."""
+        nb = notebook.load(source_path)
+        cells = {_grade_id(c): notebook.source(c) for c in nb["cells"] if _grade_id(c)}
+        names = [gid[:-len("-answer")] for gid in cells if gid.endswith("-answer")]
+        plans = []
+        for grade_id in names:
+            name = grade_id[2:].replace("_", ".")
+            where = f"{source_path.name}: exercise {name}"
+            check, variable, kwargs = _ex_call(cells[f"{grade_id}-check"], where)
+            parts = [("check", kwargs)]
+            if f"{grade_id}-hidden" in cells:
+                hidden = _ex_call(_hidden_code(cells[f"{grade_id}-hidden"]), where)
+                parts.append(("held-back tests", hidden[2]))
+            plans.append(Plan(name, grade_id, variable, check, parts, points(name)))
+        setup_code = cells["exercise-setup"]
+        import kernels  # noqa: F401  (the interpreter switch, before triton)
+        namespace = {"__name__": "__grader__"}
+        exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
+        modules = tuple(k for k, v in namespace.items() if isinstance(v, types.ModuleType))
+        release = notebook.load(release_path) if release_path and release_path.is_file() else nb
+        ids = {c.get("id") for c in release["cells"]}
+        return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
+                   namespace["ex"], modules)
+
+
+def _grade_id(cell) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+
+
+def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
+    """The source of the student's answer to ``plan``: the code cells the student added since
+    the previous answer cell (in order), then the answer cell; None if the answer cell is gone."""
+    cells = nb.get("cells", [])
+    answers = {_grade_id(c): i for i, c in enumerate(cells)
+               if _grade_id(c).endswith("-answer")}
+    at = answers.get(f"{plan.grade_id}-answer")
+    if at is None:
+        return None
+    before = [i for gid, i in answers.items() if i < at]
+    start = max(before) + 1 if before else 0
+    added = [notebook.source(c) for c in cells[start:at]
+             if c.get("cell_type") == "code" and c.get("id") not in chapter.template_ids
+             and not _grade_id(c)]
+    return "\n\n".join([*added, notebook.source(cells[at])])
+
+
+def _run_check(check, target, kwargs) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            check(target, **kwargs)
+    except WrongAnswer as exc:
+        return False, str(exc)
+    except isolate.AnswerDied:
+        raise
+    except Exception as exc:                               # noqa: BLE001  a broken answer
+        return False, f"the check could not use the answer ({type(exc).__name__}: {exc})"
+    text = out.getvalue()
+    return text.startswith("correct"), text.strip().splitlines()[0] if text.strip() else ""
+
+
+def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
+                   scanning: bool = True) -> Result:
+    """Score one answer: 0 with a note if it is missing or forbidden, else the share of
+    ``plan.points`` that its checks pass, each run against the answer in a fresh process."""
+    fail = Result(plan.name, 0.0, plan.points, [False] * len(plan.parts))
+    if source is None:
+        fail.message = "the answer cell is missing from the notebook (deleted?): 0 points"
+        return fail
+    if scanning:
+        try:
+            scan.scan(source, plan.name, chapter.module_names)
+        except scan.Forbidden as exc:
+            fail.message = str(exc)
+            return fail
+    check = getattr(chapter.checks, plan.check)
+    passed, messages = [], []
+    try:
+        with isolate.Answer(chapter.setup, source, plan.variable,
+                            isolate.GUARDS.get(plan.check)) as answer:
+            if answer.error is not None:
+                fail.message = f"the answer cell raised {answer.error}"
+                return fail
+            target = answer.function if answer.function is not None else answer.value
+            for label, kwargs in plan.parts:
+                ok, message = _run_check(check, target, kwargs)
+                passed.append(ok)
+                if not ok:
+                    messages.append(f"{label}: {message}")
+    except isolate.AnswerDied as exc:
+        passed += [False] * (len(plan.parts) - len(passed))
+        messages.append(str(exc))
+    score = plan.points * sum(passed) / len(plan.parts)
+    return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
+
+
+def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:
+    return [grade_exercise(chapter, plan, answer_source(chapter, nb, plan), scanning)
+            for plan in chapter.plans]
+
+
+def chapter_of(path: Path, nb: dict) -> int | None:
+    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``),
+    or else from a two-digit prefix in its file name."""
+    for cell in nb.get("cells", []) if isinstance(nb, dict) else []:
+        grade_id = _grade_id(cell) if isinstance(cell, dict) else ""
+        if grade_id.startswith("ex") and "_" in grade_id and grade_id[2:grade_id.index("_")
+                                                                    ].isdigit():
+            return int(grade_id[2:grade_id.index("_")])
+    digits = "".join(ch for ch in path.name[:2] if ch.isdigit())
+    return int(digits) if len(digits) == 2 else None
+
+
+def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path) -> str:
+    score, best = sum(r.score for r in results), sum(r.max_score for r in results)
+    lines = [f"# {chapter.assignment}, {student}: {score:g} / {best:g}", "",
+             f"Graded from `{path.name}`.", ""]
+    for r in results:
+        verdict = "all checks pass" if all(r.passed) and not r.message else r.message
+        lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def _writer(path: Path, fields):
+    f = open(path, "w", newline="")
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    f.flush()
+    return f, writer
+
+
+def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[dict]:
+    """Grade every ``submissions/<student>/*.ipynb`` against the autograder in ``out/course``.
+
+    Writes ``out/grades.csv`` and ``out/exercises.csv`` a student at a time and
+    ``out/feedback/<student>/chNN.md``; a file that cannot be read, or is no notebook of this
+    lab, is skipped and named, and grading goes on. Returns the rows of ``grades.csv``."""
+    out, submissions = Path(out).resolve(), Path(submissions).resolve()
+    course = out / "course"
+    sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
+    if not sources:
+        raise FileNotFoundError(f"no autograder in {course}: run python -m kernels.lab_kit build "
+                                "first")
+    if not submissions.is_dir():
+        raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
+    say = (lambda *a: None) if quiet else print
+    chapters: dict[int, Chapter] = {}
+    rows, skipped = [], []
+    for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
+        skipped.append((stray, "not in a <student>/ folder"))
+    grades_f, grades = _writer(out / "grades.csv", GRADES)
+    ex_f, per_exercise = _writer(out / "exercises.csv", EXERCISES)
+    try:
+        for folder in sorted(p for p in submissions.iterdir() if p.is_dir()):
+            student, started, done = folder.name, time.perf_counter(), set()
+            student_rows = []
+            for path in sorted(folder.glob("*.ipynb")):
+                try:
+                    nb = json.loads(path.read_text(encoding="utf-8"))
+                    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+                        raise ValueError("no cells")
+                except (ValueError, UnicodeDecodeError, OSError) as exc:
+                    skipped.append((path, f"not a readable notebook ({type(exc).__name__}; "
+                                          "a truncated upload?)"))
+                    continue
+                number = chapter_of(path, nb)
+                if number not in sources:
+                    skipped.append((path, f"not a notebook of this lab (chapters "
+                                          f"{sorted(sources)})"))
+                    continue
+                if number in done:
+                    skipped.append((path, f"a second notebook for chapter {number}"))
+                    continue
+                done.add(number)
+                if number not in chapters:
+                    src = sources[number]
+                    chapters[number] = Chapter.load(
+                        src, course / "release" / src.parent.name / src.name)
+                chapter = chapters[number]
+                results = grade_notebook(chapter, nb, scanning)
+                row = {"student": student, "assignment": chapter.assignment,
+                       "score": sum(r.score for r in results),
+                       "max_score": sum(r.max_score for r in results)}
+                student_rows.append(row)
+                for r in results:
+                    per_exercise.writerow({"student": student, "assignment": chapter.assignment,
+                                           "exercise": r.name, "score": r.score,
+                                           "max_score": r.max_score, "message": r.message})
+                feedback = out / "feedback" / student / f"{chapter.assignment}.md"
+                feedback.parent.mkdir(parents=True, exist_ok=True)
+                feedback.write_text(_feedback(student, chapter, results, path))
+            grades.writerows(student_rows)
+            grades_f.flush()
+            ex_f.flush()
+            rows += student_rows
+            seconds = time.perf_counter() - started
+            for r in student_rows:
+                say(f"{student:20s} {r['assignment']}: {r['score']:g} / {r['max_score']:g}")
+            if student_rows:
+                say(f"{student:20s} graded in {seconds:.1f} s")
+    finally:
+        grades_f.close()
+        ex_f.close()
+    for path, why in skipped:
+        print(f"skipped {path.relative_to(submissions)}: {why}")
+    if not rows and not skipped:
+        raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
+    say(f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; "
+        f"feedback: {out / 'feedback'}")
+    return rows
