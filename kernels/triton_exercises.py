@@ -20,7 +20,7 @@ from .env import interpreting
 # ----------------------------------------------------------------------------------------------
 # Exercise 2.1
 # ----------------------------------------------------------------------------------------------
-def launch_grid_reference(n: int, block: int) -> tuple[int, int]:
+def _launch_grid_expected(n: int, block: int) -> tuple[int, int]:
     programs = -(-n // block)
     return programs, programs * block - n
 
@@ -42,7 +42,7 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
             programs, masked = (int(v) for v in got)
         except (TypeError, ValueError):
             fail(f"launch_grid should return a pair (programs, masked_lanes), got {got!r}")
-        want_programs, want_masked = launch_grid_reference(n, block)
+        want_programs, want_masked = _launch_grid_expected(n, block)
         if programs != want_programs:
             if programs == n // block:
                 fail("too few programs when n is not a multiple of block: the last, partly "

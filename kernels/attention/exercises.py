@@ -30,12 +30,6 @@ def _is_int(x) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Exercise 3.1
 # ----------------------------------------------------------------------------------------------
-def merge_reference(o_a, lse_a, o_b, lse_b):
-    lse = torch.logaddexp(lse_a, lse_b)
-    return (torch.exp(lse_a - lse).unsqueeze(-1) * o_a
-            + torch.exp(lse_b - lse).unsqueeze(-1) * o_b), lse
-
-
 def _merge_case(gen, rng):
     """Two halves of a fresh attention problem, as the split-key programs return them, with
     every row's scores shifted by up to ±3,000: e^L overflows (or underflows to 0) in fp64."""
@@ -125,7 +119,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 3.3
 # ----------------------------------------------------------------------------------------------
-def key_tiles_reference(i: int, block_m: int, block_n: int, n: int) -> int:
+def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
     """Key tiles query tile ``i`` visits in the causal forward kernel (N_Q = N_K = n)."""
     hi = min((i + 1) * block_m, n)          # keys after the tile's last query are skipped
     return -(-hi // block_n)
@@ -146,7 +140,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
         got = call(fn, "key_tiles", i, block_m, block_n, n)
         if not _is_int(got):
             fail(f"key_tiles should return an int, got {type(got).__name__}")
-        want = key_tiles_reference(i, block_m, block_n, n)
+        want = _key_tiles_expected(i, block_m, block_n, n)
         if got != want:
             if got == want - 1:
                 fail("one tile short: the tile that holds the diagonal (and any partly "
@@ -165,7 +159,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 4.1
 # ----------------------------------------------------------------------------------------------
-def dk_gap_reference(p, q, delta_lp, delta_hp, alpha):
+def _dk_gap_expected(p, q, delta_lp, delta_hp, alpha):
     return alpha * p.transpose(-1, -2) @ ((delta_lp - delta_hp).unsqueeze(-1) * q)
 
 
@@ -188,7 +182,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         delta_hp = torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         delta_lp = delta_hp + 0.01 * torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         alpha = 1 / math.sqrt(d)
-        want = dk_gap_reference(p, q, delta_lp, delta_hp, alpha)
+        want = _dk_gap_expected(p, q, delta_lp, delta_hp, alpha)
         got = call(fn, "dk_gap", p.clone(), q.clone(), delta_lp.clone(), delta_hp.clone(), alpha)
         if not isinstance(got, torch.Tensor):
             fail(f"dk_gap should return a tensor, got {type(got).__name__}")
@@ -219,7 +213,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
 GRADIENTS = ("dQ", "dK", "dV")
 
 
-def changed_reference(gen=None) -> set[str]:
+def _changed_expected(gen=None) -> set[str]:
     """Run the book's backward kernels twice on fresh inputs, once with O in fp32 and once with
     the same O rounded to bf16 (only δ differs), and name the gradients that differ."""
     gen = gen or fresh_generator()
@@ -235,7 +229,7 @@ def check_changed(answer) -> None:
     """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
     when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
     given = need_names(answer, "changed", GRADIENTS, '{"dQ"}')
-    want = changed_reference()
+    want = _changed_expected()
     if given == want:
         return correct(f"{sorted(want)} change, the rest stay bit-identical")
     if given - want:
