@@ -10,13 +10,18 @@ A check (one per exercise, in the chapters' ``exercises.py`` modules) follows fo
 * a wrong answer fails with :class:`WrongAnswer`, whose message says *what* is wrong (which
   kind of input, which quantity) and **never** the expected value, a measured value or the
   formula;
-* a right answer prints one line that starts with ``correct``.
+* a right answer prints one line that starts with ``correct``;
+* no public function of a chapter's ``exercises`` module returns an exercise's answer: what a
+  check compares with is its own private code (``_launch_grid_expected``), and an answer that
+  reaches for it, or for any other function of the module, scores 0 when graded.
 
-The autograder (:mod:`kernels.lab_kit`) runs the same checks: a cell that raises scores zero.
+The autograder (:mod:`kernels.lab_kit.grading`) runs the same checks, in its own process, against
+the answer running in a fresh process of its own: an answer cannot patch them.
 """
 from __future__ import annotations
 
 import secrets
+import sys
 
 import numpy as np
 
@@ -41,6 +46,22 @@ def fresh_generator(device="cpu"):
     """A torch generator seeded from :func:`fresh_seed` (the global torch seed is untouched)."""
     import torch
     return torch.Generator(device=device).manual_seed(fresh_seed())
+
+
+def _one_line(shell, etype, value, tb, tb_offset=None):
+    """IPython's display of a :class:`WrongAnswer`: its one-line message, not a traceback into
+    the checks' code (the cell still fails, so a notebook run stops there)."""
+    stb = [f"{etype.__name__}: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _short_errors_in_ipython() -> None:
+    shell = None
+    if "IPython" in sys.modules:
+        shell = sys.modules["IPython"].get_ipython()
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc((WrongAnswer,), _one_line)
 
 
 def fail(message: str):
@@ -92,3 +113,6 @@ def call(fn, name: str, *args, **kwargs):
 
 def correct(text: str) -> None:
     print(f"correct: {text}")
+
+
+_short_errors_in_ipython()

@@ -61,11 +61,9 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 2.2
 # ----------------------------------------------------------------------------------------------
-_REDUCTIONS = [(torch, "amax"), (torch, "max"), (torch, "sort"), (torch, "topk"),
-               (torch, "argmax"), (torch, "cummax"), (torch, "kthvalue"), (torch, "msort"),
-               (torch.Tensor, "amax"), (torch.Tensor, "max"), (torch.Tensor, "sort"),
-               (torch.Tensor, "topk"), (torch.Tensor, "argmax"), (torch.Tensor, "cummax"),
-               (torch.Tensor, "kthvalue"), (torch.Tensor, "msort")]
+_REDUCTIONS = [(owner, name) for owner in (torch, torch.Tensor)
+               for name in ("amax", "max", "aminmax", "sort", "topk", "argmax", "cummax",
+                            "kthvalue", "msort")]
 
 
 @contextlib.contextmanager

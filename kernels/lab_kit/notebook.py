@@ -23,6 +23,8 @@ import json
 import re
 from pathlib import Path
 
+from . import text
+
 DIRECTIVE = re.compile(r"```\{exercise\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
 OPTION = re.compile(r"^:(\w+):\s*(.*)$")
 ROLES = ("exercise-setup", "answer", "check", "hidden-check")
@@ -202,6 +204,10 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
     setup, found = exercises(out, path)
     if setup is not None:
         cells[setup]["metadata"]["nbgrader"] = _nbgrader("exercise-setup", locked=True)
+    tasks = {ex.task for ex in found}
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            cell["source"] = text.for_students(cell["source"], exercise=i in tasks)
     for ex in found:
         task = cells[ex.task]
         task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"],

@@ -118,6 +118,8 @@ def scan(source: str, exercise: str, module_names=("ex",)) -> None:
     def visit(node, in_jit=False):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             in_jit = in_jit or _is_jit(node)
+        for child in ast.iter_child_nodes(node):       # the innermost offence is named first
+            visit(child, in_jit)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""])
@@ -157,7 +159,5 @@ def scan(source: str, exercise: str, module_names=("ex",)) -> None:
             for name in node.names:
                 if name in modules:
                     refuse(node, f"global {name}", "do not rebind the exercise setup's names")
-        for child in ast.iter_child_nodes(node):
-            visit(child, in_jit)
 
     visit(tree)
