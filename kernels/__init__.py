@@ -3,21 +3,25 @@
 Importing this package first decides whether Triton runs natively or in its CPU interpreter
 (:mod:`kernels.env`), so it must be imported before anything else imports triton.
 
-The layers, each importing only from the ones above it:
+The layers, each importing only from the ones above it (``tests/tools/test_layout.py`` checks
+that there are at most five and no import cycle between files):
 
-* :mod:`kernels.env`, :mod:`kernels.results`  where we run (and seeding); measurements with provenance;
-  :mod:`kernels.checking` the rules every exercise check follows
-* :mod:`kernels.numerics`   formats, rounding (NumPy, torch, Triton), statistics
-* :mod:`kernels.attention`  options, Triton kernels, emulator, fp64 reference, autograd
-* :mod:`kernels.monitor`    the attention monitor readers attach to their own training,
-  and the pure metrics it shares with the GPT-2 trainer (imports only numerics)
-* :mod:`kernels.lab`, :mod:`kernels.gpt2`, :mod:`kernels.gpu`  the experiments built on them (siblings:
-  only the lab's GPU script borrows :mod:`kernels.gpu.bench`'s timing helpers; no cycles)
-* :mod:`kernels.tools`      book tooling (setup cells, showing source, figure style), apart
-* :mod:`kernels.triton_intro`  chapter 2's first kernels; :mod:`kernels.triton_exercises` its
-  exercise checks
-* :mod:`kernels.lab_kit`    the course lab: student notebooks and an nbgrader autograder made
-  from the chapters (``python -m kernels.lab_kit build``), apart
+1. :mod:`kernels.checking` the rules every exercise check follows; :mod:`kernels.tools` book
+   tooling (setup cells, showing source, figure style); :mod:`kernels.triton_intro` chapter 2's
+   first kernels
+2. :mod:`kernels.env` where we run (and seeding); :mod:`kernels.numerics` formats, rounding
+   (NumPy, torch, Triton), statistics
+3. :mod:`kernels.attention` options, Triton kernels, emulator, fp64 reference, autograd, and
+   :mod:`kernels.attention.registry`, the one place an implementation is named;
+   :mod:`kernels.timing` how every measurement times; :mod:`kernels.results` measurements with
+   provenance; :mod:`kernels.monitor` the attention monitor readers attach to their own
+   training (and the pure metrics it shares with the GPT-2 trainer); :mod:`kernels.lab_kit`
+   the course lab (``python -m kernels.lab_kit build``); :mod:`kernels.triton_exercises`
+   chapter 2's exercise checks
+4. the experiments: :mod:`kernels.lab` (the rounding lab), :mod:`kernels.gpt2` (the small GPT-2),
+   :mod:`kernels.gpu` (GPU measurements, chapter 10); siblings that never import each other;
+   and this package's own ``__init__``
+5. :mod:`kernels.golden` chapter 8, built on the lab's cases and the GPT-2 trainer
 
 Why this shape: the numbers (numerics) are defined once and everything else rounds with them;
 the attention package is the numerics contract (kernel and emulator side by side, one options

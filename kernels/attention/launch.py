@@ -1,10 +1,10 @@
 """The Python side of a kernel launch, shared by the forward and backward passes.
 
-Which rounding path runs (:func:`use_explicit`), how tensors travel into a kernel
-(:func:`as_kernel_arg`), the output buffers (NaN-poisoned when :data:`POISON_OUTPUTS` is on, so an
-unwritten entry shows), the scalar parameters (:func:`kernel_params`, cached), the tile sizes
-(:func:`pick_blocks`) and :class:`Launcher`, which launches one kernel with as little host
-work per call as possible.
+Which rounding path runs (:func:`use_explicit`), the output buffers (NaN-poisoned when
+:data:`POISON_OUTPUTS` is on, so an unwritten entry shows), the scalar parameters
+(:func:`kernel_params`, cached), the tile sizes (:func:`pick_blocks`), the speed-up switches
+(:data:`SPEEDUPS`, :func:`speedups`) and :class:`Launcher`, which launches one kernel with as
+little host work per call as possible.
 
 Why the host work matters: at the GPT-2 shape (B8 H12 N1024 D64) the forward kernel runs for
 ~60 µs and the three backward kernels for ~200 µs on an H100. A Python wrapper that spends
@@ -23,6 +23,7 @@ The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -51,6 +52,21 @@ POISON_OUTPUTS = interpreting()
 SPEEDUPS = {"direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
             "causal_split": True,
             "wide_tuning": True}
+
+
+@contextlib.contextmanager
+def speedups(**switches):
+    """Change :data:`SPEEDUPS` inside the block (``with speedups(direct_launch=False): ...``);
+    every switch is as it was afterwards, whatever happens inside."""
+    unknown = set(switches) - set(SPEEDUPS)
+    if unknown:
+        raise ValueError(f"unknown speed-up {sorted(unknown)}; one of {sorted(SPEEDUPS)}")
+    saved = dict(SPEEDUPS)
+    SPEEDUPS.update(switches)
+    try:
+        yield SPEEDUPS
+    finally:
+        SPEEDUPS.update(saved)
 
 _PARAMS_CACHE: dict = {}
 _MAX_PLANS = 1024               # per launcher; a full cache is emptied, never trimmed
@@ -81,11 +97,6 @@ def check_device(q) -> None:
     if q.device.type == "cpu" and not interpreting():
         raise ValueError("CPU tensors need the Triton interpreter (import kernels before triton "
                          "on a machine without a GPU), or move the tensors to the GPU")
-
-
-def as_kernel_arg(t: torch.Tensor, explicit: bool) -> torch.Tensor:
-    """On the explicit path bf16 tensors travel as their raw 16-bit patterns."""
-    return t.view(torch.int16) if (explicit and t.dtype == torch.bfloat16) else t
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

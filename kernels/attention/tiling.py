@@ -11,8 +11,8 @@ idea to the previous one.
    far is rescaled by ``exp(m_old - m_new)``. Loops over query tiles (outer) and key tiles
    (inner) exactly like the kernel's grid and loop.
 
-The naive reference (materialising S) is :func:`kernels.reference.standard_attention`; the
-*rounding* behaviour of the tiled kernel is the job of :mod:`kernels.emulate`.
+The naive reference (materialising S) is :func:`kernels.attention.reference.standard_attention`; the
+*rounding* behaviour of the tiled kernel is the job of :mod:`kernels.attention.emulator`.
 :class:`PeakLiveBytes` measures how much tensor memory a computation holds at once.
 """
 from __future__ import annotations

@@ -118,12 +118,9 @@ def kernel_extras(device: str, block_n=None) -> dict:
         return extras
 
     def sdpa_flash(q, k, v, low, scale):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from ..attention import registry
 
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                *(four_d(t, low) for t in (q, k, v)), scale=scale
-            )
+        out = registry.run("sdpa-flash", *(four_d(t, low) for t in (q, k, v)), scale=scale)
         return out.reshape(q.shape).float()
 
     def torch_math(q, k, v, low, scale):

@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from ..attention import emulator
+from ..attention import emulator, registry
 from ..attention.options import AttentionOptions
 from ..attention.reference import attention_fp64
 from ..numerics.rounding import round_to
@@ -50,29 +50,11 @@ FORMATS = {
     "fp32": torch.float32,
     "fp64": torch.float64,
 }
-IMPLEMENTATIONS = ("baseline", "baseline_fp32", "fa2", "paper", "fa1")
-LABELS = {
-    "baseline": "baseline, S and P stored in the format",
-    "baseline_fp32": "baseline computed in fp32, O rounded once",
-    "fa2": "FA2, fp32 accumulation (book kernel)",
-    "paper": "FA2, every tensor in the format",
-    "fa1": "FA1, every tensor in the format",
-    "ideal": "ideal: exact O rounded once",
-    "triton": "book's Triton kernel (run)",
-    "sdpa_flash": "torch SDPA flash backend (run)",
-    "torch_math": "torch math attention (run)",
-}
-SHORT = {
-    "baseline": "baseline",
-    "baseline_fp32": "base fp32",
-    "fa2": "FA2",
-    "paper": "FA2 all-low",
-    "fa1": "FA1 all-low",
-    "ideal": "ideal",
-    "triton": "Triton",
-    "sdpa_flash": "SDPA flash",
-    "torch_math": "torch math",
-}
+IMPLEMENTATIONS = registry.group("golden")
+# what the GPU script runs besides (kernels.golden.gpu), and the ideal output
+_NAMED = IMPLEMENTATIONS + ("ideal",) + registry.group("golden-run")
+LABELS = {name: registry.label(name) for name in _NAMED}
+SHORT = {name: registry.short(name) for name in _NAMED}
 
 
 def format_dtype(fmt) -> torch.dtype:

@@ -18,7 +18,6 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..lab import cases
@@ -431,13 +430,3 @@ def block_m_identical(records) -> dict:
     for r in pick(records, impl="fa1"):
         groups.setdefault((r["format"], r["block_n"]), set()).add(r["digest"])
     return {key: len(found) == 1 for key, found in groups.items()}
-
-
-def summarise(values) -> dict:
-    """min, median and max of a list of numbers (NaN-free), for printing."""
-    arr = np.asarray(values, dtype=float)
-    return {
-        "min": float(arr.min()),
-        "median": float(np.median(arr)),
-        "max": float(arr.max()),
-    }

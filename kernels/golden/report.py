@@ -42,14 +42,6 @@ def _missing(stage: str) -> bool:
     return False
 
 
-def _fmt(x) -> str:
-    return (
-        "   n/a  "
-        if x is None or (isinstance(x, float) and math.isnan(x))
-        else f"{x:8.1e}"
-    )
-
-
 # --------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ import torch.nn.functional as F
 from ..attention import AttentionOptions, flash_attention
 from ..attention.emulator import EmulatedAttention
 from ..attention.reference import standard_attention
+from ..attention.registry import group
 from .controls import ControlledAttention, check_control
 
-KINDS = ("sdpa", "math32", "triton", "paper")
+KINDS = group("gpt2")  # the attention kinds a spec may name (kernels.attention.registry)
 
 
 @dataclass(frozen=True)

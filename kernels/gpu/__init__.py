@@ -1,5 +1,14 @@
-"""GPU-only measurements: kernel speed and memory (:mod:`.bench`), the whole-GPU check (:mod:`.check`).
+"""GPU measurements; every one times with :mod:`kernels.timing` and names its implementations
+in :mod:`kernels.attention.registry`.
 
-``python -m kernels.gpu.check`` runs the kernel tests natively, compares the explicit-rounding path
-with hardware bf16, and benchmarks; it writes JSON with provenance to ``results/``.
+* :mod:`.check`     ``python -m kernels.gpu.check``: the whole-GPU check (unit tests natively,
+  explicit against native rounding, errors, a speed and a memory table)
+* :mod:`.perf`      ``python -m kernels.gpu.perf``: chapter 10's speed, memory, host-overhead
+  and ablation measurements (:mod:`.precompile` fills Triton's cache first)
+* :mod:`.host`      the host cost of one call with the GPU taken out (``python -m kernels.gpu.host``)
+* :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
+* :mod:`.perf_report`  what chapter 10 imports: :mod:`.records`, :mod:`.perf_figures`,
+  :mod:`.roofline`, :mod:`.targets` and its tables; :mod:`.exercises` the chapter's checks
+
+Results go to ``results/*.json`` with provenance (:mod:`kernels.results`).
 """

@@ -24,17 +24,22 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+from kernels import env
 
-import kernels  # noqa: F401  (triton set up first)
-from kernels import results
-from kernels.attention import flash_attention
-from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.reference import attention_fp64, relative_error, standard_attention
-from kernels.env import REPO_ROOT
-from kernels.gpu.bench import BENCH_SHAPES, flash_fn, measure_memory, measure_speed, sdpa_fn
-from kernels.numerics.rounding import ulp_distance
-from kernels.numerics.triton_rounding import round_tensor
+env.configure_triton()  # the interpreter switch, before anything imports triton
+
+import torch  # noqa: E402
+
+from kernels import results  # noqa: E402
+from kernels.attention import flash_attention  # noqa: E402
+from kernels.attention.flash_fwd import flash_forward  # noqa: E402
+from kernels.attention.registry import FLASH_BENCH, runner  # noqa: E402
+from kernels.attention.reference import attention_fp64, relative_error, standard_attention  # noqa: E402
+from kernels.env import REPO_ROOT  # noqa: E402
+from kernels.gpu.memory import BENCH_SHAPES, measure_memory  # noqa: E402
+from kernels.numerics.rounding import ulp_distance  # noqa: E402
+from kernels.numerics.triton_rounding import round_tensor  # noqa: E402
+from kernels.timing import measure_speed  # noqa: E402
 
 TEST_FILES = ["tests/numerics/test_triton_rounding.py", "tests/attention/test_flash_fwd.py",
               "tests/attention/test_flash_bwd.py",
@@ -142,8 +147,8 @@ def explicit_vs_native(n=1024, batch=2, heads=4):
                            native_vs_emulator=bit_agreement(got[False], emu),
                            rel_err_native=relative_error(got[False], ref),
                            rel_err_explicit=relative_error(got[True], ref),
-                           rel_err_sdpa_flash=relative_error(sdpa_fn("flash", causal)(q, k, v),
-                                                             ref))
+                           rel_err_sdpa_flash=relative_error(
+                                   runner("sdpa-flash", causal=causal)(q, k, v), ref))
                 rows.append(row)
                 log(f"fwd d={d} causal={causal} {stable}/{numerics}: native=explicit on "
                     f"{row['native_vs_explicit']['identical']:.5f} (max "
@@ -159,7 +164,8 @@ def explicit_vs_native(n=1024, batch=2, heads=4):
         torch.autograd.backward(attention_fp64(*ref_in, True), grad_out.double())
         ref_grads = [t.grad for t in ref_in]
         sdpa_in = [t.clone().requires_grad_() for t in (q, k, v)]
-        sdpa_grads = torch.autograd.grad(sdpa_fn("flash", True)(*sdpa_in), sdpa_in, grad_out)
+        sdpa_grads = torch.autograd.grad(runner("sdpa-flash", causal=True)(*sdpa_in), sdpa_in,
+                                         grad_out)
         for source in ("o", "dp", "o_fp32"):
             grads = {}
             for explicit in (False, True):
@@ -203,7 +209,7 @@ def errors_per_dtype(n=512, batch=1, heads=4):
                 grads = torch.autograd.grad(out, leaves, grad_out)
                 row.update(ours=relative_error(out, ref),
                            standard=relative_error(standard_attention(q, k, v, True), ref),
-                           sdpa=relative_error(sdpa_fn(None, True)(q, k, v), ref),
+                           sdpa=relative_error(runner("sdpa", causal=True)(q, k, v), ref),
                            ours_grads=[relative_error(g, r) for g, r in zip(grads, ref_grads)])
                 log(f"errors {row['dtype']} d={d}: ours {row['ours']:.3e} standard "
                     f"{row['standard']:.3e} sdpa {row['sdpa']:.3e} grads "
@@ -217,8 +223,8 @@ def errors_per_dtype(n=512, batch=1, heads=4):
 
 def speed(shapes=BENCH_SHAPES):
     rows = []
-    impls = [("ours (stable off)", flash_fn(True)), ("ours (stable cross)", flash_fn(True, stable="cross")),
-             ("SDPA flash", sdpa_fn("flash")), ("SDPA cuDNN", sdpa_fn("cudnn"))]
+    # the names of results/flash_bench.json, which chapters 3, 6 and 10 read
+    impls = [(stored, runner(name, causal=True)) for name, stored in FLASH_BENCH.items()]
     for shape in shapes:
         for mode in ("fwd", "fwd+bwd"):
             for name, attn in impls:

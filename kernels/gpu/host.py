@@ -226,16 +226,18 @@ def table(rows: dict, title: str) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        import kernels  # noqa: F401
-        from ..env import interpreting
-        if interpreting():
+        from ..env import configure_triton
+
+        if configure_triton():  # True: the interpreter is on
             raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
         request = json.loads(argv[1])
         print(json.dumps(_measure("triton", tuple(request["shape"]), request["causal"],
                                   request["calls"], request["repeats"], request["options"],
                                   request["speedups"])))
         return
-    import kernels  # noqa: F401  (interpreter switch before triton)
+    from ..env import configure_triton
+
+    configure_triton()  # the interpreter switch, before triton
     b, h, n, d = SHAPE
     where = f"B{b} H{h} N{n} D{d} causal, on this machine's CPU (no GPU involved)"
     print(table(host_cost("stub"), f"wrapper only, launches stubbed out, fp16, {where}"))

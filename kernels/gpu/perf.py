@@ -15,12 +15,12 @@ What it measures (chapter 10 plots it), in this order, each section saved as soo
 4. ``perf_ablation.json``: the book's kernel with its speed-ups switched on one at a time
    (``kernels.attention.launch.SPEEDUPS``).
 
-FLOPs (as in :mod:`kernels.gpu.bench`): the forward pass does 4·B·H·N²·D (two matmuls of
+FLOPs (:func:`kernels.timing.attention_flops`): the forward pass does 4·B·H·N²·D (two matmuls of
 2·N²·D per head), half of that when causal; forward + backward counts 3.5 times the forward.
 Every speed is also given as a fraction of :data:`PEAK_TFLOPS`, dense bf16 matmul on an
 H100/H200 (≈ 790 TFLOP/s; the run measures its own matmul peak next to it).
 
-Timing: ``triton.testing.do_bench`` (median, L2 flushed between runs) with short warm-up and
+Timing (:mod:`kernels.timing`): ``triton.testing.do_bench`` (median, L2 flushed between runs) with short warm-up and
 repetition times, so the whole run fits in about 8 minutes on one H100. Before anything is
 timed, worker processes compile every kernel variant in parallel into Triton's on-disk cache
 (``--workers``). ``--budget`` bounds the wall time: a section or shape group that would not
@@ -34,35 +34,35 @@ their provenance has no GPU: they are never GPU figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-import torch
+from kernels import env
 
-import kernels  # noqa: F401  (interpreter switch before triton)
-from kernels import results
-from kernels.attention import flash_attention, launch
-from kernels.env import REPO_ROOT, interpreting
-from kernels.gpu.bench import attention_flops
-from kernels.gpu.perf_report import PEAK_TFLOPS   # dense bf16 matmul, H100/H200
+env.configure_triton()  # the interpreter switch, before anything imports triton
+
+import torch  # noqa: E402
+
+from kernels import results  # noqa: E402
+from kernels.attention import launch  # noqa: E402
+from kernels.attention.registry import get, group, label, runner  # noqa: E402
+from kernels.gpu.precompile import DTYPES, NO_GPU, grads, precompile  # noqa: E402
+from kernels.gpu.records import PEAK_TFLOPS  # noqa: E402  (dense bf16 matmul, H100/H200)
+from kernels import timing  # noqa: E402
+from kernels.timing import on_gpu  # noqa: E402
 
 COMMAND = "python -m kernels.gpu.perf"
 SHAPES = [(8, 12, 1024, 64), (16, 16, 2048, 64), (4, 16, 4096, 64), (2, 16, 8192, 128),
           (1, 32, 16384, 128)]                                   # (B, H, N, D), issue 15
 SMALL_SHAPES = [(1, 2, 32, 16), (1, 1, 48, 32)]
 GPT2 = (8, 12, 1024, 64)
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# implementation name -> (kind, option); the book's rows use flash_attention
-IMPLS = {"SDPA flash": ("sdpa", "flash"), "SDPA cuDNN": ("sdpa", "cudnn"),
-         "SDPA efficient": ("sdpa", "efficient"), "book, rule off": ("book", "off"),
-         "book, cross-tile rule": ("book", "cross")}
+# the rows' implementation label -> its name in kernels.attention.registry
+IMPLS = {label(name): name for name in group("perf")}
+BOOK = "triton"  # the book's kernel, offset rule off: the host, memory and ablation sections
+TIMING = dict(warmup=10, rep=50, cpu=True)  # short do_bench runs; wall clock with --small
 MEMORY_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 MEMORY_SHAPE = (1, 16, 64)                                        # (B, H, D)
 # the ablation: speed-ups switched on one at a time, in this order (cumulative)
@@ -73,7 +73,6 @@ ABLATION_STEPS = [
     ("+ wider tuning", dict(direct_launch=True, causal_split=True, wide_tuning=True)),
 ]
 ABLATION_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]
-NO_GPU = "no CUDA GPU (Triton interpreter on the CPU)"
 
 
 class Budget:
@@ -102,82 +101,6 @@ START = time.time()
 
 def log(*parts):
     print(f"[{time.time() - START:6.1f}s]", *parts, flush=True)
-
-
-def on_gpu() -> bool:
-    return torch.cuda.is_available() and not interpreting()
-
-
-# --- timing ---------------------------------------------------------------------------
-def time_ms(fn, small=False) -> float:
-    """Median ms of ``fn()``: do_bench on a GPU, wall clock in the interpreter (--small)."""
-    if on_gpu():
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
-    times = []
-    for _ in range(2):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def sdpa(backend, causal):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
-
-    def attn(q, k, v):
-        with sdpa_kernel(which):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return attn
-
-
-def implementation(name, causal):
-    kind, option = IMPLS[name]
-    if kind == "sdpa":
-        return sdpa(option, causal)
-    return lambda q, k, v: flash_attention(q, k, v, causal=causal, stable=option)
-
-
-def step_fn(attn, q, k, v, grad, mode):
-    """A zero-argument callable: attn forward (no autograd graph), or forward + backward."""
-    if mode == "fwd":
-        def step():
-            with torch.no_grad():
-                return attn(q, k, v)
-        return step
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-
-    def step():
-        out = attn(*leaves)
-        return torch.autograd.grad(out, leaves, grad)
-    return step
-
-
-def inputs(shape, dtype, device):
-    batch, heads, n, d = shape
-    gen = torch.Generator(device=device).manual_seed(0)
-    return [torch.randn(batch, heads, n, d, device=device, dtype=dtype, generator=gen)
-            for _ in range(4)]
-
-
-def speed_row(name, attn, tensors, shape, dtype_name, causal, mode, small):
-    batch, heads, n, d = shape
-    row = dict(impl=name, dtype=dtype_name, causal=causal, batch=batch, heads=heads, n=n, d=d,
-               mode=mode)
-    step = step_fn(attn, *tensors, mode)
-    try:
-        step()                       # compile / autotune / fail here, outside the timing
-        ms = time_ms(step, small)
-    except Exception as exc:         # a backend that cannot run this case says why
-        row.update(ms=None, tflops=None, fraction_of_peak=None,
-                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:240]}")
-        return row
-    tflops = attention_flops(batch, heads, n, d, causal, mode) / ms * 1e-9
-    row.update(ms=ms, tflops=tflops, fraction_of_peak=tflops / PEAK_TFLOPS)
-    return row
 
 
 def _show(row):
@@ -231,26 +154,23 @@ def _host_and_wall_us(step, calls):
 def host_profile(small):
     shape = SMALL_SHAPES[0] if small else GPT2
     device = "cuda" if on_gpu() else "cpu"
-    tensors = inputs(shape, torch.bfloat16, device)
+    tensors = timing.inputs(shape, torch.bfloat16, device)
     calls = 3 if small else 50
     rows = []
-    cases = [("book, rule off", True), ("book, rule off", False)]
+    cases = [(BOOK, True), (BOOK, False)]
     if on_gpu():
-        cases.append(("SDPA flash", None))
-    for name, direct in cases:
+        cases.append(("sdpa-flash", None))
+    for impl, direct in cases:
+        name = label(impl)
         for mode in ("fwd", "fwd+bwd"):
-            saved = dict(launch.SPEEDUPS)
-            if direct is not None:
-                launch.SPEEDUPS["direct_launch"] = direct
-            try:
-                step = step_fn(implementation(name, True), *tensors, mode)
+            switches = {} if direct is None else dict(direct_launch=direct)
+            with launch.speedups(**switches):
+                call = timing.step(runner(impl, causal=True), *tensors, mode)
                 for _ in range(3):
-                    step()                                   # compile, autotune, plans
-                host_us, wall_us = _host_and_wall_us(step, calls)
-                host_us2, wall_us2 = _host_and_wall_us(step, calls)
-                kernels_us, cpu_ops, kernel_us = _profile(step, 2 if small else 10)
-            finally:
-                launch.SPEEDUPS.update(saved)
+                    call()                                   # compile, autotune, plans
+                host_us, wall_us = _host_and_wall_us(call, calls)
+                host_us2, wall_us2 = _host_and_wall_us(call, calls)
+                kernels_us, cpu_ops, kernel_us = _profile(call, 2 if small else 10)
             row = dict(impl=name, direct_launch=direct, mode=mode, shape=list(shape),
                        host_us=min(host_us, host_us2), wall_us=min(wall_us, wall_us2),
                        kernel_us=kernel_us if on_gpu() else None, kernels=kernels_us,
@@ -268,11 +188,11 @@ def ceilings(small):
         return dict(skipped=f"{NO_GPU}: no GPU ceilings to measure")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = time_ms(lambda: a @ b)
+    ms = timing.time_ms(lambda: a @ b, **TIMING)
     matmul = 2 * 8192 ** 3 / ms * 1e-9
     src = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
+    ms = timing.time_ms(lambda: dst.copy_(src), **TIMING)
     bandwidth = 2 * src.numel() / ms * 1e-6          # read + write, GB/s
     log(f"ceilings: bf16 matmul 8192³ {matmul:.0f} TFLOP/s, device copy {bandwidth:.0f} GB/s")
     return dict(matmul_tflops=matmul, copy_gb_per_s=bandwidth, matmul_size=8192,
@@ -280,12 +200,6 @@ def ceilings(small):
 
 
 # --- 0. the fast paths compute the same numbers -----------------------------------------
-def _grads(q, k, v, grad, **options):
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = flash_attention(*leaves, **options)
-    return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
-
-
 def checks(small):
     """Bit-for-bit: direct launches against Triton's usual path, the causal split against
     every tile masked, strided against contiguous inputs; and the error against fp64.
@@ -295,21 +209,17 @@ def checks(small):
     cases = ([((1, 2, 40, 16), {}), ((1, 2, 40, 16), dict(block_m=16, block_n=32))] if small
              else [((2, 3, 1024, 64), {}), ((2, 3, 1000, 64), dict(block_m=64, block_n=32))])
     rows = []
-    saved = dict(launch.SPEEDUPS)
-    try:
-        for shape, tiles in cases:
-            for causal in (True, False):
-                q, k, v, grad = inputs(shape, torch.bfloat16, device)
+    for shape, tiles in cases:
+        for causal in (True, False):
+                q, k, v, grad = timing.inputs(shape, torch.bfloat16, device)
                 opts = dict(causal=causal, **tiles)
-                base = _grads(q, k, v, grad, **opts)
-                launch.SPEEDUPS["direct_launch"] = False
-                usual = _grads(q, k, v, grad, **opts)
-                launch.SPEEDUPS.update(saved)
-                launch.SPEEDUPS["causal_split"] = False
-                masked = _grads(q, k, v, grad, **opts)
-                launch.SPEEDUPS.update(saved)
+                base = grads(q, k, v, grad, **opts)
+                with launch.speedups(direct_launch=False):
+                    usual = grads(q, k, v, grad, **opts)
+                with launch.speedups(causal_split=False):
+                    masked = grads(q, k, v, grad, **opts)
                 strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
-                strided = _grads(strided_q, k, v, grad, **opts)
+                strided = grads(strided_q, k, v, grad, **opts)
                 same = lambda xs: all(torch.equal(a, b) for a, b in zip(base, xs))  # noqa
                 ref = [t.double().requires_grad_() for t in (q, k, v)]
                 out64 = attention_fp64(*ref, causal)
@@ -326,8 +236,6 @@ def checks(small):
                     f"{row['direct_equals_usual']}, split=masked {row['split_equals_masked']}, "
                     f"strided=contiguous {row['strided_equals_contiguous']}, errors "
                     + " ".join(f"{e:.1e}" for e in errors))
-    finally:
-        launch.SPEEDUPS.update(saved)
     return rows
 
 
@@ -335,7 +243,6 @@ def checks(small):
 def memory(small, budget):
     if not on_gpu():
         return dict(rows=[], skipped=f"{NO_GPU}: peak memory needs CUDA's allocator statistics")
-    from kernels.gpu.bench import peak_memory_cuda
     batch, heads, d = MEMORY_SHAPE
     free = torch.cuda.mem_get_info()[0]
     rows = []
@@ -343,22 +250,22 @@ def memory(small, budget):
         for n in MEMORY_NS:
             if not budget.allows(f"memory {mode} N={n}", 5):
                 break
-            tensors = inputs((batch, heads, n, d), torch.bfloat16, "cuda")
+            tensors = timing.inputs((batch, heads, n, d), torch.bfloat16, "cuda")
             row = dict(n=n, batch=batch, heads=heads, d=d, mode=mode, causal=True,
                        inputs_bytes=3 * tensors[0].nbytes)
             # the math backend holds several N×N fp32/bf16 tensors (scores, mask, softmax,
             # and in the backward their gradients): try it only where ~6 of them fit
             math_fits = 6 * batch * heads * n * n * 4 < 0.8 * free
-            for name, attn in (("book", implementation("book, rule off", True)),
-                               ("math", sdpa("math", True))):
+            for name, attn in (("book", runner(BOOK, causal=True)),
+                               ("math", runner("sdpa-math", causal=True))):
                 if name == "math" and not math_fits:
                     row["math_peak_bytes"] = None
                     row["math_skipped"] = "the N×N tensors would not fit in GPU memory"
                     continue
-                step = step_fn(attn, *tensors, mode)
+                call = timing.step(attn, *tensors, mode)
                 try:
-                    step()
-                    row[f"{name}_peak_bytes"] = peak_memory_cuda(step)
+                    call()
+                    row[f"{name}_peak_bytes"] = timing.peak_memory_cuda(call)
                 except torch.cuda.OutOfMemoryError:
                     row[f"{name}_peak_bytes"] = None
                     row[f"{name}_skipped"] = "out of GPU memory"
@@ -385,18 +292,19 @@ def speed(small, budget, rows, skipped, reserve=0):
                 if not budget.allows(group, (2 if small else 12) + reserve):
                     skipped.append(group)
                     continue
-                tensors = inputs(shape, dtype, device)
+                tensors = timing.inputs(shape, dtype, device)
                 for mode in ("fwd", "fwd+bwd"):
-                    for name, (kind, _) in IMPLS.items():
-                        if kind == "sdpa" and not on_gpu():
+                    for name, impl in IMPLS.items():
+                        if get(impl).kind == "sdpa" and not on_gpu():
                             batch, heads, n, d = shape
                             row = dict(impl=name, dtype=dtype_name, causal=causal, batch=batch,
                                        heads=heads, n=n, d=d, mode=mode, ms=None, tflops=None,
                                        fraction_of_peak=None,
                                        error=f"{NO_GPU}: SDPA's CUDA backends cannot run")
                         else:
-                            row = speed_row(name, implementation(name, causal), tensors, shape,
-                                            dtype_name, causal, mode, small)
+                            row = timing.speed_row(name, runner(impl, causal=causal), tensors,
+                                                   shape, dtype_name, causal, mode,
+                                                   peak=PEAK_TFLOPS, **TIMING)
                         rows.append(row)
                         log(_show(row))
                 del tensors
@@ -410,23 +318,19 @@ def ablation(small, budget):
     device = "cuda" if on_gpu() else "cpu"
     shapes = SMALL_SHAPES[:1] if small else ABLATION_SHAPES
     rows = []
-    saved = dict(launch.SPEEDUPS)
-    try:
-        for shape in shapes:
-            if not budget.allows(f"ablation {shape}", 2 if small else 15):
-                break
-            tensors = inputs(shape, torch.bfloat16, device)
-            for label, switches in ABLATION_STEPS:
-                launch.SPEEDUPS.update(switches)
+    for shape in shapes:
+        if not budget.allows(f"ablation {shape}", 2 if small else 15):
+            break
+        tensors = timing.inputs(shape, torch.bfloat16, device)
+        for step_label, switches in ABLATION_STEPS:
+            with launch.speedups(**switches):
                 for mode in ("fwd", "fwd+bwd"):
-                    row = speed_row("book, rule off", implementation("book, rule off", True),
-                                    tensors, shape, "bf16", True, mode, small)
-                    row.update(step=label, switches=switches)
+                    row = timing.speed_row(label(BOOK), runner(BOOK, causal=True), tensors, shape,
+                                           "bf16", True, mode, peak=PEAK_TFLOPS, **TIMING)
+                    row.update(step=step_label, switches=switches)
                     rows.append(row)
-                    log(f"ablation {label:16s} " + _show(row))
-            del tensors
-    finally:
-        launch.SPEEDUPS.update(saved)
+                    log(f"ablation {step_label:16s} " + _show(row))
+        del tensors
     return rows
 
 
@@ -444,70 +348,10 @@ def compile_jobs():
     jobs.append(dict(dtype="bf16", causal=None, d=64, stable=["off"], switches={},
                      checks=True))                        # checks() at N = 1000, 64×32 tiles
     for d in (64, 128):                                   # the ablation's other variants
-        for label, switches in (ABLATION_STEPS[0], ABLATION_STEPS[2]):
+        for _, switches in (ABLATION_STEPS[0], ABLATION_STEPS[2]):
             jobs.append(dict(dtype="bf16", causal=True, d=d, stable=["off"],
                              switches=switches))
     return jobs
-
-
-def run_compile_job(job):
-    if job.get("checks"):
-        for causal in (True, False):
-            q, k, v, grad = inputs((2, 3, 1000, 64), torch.bfloat16, "cuda")
-            for split in (True, False):
-                launch.SPEEDUPS["causal_split"] = split
-                _grads(q, k, v, grad, causal=causal, block_m=64, block_n=32)
-        torch.cuda.synchronize()
-        return
-    launch.SPEEDUPS.update(job["switches"])
-    q, k, v, grad = inputs((1, 2, 128, job["d"]), DTYPES[job["dtype"]], "cuda")
-    for stable in job["stable"]:
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = flash_attention(*leaves, causal=job["causal"], stable=stable)
-        torch.autograd.grad(out, leaves, grad)
-    torch.cuda.synchronize()
-
-
-def precompile(workers, budget):
-    """Compile every kernel variant in ``workers`` parallel processes (Triton's on-disk cache
-    is shared); returns a summary. Failures only cost time: the main run compiles on demand."""
-    if not on_gpu():
-        return dict(skipped=f"{NO_GPU}: nothing to compile")
-    if workers < 1:
-        return dict(skipped="--workers 0")
-    jobs = compile_jobs()
-    start = time.time()
-    pending = list(enumerate(jobs))
-    running, outcome = [], {}
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    while pending or running:
-        while pending and len(running) < workers:
-            index, job = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, "-m", "kernels.gpu.perf", "--compile-job",
-                                     json.dumps(job)], cwd=REPO_ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
-            running.append((index, proc))
-        time.sleep(0.5)
-        for index, proc in list(running):
-            if proc.poll() is not None:
-                text = proc.stdout.read()
-                outcome[index] = dict(returncode=proc.returncode, tail=text[-400:])
-                running.remove((index, proc))
-        if budget.left() < 300 and running:        # never let compilation eat the run
-            for index, proc in running:
-                proc.kill()
-                outcome[index] = dict(returncode=None, tail="killed: budget")
-            running = []
-            pending = []
-    failed = [jobs[i] for i, o in outcome.items() if o["returncode"] != 0]
-    log(f"precompiled {len(jobs)} variant groups in {time.time() - start:.0f} s with "
-        f"{workers} workers; {len(failed)} failed")
-    for i, o in outcome.items():
-        if o["returncode"] != 0:
-            print(o["tail"], flush=True)
-    return dict(groups=len(jobs), workers=workers, seconds=time.time() - start,
-                failed=failed)
 
 
 # --- main -----------------------------------------------------------------------------
@@ -519,11 +363,7 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=450.0, help="seconds of wall time")
     parser.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                         help="parallel compile processes (0: compile on demand)")
-    parser.add_argument("--compile-job", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.compile_job:
-        run_compile_job(json.loads(args.compile_job))
-        return
     if not args.small and not on_gpu():
         raise SystemExit("kernels.gpu.perf needs a CUDA GPU (or --small for a CPU test of its "
                          "logic)")
@@ -551,7 +391,8 @@ def main(argv=None):
 
     sections = {}
     try:
-        sections["compile"] = precompile(0 if args.small else args.workers, budget)
+        sections["compile"] = precompile(compile_jobs(), 0 if args.small else args.workers,
+                                         budget, log)
         host = dict(compile=sections["compile"])
         host["checks"] = checks(args.small)
         host["all_checks_pass"] = all(row["ok"] for row in host["checks"])

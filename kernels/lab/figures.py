@@ -1,13 +1,24 @@
-"""The lab's figure: one lab result, its panels stacked (error histogram, running error of Ō, Σδ)."""
+"""The lab's figure: one lab result (:class:`LabResult`, what :func:`kernels.lab.lab` returns), its
+panels stacked (error histogram, running error of Ō, Σδ)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 
-if TYPE_CHECKING:
-    from .interactive import LabResult
+@dataclass
+class LabResult:
+    params: dict
+    stats: dict
+    errors: np.ndarray               # finite errors in ulps (flattened)
+    counts: dict
+    messages: list
+    residual_ulps: float
+    running: dict | None
+    delta_diff: np.ndarray | None    # per row (token) δ_lp − δ_hp
+    delta_sum: float
+
 
 def _panel_errors(ax, result):
     st = result.stats

@@ -104,16 +104,19 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
 
 
 def fix_speed() -> list[dict]:
-    from ..gpu.bench import flash_fn, measure_speed, sdpa_fn
+    from ..attention.registry import label, runner
+    from ..timing import measure_speed
+
     rows = []
     for shape in SPEED_SHAPES:
         for mode in ("fwd", "fwd+bwd"):
             for name, opts in SPEED_VARIANTS.items():
                 if mode == "fwd" and "delta_source" in opts:
                     continue   # the δ source changes only the backward pass
-                rows.append(measure_speed(name, flash_fn(True, **opts), shape, mode))
-            for backend in ("flash", "cudnn"):
-                rows.append(measure_speed(f"SDPA {backend}", sdpa_fn(backend), shape, mode))
+                rows.append(measure_speed(name, runner("triton", causal=True, **opts), shape,
+                                          mode))
+            for sdpa in ("sdpa-flash", "sdpa-cudnn"):
+                rows.append(measure_speed(label(sdpa), runner(sdpa, causal=True), shape, mode))
             print(f"speed {shape} {mode} done", flush=True)
     return rows
 

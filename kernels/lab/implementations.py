@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import emulator
+from ..attention import registry
 from ..attention.options import STABLE_MODES
 from ..numerics.rounding import error_in_ulps, round_to
 from ..numerics.stats import bias_summary
@@ -15,14 +16,14 @@ from .cases import Built, Case, build, reference
 
 # implementations run by the emulator; "-untiled" uses one tile of the whole sequence (the
 # paper's own PyTorch code is untiled, so its Algorithm 3 sees every key at once)
-EMULATED = ("paper", "fa2", "paper-untiled", "fa2-untiled")
+EMULATED = tuple(n for n in registry.group("lab") if registry.get(n).kind == "emulator")
 # triton: the book's kernel (kernels.attention), hardware bf16 on a GPU; triton-explicit: the
 # same kernel on its explicit-rounding path (fp32 IEEE dots); fa2-mma: P̄V as one tensor-core
 # bf16 matmul with an fp32 result (torch.bmm(..., out_dtype=float32)), the rest as fa2, untiled
-GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton-explicit", "fa2-mma")
+GPU_ONLY = registry.group("lab-gpu")
 # fa2-fma: FA2 numerics with the products added one by one to the running accumulator (a CPU
 # model of what tl.dot(p, v, acc) does on a GPU; see fa2_fused_accumulation)
-IMPLEMENTATIONS = ("ideal", "fa2-fma") + EMULATED + GPU_ONLY
+IMPLEMENTATIONS = registry.group("lab") + GPU_ONLY  # ideal, fa2-fma, then EMULATED
 
 
 # running the implementations
@@ -37,22 +38,16 @@ class Output:
     ties_seen: torch.Tensor | None    # did the rule see rs > 1 (emulator only)
 
 
-def _sdpa(built: Built, backend_name: str) -> torch.Tensor:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+def _sdpa(built: Built, name: str) -> torch.Tensor:
     q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
-    with sdpa_kernel([backend]):
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
-    return o.squeeze(1).float()
+    return registry.run(name, q, k, v, scale=1.0).squeeze(1).float()
 
 
-def _triton(built: Built, stable, beta, eps, block_n, explicit=None) -> torch.Tensor:
-    from ..attention import flash_attention    # the book's kernel; the GPU script guards it
+def _triton(built: Built, name, stable, beta, eps, block_n) -> torch.Tensor:
+    """The book's kernel (``triton``, or ``triton-explicit``: its explicit-rounding path)."""
     q, k, v = (t.to(torch.bfloat16).unsqueeze(1).contiguous() for t in (built.q, built.k, built.v))
-    o = flash_attention(q, k, v, causal=False, scale=1.0, stable=stable, beta=beta, eps=eps,
-                        numerics="fa2", block_m=min(64, q.shape[-2]), block_n=block_n or 64,
-                        explicit=explicit)
+    o = registry.run(name, q, k, v, causal=False, scale=1.0, stable=stable, beta=beta, eps=eps,
+                     numerics="fa2", block_m=min(64, q.shape[-2]), block_n=block_n or 64)
     return o.squeeze(1).float()
 
 
@@ -84,8 +79,7 @@ def run(impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0
                                     beta=beta, eps=eps, offset=offset)
         return Output(res.out.float(), res.row_offset, res.row_sum, res.ties)
     if impl in ("triton", "triton-explicit"):   # native on a GPU, the interpreter on a CPU
-        explicit = True if impl == "triton-explicit" else None
-        return Output(_triton(built, stable, beta, eps, block_n, explicit), None, None, None)
+        return Output(_triton(built, impl, stable, beta, eps, block_n), None, None, None)
     if not built.q.is_cuda:
         raise ValueError(f"{impl} needs a CUDA GPU; build the case with device='cuda'")
     if impl == "fa2-mma":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ from ..attention.options import STABLE_MODES
 from ..numerics.rounding import error_in_ulps, round_to, ulp
 from ..numerics.stats import bias_summary
 from .cases import EXP_ROUNDS_TO_ONE, PLACEMENTS, V_FAMILIES, Case, VDist, build, reference, residual_in_ulps
-from .figures import plot_lab
+from .figures import LabResult, plot_lab
 from .implementations import EMULATED, GPU_ONLY, run
 
 def largest_rm_rounding_to_one(beta: float) -> float:
@@ -61,19 +61,6 @@ def running_error(scores_row, v_col, offset, numerics):
         hp = np.cumsum(np.exp(s - offset) * v)
         p_used = p_lp
     return {"error": lp - hp, "p_is_one": np.flatnonzero(p_used == 1.0), "lp": lp, "hp": hp}
-
-
-@dataclass
-class LabResult:
-    params: dict
-    stats: dict
-    errors: np.ndarray               # finite errors in ulps (flattened)
-    counts: dict
-    messages: list
-    residual_ulps: float
-    running: dict | None
-    delta_diff: np.ndarray | None    # per row (token) δ_lp − δ_hp
-    delta_sum: float
 
 
 def lab(impl="fa2", stable="off", ties=2, gap=15.6, n_keys=1024, block_n=64, placement="split",

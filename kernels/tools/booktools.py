@@ -20,8 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from ..env import REPO_ROOT
-
+# the repository (kernels.env.REPO_ROOT; not imported: env imports tools.style, and the
+# layers point one way)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOK_DIR = REPO_ROOT / "book"
 SETUP_TAG = "setup"
 SETUP_TAGS = [SETUP_TAG, "hide-input"]   # the website folds the cell away, its one-line output stays

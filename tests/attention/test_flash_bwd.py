@@ -1,4 +1,4 @@
-"""The Triton backward kernels (kernels.flash_bwd) through kernels.flash_attention.
+"""The Triton backward kernels (kernels.attention.flash_bwd) through kernels.flash_attention.
 
 Gradients dQ, dK, dV against fp64 autograd of the fp64 reference for all three δ sources, every
 dtype and head dim (causal and not), lengths that are not tile multiples; δ itself: from dP ∘ P or

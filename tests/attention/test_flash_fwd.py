@@ -1,8 +1,8 @@
-"""The Triton forward kernel (kernels.flash_fwd).
+"""The Triton forward kernel (kernels.attention.flash_fwd).
 
 * accuracy against the fp64 golden output for every dtype, head dim, causal/non-causal and
   sequence lengths that are not multiples of the tile;
-* the numerics contract: the kernel against the emulator (kernels.emulate) in both numerics
+* the numerics contract: the kernel against the emulator (kernels.attention.emulator) in both numerics
   modes and all three offset rules;
 * the offset fix: the stabilised output stays close to the plain one, and the largest P̄ of a
   row with tied maxima is < 1 — also when the tie is split across two key tiles ("cross"),
@@ -10,7 +10,7 @@
 * every output element written (buffers are NaN-poisoned before launch), strided inputs.
 
 Inputs are fresh random numbers on every run. On the CPU the kernel runs in the Triton
-interpreter at small sizes; kernels.gpu_check runs this file natively on a GPU at larger ones.
+interpreter at small sizes; kernels.gpu.check runs this file natively on a GPU at larger ones.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
              torch.float64: 1e-12}
 # Fixed tiles: several key tiles even at CPU sizes, and on a GPU no autotuning per test case
-# (the autotuned default is exercised by kernels.gpu_check and tests/test_attention.py).
+# (the autotuned default is exercised by kernels.gpu.check).
 BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else dict(block_m=32, block_n=32)
 
 

@@ -1,4 +1,4 @@
-"""kernels.rounding: the Triton bf16 round-to-nearest-even helper against torch's own cast.
+"""kernels.numerics.triton_rounding: the Triton bf16 round-to-nearest-even helper against torch's own cast.
 
 Runs in the interpreter on the CPU and natively on a GPU (gpu_check runs it there too, where
 both the explicit helper and the hardware cast are checked).

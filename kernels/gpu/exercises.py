@@ -1,0 +1,159 @@
+"""Checks of chapter 10's exercises (rules: :mod:`kernels.checking`).
+
+* Exercise 10.1 :func:`check_flop_per_byte`  the roofline model's arithmetic intensity
+* Exercise 10.2 :func:`check_stream_tflops`  the speed of a stream of calls, host against GPU
+* Exercise 10.3 :func:`check_bit_changes`    which speed-ups can change a bit of O
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function, need_names
+from .roofline import intensity, p_bar
+
+
+def _number(x, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        fail(f"{name} should return a number, got {type(x).__name__}")
+    return float(x)
+
+
+def _close(a, b, rel=1e-6) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+# Exercise 10.1 -------------------------------------------------------------------------
+def check_flop_per_byte(fn, thorough: bool = False) -> None:
+    """Exercise 10.1: ``fn(n, d, itemsize, fused) -> FLOP per byte`` of one head's forward
+    attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
+    formats and both implementations."""
+    need_function(fn, "flop_per_byte")
+    rng = fresh_rng()
+    cases = 200 if thorough else 20
+    for i in range(cases):
+        n = int(rng.integers(16, 65_536))
+        d = int(rng.choice([16, 32, 64, 96, 128, 256]))
+        itemsize = int(rng.choice([1, 2, 4]))
+        fused = bool(i % 2)                     # both kinds in every run
+        got = _number(call(fn, "flop_per_byte", n, d, itemsize, fused), "flop_per_byte")
+        want = intensity(n, d, "fused" if fused else "math", itemsize)
+        if _close(got, want):
+            continue
+        kind = "fused kernel" if fused else "math backend"
+        where = f"for the {kind} at n = {n}, d = {d}, itemsize = {itemsize}"
+        if itemsize > 1 and _close(got, want * itemsize):
+            fail(f"too large {where}: the traffic is counted in values, not bytes")
+        if not fused and _close(got, intensity(n, d, "fused", itemsize)):
+            fail(f"wrong {where}: the math backend also moves the N×N scores and "
+                 "probabilities through HBM")
+        if _close(got, want / 2) or _close(got, want * 2):
+            fail(f"off by a factor of two {where}: how many FLOPs does one multiply-add "
+                 "take, and how many N×N matmuls are there?")
+        fail(f"not the model's intensity {where}: FLOPs of the two matmuls divided by the "
+             "bytes that go through HBM")
+    correct(f"{cases} fresh shapes and formats, fused and math")
+
+
+# Exercise 10.2 -------------------------------------------------------------------------
+def stream_tflops(flops, host_us, kernel_us) -> float:
+    """TFLOP/s of a long stream of identical calls: the CPU issues the next call while the
+    GPU runs the previous one, so the slower of the two sets the pace."""
+    return flops / max(host_us, kernel_us) * 1e-6
+
+
+def check_stream_tflops(fn, thorough: bool = False) -> None:
+    """Exercise 10.2: ``fn(flops, host_us, kernel_us) -> TFLOP/s`` of a long stream of calls
+    that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
+    µs of GPU time; fresh calls, host-bound and GPU-bound."""
+    need_function(fn, "stream_tflops")
+    rng = fresh_rng()
+    cases = 200 if thorough else 20
+    for i in range(cases):
+        flops = float(10 ** rng.uniform(9, 13))
+        fast, slow = sorted(float(x) for x in 10 ** rng.uniform(0.7, 3.7, 2))
+        slow = max(slow, 1.3 * fast)
+        host_us, kernel_us = (slow, fast) if i % 2 else (fast, slow)
+        got = _number(call(fn, "stream_tflops", flops, host_us, kernel_us), "stream_tflops")
+        want = stream_tflops(flops, host_us, kernel_us)
+        if _close(got, want, 1e-3):
+            continue
+        bound = "host-bound" if host_us > kernel_us else "GPU-bound"
+        ratio = got / want if want else 0.0
+        if ratio > 0 and abs(math.log10(ratio) - round(math.log10(ratio))) < 1e-3 \
+                and round(math.log10(ratio)) != 0:
+            fail(f"off by a power of ten on a {bound} call: FLOPs per µs are not TFLOP/s")
+        if _close(got, flops / (host_us + kernel_us) * 1e-6, 1e-3):
+            fail(f"too slow on a {bound} call: does the CPU wait for the GPU to finish a "
+                 "call before it issues the next one?")
+        if bound == "host-bound" and _close(got, flops / kernel_us * 1e-6, 1e-3):
+            fail("too fast on a host-bound call: the GPU cannot run a call before the CPU "
+                 "has issued it")
+        fail(f"wrong on a {bound} call: which of the two times sets the pace of a stream?")
+    correct(f"{cases} fresh calls, host-bound and GPU-bound")
+
+
+# Exercise 10.3 -------------------------------------------------------------------------
+CHANGES = ("direct launch", "causal split", "tile shape", "exp2")
+
+
+def _exp2_output(q, k, v, fold: bool):
+    """Attention of one tile in fp32 with P̄ rounded to bf16 before P̄V (FA2's rounding), its
+    exponential computed as exp (``fold=False``) or as exp2 with log2(e) folded into the scale;
+    returns O rounded to bf16."""
+    s = q.float() @ k.float().transpose(-1, -2)
+    p = p_bar(s, 1.0 / math.sqrt(q.shape[-1]), fold)
+    out = (p.bfloat16().float() @ v.float()) / p.sum(-1, keepdim=True)
+    return out.bfloat16()
+
+
+def bit_changes(gen=None, rng=None) -> set:
+    """Which of :data:`CHANGES` change a bit of O on fresh bf16 inputs: the book's kernel with
+    its direct launches or its causal split switched off, with 64-key instead of 32-key tiles
+    (what an autotuner may choose between), and the exp2 rewrite (in PyTorch, one tile per
+    row: the kernel does not have it)."""
+    import torch
+
+    from ..attention import flash_attention, launch
+    from ..timing import on_gpu
+
+    gen = gen or fresh_generator()
+    rng = rng or fresh_rng()
+    device = "cuda" if on_gpu() else "cpu"
+    n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
+    q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device)
+               for _ in range(3))
+    tiles = dict(block_m=64, block_n=32)
+
+    def run(**switches):
+        with launch.speedups(**switches):
+            return flash_attention(q, k, v, causal=True, **tiles)
+
+    base = run(direct_launch=True, causal_split=True)
+    outputs = {"direct launch": run(direct_launch=False, causal_split=True),
+               "causal split": run(direct_launch=True, causal_split=False)}
+    tiles = dict(block_m=64, block_n=64)
+    outputs["tile shape"] = run(direct_launch=True, causal_split=True)
+    changed = {name for name, out in outputs.items() if not torch.equal(out, base)}
+    # the rewrite moves fp32 values by a few ulps: a bf16 output flips in about one case in
+    # two thousand, so this part uses 131,072 outputs (fresh too; PyTorch is fast there)
+    q, k, v = (torch.randn(1, 8, 256, 64, generator=gen).bfloat16() for _ in range(3))
+    if not torch.equal(_exp2_output(q, k, v, False), _exp2_output(q, k, v, True)):
+        changed.add("exp2")
+    return changed
+
+
+def check_bit_changes(answer) -> None:
+    """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
+    the kernel's output. The check makes each change on fresh inputs and compares bits."""
+    given = need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
+    want = bit_changes()
+    if given == want:
+        return correct(f"{len(want)} of the {len(CHANGES)} change bits of O on fresh "
+                       "inputs, the others none")
+    if given - want:
+        fail("a change in your set leaves every bit of O as it was: does it change which "
+             "numbers are added, in which order, or how they are rounded?")
+    fail("a change that moves bits of O is missing: which ones change the order of the sums "
+         "or the rounding of an intermediate?")

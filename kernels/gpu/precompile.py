@@ -1,0 +1,100 @@
+"""Compile every kernel variant of a measurement before anything is timed, in parallel worker
+processes that fill Triton's on-disk cache: ``python -m kernels.gpu.precompile JOB`` runs one
+group (a JSON dict of :func:`kernels.gpu.perf.compile_jobs`), :func:`precompile` runs them all.
+"""
+
+from __future__ import annotations
+
+from kernels import env
+
+env.configure_triton()  # the interpreter switch, before anything imports triton
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from kernels.attention import flash_attention, launch  # noqa: E402
+from kernels.env import REPO_ROOT  # noqa: E402
+from kernels.timing import inputs, on_gpu  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+NO_GPU = "no CUDA GPU (Triton interpreter on the CPU)"
+
+
+def grads(q, k, v, grad, **options):
+    """O, dQ, dK, dV of the book's kernel (fresh leaves made from q, k, v)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*leaves, **options)
+    return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
+
+
+def run_job(job):
+    """Compile (and tune at a tiny size) one group of variants (a dict of
+    :func:`kernels.gpu.perf.compile_jobs`)."""
+    if job.get("checks"):
+        for causal in (True, False):
+            q, k, v, grad = inputs((2, 3, 1000, 64), torch.bfloat16, "cuda")
+            for split in (True, False):
+                with launch.speedups(causal_split=split):
+                    grads(q, k, v, grad, causal=causal, block_m=64, block_n=32)
+        torch.cuda.synchronize()
+        return
+    q, k, v, grad = inputs((1, 2, 128, job["d"]), DTYPES[job["dtype"]], "cuda")
+    with launch.speedups(**job["switches"]):
+        for stable in job["stable"]:
+            grads(q, k, v, grad, causal=job["causal"], stable=stable)
+    torch.cuda.synchronize()
+
+
+def precompile(jobs, workers, budget, log=print):
+    """Compile the kernel variants of ``jobs`` in ``workers`` parallel processes (Triton's
+    on-disk cache is shared; ``budget.left()`` says how many seconds the run has left); returns
+    a summary. Failures only cost time: the main run compiles on demand."""
+    if not on_gpu():
+        return dict(skipped=f"{NO_GPU}: nothing to compile")
+    if workers < 1:
+        return dict(skipped="--workers 0")
+    start = time.time()
+    pending = list(enumerate(jobs))
+    running, outcome = [], {}
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    while pending or running:
+        while pending and len(running) < workers:
+            index, job = pending.pop(0)
+            proc = subprocess.Popen([sys.executable, "-m", "kernels.gpu.precompile",
+                                     json.dumps(job)], cwd=REPO_ROOT, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+            running.append((index, proc))
+        time.sleep(0.5)
+        for index, proc in list(running):
+            if proc.poll() is not None:
+                text = proc.stdout.read()
+                outcome[index] = dict(returncode=proc.returncode, tail=text[-400:])
+                running.remove((index, proc))
+        if budget.left() < 300 and running:        # never let compilation eat the run
+            for index, proc in running:
+                proc.kill()
+                outcome[index] = dict(returncode=None, tail="killed: budget")
+            running = []
+            pending = []
+    failed = [jobs[i] for i, o in outcome.items() if o["returncode"] != 0]
+    log(f"precompiled {len(jobs)} variant groups in {time.time() - start:.0f} s with "
+        f"{workers} workers; {len(failed)} failed")
+    for i, o in outcome.items():
+        if o["returncode"] != 0:
+            print(o["tail"], flush=True)
+    return dict(groups=len(jobs), workers=workers, seconds=time.time() - start,
+                failed=failed)
+
+
+def main(argv=None):
+    run_job(json.loads((sys.argv[1:] if argv is None else argv)[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Chapter 10's measurements as records: ``results/perf_*.json`` (written by
+``python -m kernels.gpu.perf`` on a GPU) and the earlier ``results/flash_bench.json``.
+
+:func:`load` returns what there is and never treats a CPU record (provenance without a GPU,
+e.g. from ``--small``) as a GPU measurement; :func:`earlier_speed_rows` reads
+``flash_bench.json`` (an earlier version of the book's kernel, fewer shapes) in the same row
+format. The implementations' labels come from :mod:`kernels.attention.registry`.
+"""
+
+from __future__ import annotations
+
+from .. import results
+from ..attention.registry import FLASH_BENCH, group, label
+
+PEAK_TFLOPS = 790.0  # dense bf16 matmul on an H100/H200: the ceiling of every speed
+HBM_TB_S = 3.35  # H100 SXM5 80 GB HBM3 bandwidth, NVIDIA's datasheet (TB/s)
+RECORDS = ("host", "speed", "memory", "ablation")
+IMPL_ORDER = [label(name) for name in group("perf-legend")]
+STYLE = dict(zip(IMPL_ORDER, (dict(color="tab:purple", marker="s"),
+                              dict(color="tab:orange", marker="o"),
+                              dict(color="tab:gray", marker="v"),
+                              dict(color="tab:blue", marker="D"),
+                              dict(color="tab:green", marker="^"))))
+EARLIER = {stored: label(name) for name, stored in FLASH_BENCH.items()}
+BOOK_OFF, BOOK_CROSS = label("triton"), label("triton/cross")
+SETTINGS = [("bf16", True), ("bf16", False), ("fp16", True), ("fp16", False)]
+
+
+def is_gpu_record(record) -> bool:
+    return bool(record) and bool(record.get("provenance", {}).get("gpu"))
+
+
+def load(directory=None) -> dict:
+    """{"host", "speed", "memory", "ablation"} -> the GPU record of ``perf_<name>.json`` in
+    ``directory`` (default ``results/``), or None where there is none (or only a CPU one)."""
+    found = {}
+    for name in RECORDS:
+        try:
+            record = results.load(f"perf_{name}", directory=directory)
+        except FileNotFoundError:
+            record = None
+        found[name] = record if is_gpu_record(record) else None
+    return found
+
+
+def earlier_speed_rows(directory=None) -> tuple[list, dict]:
+    """``flash_bench.json`` (an earlier kernel version, bf16 causal, three shapes) in the
+    rows format of ``perf_speed.json``; returns (rows, record)."""
+    record = results.load("flash_bench", directory=directory)
+    rows = []
+    for r in record["data"]:
+        if r.get("tflops") is None or r["impl"] not in EARLIER:
+            continue
+        rows.append(dict(r, impl=EARLIER[r["impl"]], dtype="bf16",
+                         fraction_of_peak=r["tflops"] / PEAK_TFLOPS))
+    return rows, record
+
+
+def speed_rows(record) -> list:
+    return [r for r in record["data"]["rows"] if r.get("tflops")]
+
+
+def select(rows, dtype, causal, mode):
+    return [r for r in rows if r["dtype"] == dtype and bool(r["causal"]) == causal
+            and r["mode"] == mode and r.get("tflops")]
+
+
+def impls_in(rows) -> list:
+    seen = {r["impl"] for r in rows}
+    return [name for name in IMPL_ORDER if name in seen]
+
+
+
+def setting(dtype, causal) -> str:
+    return f"{dtype}, {'causal' if causal else 'no mask'}"
+
+
+def host_label(row):
+    if row["direct_launch"] is None:
+        return row["impl"]
+    return "book, direct launch" if row["direct_launch"] else "book, as before"

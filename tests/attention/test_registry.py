@@ -1,0 +1,55 @@
+"""The one registry of implementations (kernels.attention.registry): spellings, labels, groups,
+and run(name, q, k, v, opts) against the functions it stands for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels  # noqa: F401
+from kernels.attention import AttentionOptions, emulator, flash_attention, registry
+from kernels.attention.reference import attention_fp64, standard_attention
+
+
+def test_every_group_names_registered_implementations():
+    for key, names in registry.GROUPS.items():
+        for name in names:
+            registry.parse(name)  # raises on an unknown name or rule
+    assert registry.group("gpt2") == ("sdpa", "math32", "triton", "paper")
+
+
+def test_labels_are_the_stored_ones():
+    """results/perf_*.json rows and chapter 10 use these words: they must not change."""
+    assert [registry.label(n) for n in registry.group("perf")] == [
+        "SDPA flash", "SDPA cuDNN", "SDPA efficient", "book, rule off", "book, cross-tile rule"]
+    assert registry.get("sdpa_flash").name == "sdpa-flash"  # chapter 8's stored spelling
+    assert registry.short("triton/cross") == "Triton/cross"
+    assert set(registry.FLASH_BENCH.values()) == {
+        "ours (stable off)", "ours (stable cross)", "SDPA flash", "SDPA cuDNN"}
+
+
+def test_unknown_names_say_what_there_is():
+    with pytest.raises(ValueError, match="unknown implementation"):
+        registry.parse("flash")
+    with pytest.raises(ValueError, match="unknown offset rule"):
+        registry.parse("triton/sometimes")
+    with pytest.raises(ValueError, match="kernels.lab.implementations"):
+        registry.run("fa2-fma", *torch.randn(3, 1, 1, 8, 16))
+
+
+def test_run_is_the_function_it_names():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen).bfloat16() for _ in range(3))
+    opts = AttentionOptions(causal=True, block_n=32)
+    assert torch.equal(registry.run("triton", q, k, v, opts), flash_attention(q, k, v, opts))
+    cross = flash_attention(q, k, v, opts.replace(stable="cross"))
+    assert torch.equal(registry.run("triton/cross", q, k, v, opts), cross)
+    assert torch.equal(registry.run("paper", q, k, v, opts),
+                       emulator.flash_forward(q, k, v, opts.replace(numerics="paper")).out)
+    untiled = emulator.flash_forward(q, k, v, opts.replace(block_n=40)).out
+    assert torch.equal(registry.run("fa2-untiled", q, k, v, opts), untiled)
+    assert torch.equal(registry.run("fp64", q, k, v, opts), attention_fp64(q, k, v, True))
+    assert torch.equal(registry.run("torch_math", q, k, v, opts),
+                       standard_attention(q, k, v, True))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(registry.run("sdpa", q, k, v, opts), sdpa)
