@@ -107,7 +107,7 @@ def scan(source: str, exercise: str, module_names=("ex",)) -> None:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        raise Forbidden(f"the answer is not valid Python (line {exc.lineno}: {exc.msg})")
+        raise Forbidden(f"the answer is not valid Python (line {exc.lineno}: {exc.msg})") from None
     rule = FORBIDDEN.get(exercise, _rule(""))
     modules = set(module_names)
 

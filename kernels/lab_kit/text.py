@@ -36,7 +36,7 @@ def _plain(text: str) -> str:
     return re.sub(r"[{}\\]", "", text).strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bibliography() -> dict:
     """key: (short author list, year, url) from ``book/references.bib``."""
     found = {}

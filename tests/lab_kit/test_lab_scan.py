@@ -90,7 +90,7 @@ def test_values_cross_between_processes_as_plain_data_only():
 
 MODULES = ["kernels.numerics.exercises", "kernels.triton_exercises",
            "kernels.attention.exercises", "kernels.lab.exercises", "kernels.gpt2.exercises",
-           "kernels.golden.exercises", "kernels.monitor.exercises"]
+           "kernels.golden.exercises", "kernels.monitor.exercises", "kernels.gpu.exercises"]
 
 
 @pytest.mark.parametrize("name", MODULES)
