@@ -19,7 +19,8 @@ def main(argv=None) -> int:
                                  "(default: the branch in _config.yml)")
     b.add_argument("--force", action="store_true",
                    help="rebuild even if the course holds graded submissions")
-    g = sub.add_parser("grade", help="autograde <folder>/<student>/<notebook>.ipynb")
+    g = sub.add_parser("grade", help="autograde <folder>/<student>/<notebook>.ipynb (each "
+                       "answer in a process of its own; grade in a sandbox)")
     g.add_argument("submissions", help="folder with one subfolder per student")
     g.add_argument("--out", default=str(DEFAULT_OUT), help="the built kit (default: %(default)s)")
     args = parser.parse_args(argv)

@@ -28,6 +28,8 @@ from . import grading, notebook
 DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
 CODE_STUB = "# your code here"
+TEXT_STUB = ("**Your explanation** (a sentence or two, graded by hand): write it here, in place "
+             "of this line.")
 
 CONFIG = '''\
 # Made by `python -m kernels.lab_kit build`; regenerated on every build, do not edit.
@@ -39,6 +41,8 @@ c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = {course_id!r}
 # the book's answer cells mark their solutions with nbgrader's default delimiters
 c.ClearSolutions.code_stub = {{"python": {stub!r}}}
+# an explanation cell (graded by hand) holds the rubric in the book: the student sees a prompt
+c.ClearSolutions.text_stub = {text_stub!r}
 # the folded solution's prose and demonstrations leave with nbconvert's tag remover
 c.TagRemovePreprocessor.enabled = True
 c.TagRemovePreprocessor.remove_cell_tags = {{"remove-from-student"}}
@@ -151,7 +155,7 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
     url, branch = booktools.repository()
     setup = student_setup(url, ref or branch)
     course.joinpath("nbgrader_config.py").write_text(CONFIG.format(
-        root=str(course), course_id=COURSE_ID, stub=CODE_STUB))
+        root=str(course), course_id=COURSE_ID, stub=CODE_STUB, text_stub=TEXT_STUB))
     commit = repo_commit()
     notebook.write(course / "header.ipynb", _header_notebook(commit))
     built = []
@@ -170,17 +174,18 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
         _nbgrader(course, "generate_assignment", name, "--force")
         released = course / "release" / name / path.name
         shutil.copy2(released, student / path.name)
-        built.append((path.name, len(found), sum(grading.points(e.name) for e in found)))
+        built.append((path.name, len(found), sum(grading.points(e.name) for e in found),
+                      notebook.EXPLAIN_POINTS * sum(e.explain is not None for e in found)))
     (out / "README.md").write_text(_readme(built, commit))
     if not quiet:
-        for name, n_ex, points in built:
-            print(f"{name}: {n_ex} exercises, {points:g} points")
+        for name, n_ex, points, by_hand in built:
+            print(f"{name}: {n_ex} exercises, {points:g} points autograded, {by_hand:g} by hand")
         print(f"student notebooks: {student}\nautograder (nbgrader course): {course}")
     return out
 
 
 def _readme(built, commit: str) -> str:
-    rows = "\n".join(f"| {name} | {n} | {p:g} |" for name, n, p in built)
+    rows = "\n".join(f"| {name} | {n} | {p:g} | {h:g} |" for name, n, p, h in built)
     made = f" at commit {commit}" if commit else ""
     return f"""# The lab kit (generated; do not edit, do not commit)
 
@@ -191,10 +196,11 @@ Made by `python -m kernels.lab_kit build` from the book's chapters{made}.
   `gradebook.db` the hidden tests and points).
 
 Grade a folder of submissions (`<folder>/<student>/<chapter notebook>.ipynb`) with
-`python -m kernels.lab_kit grade <folder>`; it writes `grades.csv` here.
+`python -m kernels.lab_kit grade <folder>`; it writes `grades.csv`, `exercises.csv`,
+`explanations.csv` (to grade by hand) and `feedback/` here.
 
-| notebook | exercises | points |
-|---|---|---|
+| notebook | exercises | points autograded | points graded by hand |
+|---|---|---|---|
 {rows}
 """
 

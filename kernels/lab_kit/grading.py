@@ -16,7 +16,9 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
 tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
 student and exercise, with the message of the first failed check) grow as each student is
-graded; ``feedback/<student>/chNN.md`` says what passed and what did not.
+graded; ``explanations.csv`` collects the explanations that are graded by hand (cells tagged
+``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
+and what did not.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ from ..checking import WrongAnswer
 from . import isolate, notebook, scan
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
 
-GRADES = ["student", "assignment", "score", "max_score"]
+GRADES = ["student", "assignment", "score", "max_score", "by_hand_max"]
 EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
+EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
 
 
 @dataclasses.dataclass
@@ -48,6 +51,7 @@ class Plan:
     check: str
     parts: list
     points: float
+    explain: bool = False
 
 
 @dataclasses.dataclass
@@ -57,6 +61,7 @@ class Result:
     max_score: float
     passed: list
     message: str = ""
+    explanation: str | None = None      # the text of the explanation cell, graded by hand
 
 
 def _ex_call(text: str, where: str):
@@ -102,7 +107,8 @@ class Chapter:
             if f"{grade_id}-hidden" in cells:
                 hidden = _ex_call(_hidden_code(cells[f"{grade_id}-hidden"]), where)
                 parts.append(("held-back tests", hidden[2]))
-            plans.append(Plan(name, grade_id, variable, check, parts, points(name)))
+            plans.append(Plan(name, grade_id, variable, check, parts, points(name),
+                              f"{grade_id}-explain" in cells))
         setup_code = cells["exercise-setup"]
         import kernels  # noqa: F401  (the interpreter switch, before triton)
         namespace = {"__name__": "__grader__"}
@@ -185,9 +191,24 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
 
 
+def explanation(nb: dict, plan: Plan) -> str:
+    """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt)."""
+    from .course import TEXT_STUB
+    for cell in nb.get("cells", []):
+        if _grade_id(cell) == f"{plan.grade_id}-explain":
+            text = notebook.source(cell).strip()
+            return "" if text == TEXT_STUB.strip() else text
+    return ""
+
+
 def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:
-    return [grade_exercise(chapter, plan, answer_source(chapter, nb, plan), scanning)
-            for plan in chapter.plans]
+    results = []
+    for plan in chapter.plans:
+        result = grade_exercise(chapter, plan, answer_source(chapter, nb, plan), scanning)
+        if plan.explain:
+            result.explanation = explanation(nb, plan)
+        results.append(result)
+    return results
 
 
 def chapter_of(path: Path, nb: dict) -> int | None:
@@ -209,6 +230,10 @@ def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path)
     for r in results:
         verdict = "all checks pass" if all(r.passed) and not r.message else r.message
         lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
+        if r.explanation is not None:
+            said = "graded by hand" if r.explanation else "no explanation written: 0 points"
+            lines.append(f"- Exercise {r.name}, explanation: {said} "
+                         f"({notebook.EXPLAIN_POINTS:g} point)")
     return "\n".join(lines) + "\n"
 
 
@@ -241,6 +266,7 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
         skipped.append((stray, "not in a <student>/ folder"))
     grades_f, grades = _writer(out / "grades.csv", GRADES)
     ex_f, per_exercise = _writer(out / "exercises.csv", EXERCISES)
+    why_f, explained = _writer(out / "explanations.csv", EXPLANATIONS)
     try:
         for folder in sorted(p for p in submissions.iterdir() if p.is_dir()):
             student, started, done = folder.name, time.perf_counter(), set()
@@ -271,18 +297,25 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                 results = grade_notebook(chapter, nb, scanning)
                 row = {"student": student, "assignment": chapter.assignment,
                        "score": sum(r.score for r in results),
-                       "max_score": sum(r.max_score for r in results)}
+                       "max_score": sum(r.max_score for r in results),
+                       "by_hand_max": notebook.EXPLAIN_POINTS * sum(
+                           r.explanation is not None for r in results)}
                 student_rows.append(row)
                 for r in results:
                     per_exercise.writerow({"student": student, "assignment": chapter.assignment,
                                            "exercise": r.name, "score": r.score,
                                            "max_score": r.max_score, "message": r.message})
+                    if r.explanation is not None:
+                        explained.writerow({"student": student,
+                                            "assignment": chapter.assignment, "exercise": r.name,
+                                            "max_score": notebook.EXPLAIN_POINTS,
+                                            "explanation": r.explanation})
                 feedback = out / "feedback" / student / f"{chapter.assignment}.md"
                 feedback.parent.mkdir(parents=True, exist_ok=True)
                 feedback.write_text(_feedback(student, chapter, results, path))
             grades.writerows(student_rows)
-            grades_f.flush()
-            ex_f.flush()
+            for f in (grades_f, ex_f, why_f):
+                f.flush()
             rows += student_rows
             seconds = time.perf_counter() - started
             for r in student_rows:
@@ -290,12 +323,12 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
             if student_rows:
                 say(f"{student:20s} graded in {seconds:.1f} s")
     finally:
-        grades_f.close()
-        ex_f.close()
+        for f in (grades_f, ex_f, why_f):
+            f.close()
     for path, why in skipped:
         print(f"skipped {path.relative_to(submissions)}: {why}")
     if not rows and not skipped:
         raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
-    say(f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; "
-        f"feedback: {out / 'feedback'}")
+    say(f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; to grade by "
+        f"hand: {out / 'explanations.csv'}; feedback: {out / 'feedback'}")
     return rows

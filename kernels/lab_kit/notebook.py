@@ -9,6 +9,9 @@ A chapter marks its exercise cells with tags; nothing else is needed to make a l
 ``hidden-check``         tests held back for grading between ``### BEGIN HIDDEN TESTS`` and
                          ``### END HIDDEN TESTS`` (autograded, 1 point; removed from the site
                          with ``remove-cell``)
+``explain``              a markdown cell for the reader's explanation, graded by hand
+                         (:data:`EXPLAIN_POINTS`); in the book it holds the rubric and is
+                         removed from the site with ``remove-cell``; blank in the lab version
 ``remove-from-student``  the folded solution's prose, its fences and demonstration cells
 
 Exercises are numbered per chapter ("Exercise 2.1"), in the order of their ``{exercise}``
@@ -27,7 +30,7 @@ from . import text
 
 DIRECTIVE = re.compile(r"```\{exercise\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
 OPTION = re.compile(r"^:(\w+):\s*(.*)$")
-ROLES = ("exercise-setup", "answer", "check", "hidden-check")
+ROLES = ("exercise-setup", "answer", "check", "hidden-check", "explain")
 REMOVE_TAG = "remove-from-student"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -39,6 +42,7 @@ POINTS = {"1.1": 1, "1.2": 3, "1.3": 2, "2.1": 2, "2.2": 5, "3.1": 4, "3.2": 2, 
           "7.2": 2, "7.3": 3, "8.1": 1, "8.2": 2, "9.1": 2, "9.2": 2, "10.1": 2, "10.2": 2,
           "10.3": 1}
 DEFAULT_POINTS = 2
+EXPLAIN_POINTS = 1      # an explanation (a cell tagged ``explain``), graded by hand
 
 
 def points(name: str) -> float:
@@ -76,6 +80,7 @@ class Exercise:
     answer: int | None = None
     check: int | None = None
     hidden: int | None = None
+    explain: int | None = None
     removed: list[int] = dataclasses.field(default_factory=list)
 
     @property
@@ -105,7 +110,8 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
             setup = i
         if REMOVE_TAG in t and found:
             found[-1].removed.append(i)
-        for role, attr in (("answer", "answer"), ("check", "check"), ("hidden-check", "hidden")):
+        for role, attr in (("answer", "answer"), ("check", "check"), ("hidden-check", "hidden"),
+                           ("explain", "explain")):
             if role in t:
                 if not found:
                     raise ValueError(f"{Path(path).name}: cell {i} is tagged {role!r} before "
@@ -131,6 +137,10 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
         if BEGIN_SOLUTION not in answer or END_SOLUTION not in answer:
             raise ValueError(f"{where}: the answer cell marks its solution with "
                              f"{BEGIN_SOLUTION!r} and {END_SOLUTION!r}")
+        if ex.explain is not None and (nb["cells"][ex.explain]["cell_type"] != "markdown"
+                                       or not ex.answer < ex.explain):
+            raise ValueError(f"{where}: the cell tagged 'explain' is a markdown cell after the "
+                             "answer cell")
         if ex.hidden is not None:
             hidden = source(nb["cells"][ex.hidden])
             if BEGIN_HIDDEN not in hidden or END_HIDDEN not in hidden:
@@ -220,6 +230,9 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
         if ex.hidden is not None:
             cells[ex.hidden]["metadata"]["nbgrader"] = _nbgrader(
                 f"{ex.grade_id}-hidden", grade=True, locked=True, points=share)
+        if ex.explain is not None:
+            cells[ex.explain]["metadata"]["nbgrader"] = _nbgrader(
+                f"{ex.grade_id}-explain", solution=True, grade=True, points=EXPLAIN_POINTS)
     return out
 
 

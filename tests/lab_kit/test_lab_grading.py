@@ -177,6 +177,12 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     assert "`ex._launch_grid_expected`" in per[("cheat2", "2.1")]["message"]
     with open(kit / "grades.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
+    with open(kit / "explanations.csv") as f:
+        said = {(r["student"], r["exercise"]): r["explanation"] for r in csv.DictReader(f)}
+    assert {e for s, e in said if s == "reference"} == {"1.1", "1.3", "8.1"}
+    assert all(said[("reference", e)] for e in ("1.1", "1.3", "8.1"))
+    assert not any(said[("blank", e)] for e in ("1.1", "1.3", "8.1"))
+    assert "graded by hand" in (kit / "feedback" / "reference" / "ch01.md").read_text()
     feedback = (kit / "feedback" / "cheat" / "ch02.md").read_text()
     assert "Exercise 2.2: 0 / 5" in feedback and "torch.aminmax" in feedback
     shutil.rmtree(subs)

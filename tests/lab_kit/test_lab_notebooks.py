@@ -27,6 +27,11 @@ def test_every_chapter_ends_with_two_to_four_exercises(number):
     # at least one exercise asks for a function or kernel, one has hidden tests
     answers = [notebook.source(nb["cells"][ex.answer]) for ex in found]
     assert any("def " in a for a in answers) and any(ex.hidden is not None for ex in found)
+    # an exercise answered with a value, not a function, asks for an explanation too
+    for ex, answer in zip(found, answers):
+        if "def " not in answer:
+            assert ex.explain is not None, f"{path.name}: exercise {ex.name} has no explain cell"
+            assert "remove-cell" in notebook.tags(nb["cells"][ex.explain])
     # everything after the exercises' setup belongs to the exercise section: no stray cells
     last = max(max(i for i in (ex.answer, ex.check, ex.hidden, *ex.removed) if i is not None)
                for ex in found)
@@ -58,6 +63,7 @@ def test_student_source_numbers_exercises_and_derives_nbgrader_metadata():
     assert meta["ex2_1-answer"]["solution"] and not meta["ex2_1-answer"]["grade"]
     assert meta["ex2_1-check"]["grade"] and meta["ex2_1-check"]["points"] == 1
     assert meta["ex2_2-hidden"]["grade"] and meta["exercise-setup"]["locked"]
+    assert meta["ex2_1-check"]["points"] + meta["ex2_1-hidden"]["points"] == 2
     # the book's notebook itself is untouched
     assert notebook.load(path) == nb
 
