@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from .checking import call, correct, fail, fresh_generator, fresh_rng, need_function
+from .checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
 from .env import interpreting
 
 
@@ -30,6 +30,7 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
 
     Fresh (n, block) pairs: n a multiple of block, n below block, and n anywhere."""
     need_function(fn, "launch_grid")
+    forbid(fn, "2.1")
     rng = fresh_rng()
     count = 300 if thorough else 30
     blocks = 2 ** rng.integers(4, 11, count)                       # 16 ... 1024
@@ -118,6 +119,7 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
     in memory is larger than all of theirs. ``thorough`` (the grader's hidden test) adds more
     and longer rows and a single column."""
     need_function(fn, "row_max")
+    forbid(fn, "2.2")
     device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
     gen, rng = fresh_generator(), fresh_rng()
     lengths = [int(n) for n in rng.integers(3, 200, 6 if thorough else 3)]

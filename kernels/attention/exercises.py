@@ -12,8 +12,16 @@ import math
 
 import torch
 
-from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need, need_function,
-                        need_names)
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    need_function,
+    need_names,
+)
 from ..env import interpreting
 from . import reference, tiling
 from .autograd import backward_pass
@@ -54,6 +62,7 @@ def check_merge(fn, thorough: bool = False) -> None:
     """Exercise 3.1: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial results of
     the online softmax over disjoint halves of the keys. Fresh problems whose L reach ±3,000."""
     need_function(fn, "merge")
+    forbid(fn, "3.1")
     gen, rng = fresh_generator(), fresh_rng()
     trials = 8 if thorough else 2
     for _ in range(trials):
@@ -93,6 +102,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 
     Fresh shapes with n at least 8 d (the regime where attention's memory matters)."""
     need_function(fn, "peak_bytes")
+    forbid(fn, "3.2")
     rng = fresh_rng()
     trials = 6 if thorough else 3
     for _ in range(trials):
@@ -129,6 +139,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
     """Exercise 3.3: ``fn(i, block_m, block_n, n) -> tiles``, the number of key tiles the causal
     forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and lengths."""
     need_function(fn, "key_tiles")
+    forbid(fn, "3.3")
     rng = fresh_rng()
     trials = 400 if thorough else 40
     for trial in range(trials):
@@ -169,6 +180,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
     Fresh P (rows: queries, columns: keys, fewer keys than queries so that a transpose cannot be
     missed), Q, two δ's and α."""
     need_function(fn, "dk_gap")
+    forbid(fn, "4.1")
     gen, rng = fresh_generator(), fresh_rng()
     trials = 6 if thorough else 2
     for _ in range(trials):

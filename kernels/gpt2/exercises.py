@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function
+from ..checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
 from .report import departure
 
 PAPER_TOKENS = 6_600 * 524_288          # the paper's run before it failed: steps × tokens/step
@@ -33,6 +33,7 @@ def check_minutes(fn, thorough: bool = False) -> None:
     """Exercise 7.1: ``fn(steps_per_s) -> minutes`` our model needs to see as many tokens as the
     paper's did before it failed, within 1%, for fresh speeds."""
     need_function(fn, "minutes")
+    forbid(fn, "7.1")
     speeds = fresh_rng().uniform(5.0, 200.0, 100 if thorough else 10)
     for speed in speeds.tolist():
         got = _number(call(fn, "minutes", speed), "minutes")
@@ -83,6 +84,7 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
     scores: how many entries get P̄ = exp(S − max S) equal to 1.0 once rounded to BF16 (the FA2
     count), and how many equal the maximum exactly. Fresh rows with ties and near ties."""
     need_function(fn, "tie_counts")
+    forbid(fn, "7.2")
     gen, rng = fresh_generator(), fresh_rng()
     rows = _tie_rows(gen, rng, 200 if thorough else 30)
     for row in rows:
@@ -135,6 +137,7 @@ def check_departure(fn, thorough: bool = False) -> None:
     which ``failing / control`` stays above ``ratio`` at every later step (None if it does not
     end above it). Fresh series with excursions above the ratio that come back."""
     need_function(fn, "departure_step")
+    forbid(fn, "7.3")
     rng = fresh_rng()
     kinds = ["for good", "never", "always"] * (10 if thorough else 2)
     for kind in kinds:

@@ -10,7 +10,16 @@ import math
 
 import numpy as np
 
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function, need_names
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    need_function,
+    need_names,
+)
 from .roofline import intensity, p_bar
 
 
@@ -30,6 +39,7 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
     attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
     formats and both implementations."""
     need_function(fn, "flop_per_byte")
+    forbid(fn, "10.1")
     rng = fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
@@ -68,6 +78,7 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
     that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
     µs of GPU time; fresh calls, host-bound and GPU-bound."""
     need_function(fn, "stream_tflops")
+    forbid(fn, "10.2")
     rng = fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):

@@ -14,8 +14,17 @@ import numpy as np
 import torch
 
 from ..attention.emulator import offset_rule
-from ..checking import (call, correct, fail, fresh_generator, fresh_rng, fresh_seed, need,
-                        need_function)
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    fresh_seed,
+    need,
+    need_function,
+)
 from ..numerics.formats import round_to as round_np
 from .cases import EXP_ROUNDS_TO_ONE, VDist, small_lab_case
 from .implementations import measure
@@ -83,6 +92,7 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
     pull O = (va + vb)/2 by a tiny amount in the direction ``pull`` (±1). Predict bf16(O) - O
     in ulps of O. Fresh pairs."""
     need_function(fn, "ideal_error")
+    forbid(fn, "5.2")
     rng = fresh_rng()
     va, vb, pull = _bf16_pairs(rng, 2000 if thorough else 200)
     want = _ideal_error_expected(va, vb, pull)
@@ -117,6 +127,7 @@ def _window_expected(beta: float) -> float:
 def check_window(fn, thorough: bool = False) -> None:
     """Exercise 6.1: ``fn(beta) -> r_max`` within 0.5%, for fresh β between 1.01 and 8."""
     need_function(fn, "r_max")
+    forbid(fn, "6.1")
     rng = fresh_rng()
     betas = np.exp(rng.uniform(math.log(1.01), math.log(8.0), 200 if thorough else 20))
     for beta in betas.tolist():
@@ -143,6 +154,7 @@ def check_delta_dp(fn, thorough: bool = False) -> None:
     """Exercise 6.2: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO Vᵀ, shaped
     (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden test)."""
     need_function(fn, "delta_dp")
+    forbid(fn, "6.2")
     gen, rng = fresh_generator(), fresh_rng()
     shapes = [(int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
     if thorough:
@@ -208,6 +220,7 @@ def check_offset(fn, thorough: bool = False) -> None:
     ``scores``. Fresh rows: the maximum positive or negative, alone, tied exactly, tied within
     ε, or with a second score just outside ε."""
     need_function(fn, "offset")
+    forbid(fn, "6.3")
     gen, rng = fresh_generator(), fresh_rng()
     for _ in range(5 if thorough else 1):
         beta, eps = float(rng.uniform(1.5, 8.0)), float(10 ** rng.uniform(-4, -2))

@@ -13,7 +13,7 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
 * :mod:`.course`    the nbgrader course: :func:`build`, :func:`grade`, the student setup cell
 * :mod:`.grading`   grading a folder of submissions: scores, CSVs, feedback pages
 * :mod:`.isolate`   a student's answer in a worker process; values cross as plain data
-* :mod:`.scan`      what an answer may not do, found in its source before it runs
+  (what an answer may not do is :func:`kernels.checking.scan`, which the checks use too)
 * :mod:`.text`      the chapters' Markdown made readable in Jupyter and Colab, for students
 """
 from .course import DEFAULT_OUT, build, grade, student_setup

@@ -27,9 +27,7 @@ from . import grading, notebook
 
 DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
-CODE_STUB = "# your code here"
-TEXT_STUB = ("**Your explanation** (a sentence or two, graded by hand): write it here, in place "
-             "of this line.")
+CODE_STUB, TEXT_STUB = notebook.CODE_STUB, notebook.TEXT_STUB
 
 CONFIG = '''\
 # Made by `python -m kernels.lab_kit build`; regenerated on every build, do not edit.

@@ -6,9 +6,9 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 1. takes the **source** of the student's answer cell (and of any code cell the student added
    before it) from the submitted file: nothing else of the submission is used, so a deleted or
    edited check cell, or a deleted held-back test, changes nothing;
-2. scans it (:mod:`.scan`): an answer that imports the grader, patches a module, calls a
-   checks' function or a library call that does the exercise's work scores 0, and the
-   feedback names the call;
+2. scans it (:func:`kernels.checking.scan`): an answer that imports the grader, patches a module,
+   calls a checks' function or a library call that does the exercise's work scores 0, and
+   the feedback names the call;
 3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
    held-back tests, from the autograder's copy of the chapter, in the grader's own process
    against it.
@@ -32,8 +32,9 @@ import time
 import types
 from pathlib import Path
 
+from .. import checking as scan
 from ..checking import WrongAnswer
-from . import isolate, notebook, scan
+from . import isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
 
 GRADES = ["student", "assignment", "score", "max_score", "by_hand_max"]
@@ -110,7 +111,6 @@ class Chapter:
             plans.append(Plan(name, grade_id, variable, check, parts, points(name),
                               f"{grade_id}-explain" in cells))
         setup_code = cells["exercise-setup"]
-        import kernels  # noqa: F401  (the interpreter switch, before triton)
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
         modules = tuple(k for k, v in namespace.items() if isinstance(v, types.ModuleType))
@@ -193,11 +193,10 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
 
 def explanation(nb: dict, plan: Plan) -> str:
     """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt)."""
-    from .course import TEXT_STUB
     for cell in nb.get("cells", []):
         if _grade_id(cell) == f"{plan.grade_id}-explain":
             text = notebook.source(cell).strip()
-            return "" if text == TEXT_STUB.strip() else text
+            return "" if text == notebook.TEXT_STUB.strip() else text
     return ""
 
 

@@ -152,7 +152,6 @@ def _serve(conn, setup: str, answer: str, variable: str, guard: str | None) -> N
     """The worker: run the setup and the answer, then call the answer for the grader."""
     sys.stdout = sys.stderr = io.StringIO()          # the answer's prints go nowhere
     try:
-        import kernels  # noqa: F401  (the interpreter switch, before triton)
         namespace = {"__name__": "__main__"}
         _run(setup, namespace, "<exercise setup>")
         if "ex" in namespace:

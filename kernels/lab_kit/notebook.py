@@ -43,6 +43,9 @@ POINTS = {"1.1": 1, "1.2": 3, "1.3": 2, "2.1": 2, "2.2": 5, "3.1": 4, "3.2": 2, 
           "10.3": 1}
 DEFAULT_POINTS = 2
 EXPLAIN_POINTS = 1      # an explanation (a cell tagged ``explain``), graded by hand
+CODE_STUB = "# your code here"
+TEXT_STUB = ("**Your explanation** (a sentence or two, graded by hand): write it here, in place "
+             "of this line.")
 
 
 def points(name: str) -> float:

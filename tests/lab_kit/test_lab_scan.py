@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.lab_kit import isolate, notebook, scan
+from kernels import checking as scan
+from kernels.lab_kit import isolate, notebook
 
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
@@ -99,3 +100,29 @@ def test_no_public_function_of_a_checks_module_returns_an_answer(name):
     own = [n for n, f in vars(module).items() if inspect.isfunction(f)
            and f.__module__ == name and not n.startswith("_")]
     assert own and all(n.startswith("check_") for n in own), own
+
+
+def test_a_check_refuses_a_forbidden_call_in_the_notebook_already():
+    """The checks scan the reader's function where Python finds its source: a forbidden call
+    fails in the notebook, not only when graded; a function without source is not scanned."""
+    from kernels.checking import WrongAnswer
+    from kernels.golden import exercises as golden
+    from kernels.numerics import exercises as numerics
+
+    def round_bits_to_bf16(bits32):
+        import ml_dtypes
+
+        x = np.array([bits32], dtype=np.uint32).view(np.float32)
+        return int(x.astype(ml_dtypes.bfloat16).view(np.uint16)[0])
+
+    with pytest.raises(WrongAnswer, match="`import ml_dtypes` is not allowed in Exercise 1.2"):
+        numerics.check_round_bits(round_bits_to_bf16)
+
+    def w1(a, b):
+        from scipy.stats import wasserstein_distance
+
+        return wasserstein_distance(a, b)
+
+    with pytest.raises(WrongAnswer, match="`import scipy.stats` is not allowed in Exercise 8.2"):
+        golden.check_w1(w1)
+    golden.check_w1(eval("lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b))))"))
