@@ -222,10 +222,12 @@ def _is_jit(fn: ast.AST) -> bool:
     return False
 
 
-def scan(source: str, exercise: str, module_names=("ex",)) -> None:
+def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> None:
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
-    ``exercise``, such as ``"2.2"``); ``module_names``: the names the exercise setup binds to
-    modules (``ex``, ``torch``, ``np``, ...)."""
+    ``exercise``, such as ``"2.2"``); ``module_names``: the names the chapter binds to modules
+    (``ex``, ``torch``, ``np``, ...); ``package_names``: the names the chapter's earlier cells
+    bind to the book's package (``report``, ``tiling``, ``round_to``), which answers may not
+    use."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -266,6 +268,9 @@ def scan(source: str, exercise: str, module_names=("ex",)) -> None:
                 refuse(node, node.id, rule.why)
             if isinstance(node.ctx, (ast.Store, ast.Del)) and node.id in modules:
                 refuse(node, f"{node.id} = ...", "do not rebind the exercise setup's names")
+            if isinstance(node.ctx, ast.Load) and node.id in package_names:
+                refuse(node, node.id, "answers use only what the exercise setup imports, not "
+                       "the book's package")
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("__"):
                 refuse(node, f".{node.attr}", "answers may not reach around the language")

@@ -82,16 +82,46 @@ def _hidden_code(text: str) -> str:
     return text[start + len(notebook.BEGIN_HIDDEN):end]
 
 
+def chapter_imports(cells) -> tuple[list[str], set[str], set[str]]:
+    """What the chapter's code cells before its exercises import, as the student's kernel has
+    it: (the import statements of other packages, to run before an answer; the names bound to
+    the book's package, which answers may not use; the modules, to preload)."""
+    statements, package, modules = [], set(), set()
+    for cell in cells:
+        if cell.get("cell_type") != "code" or "setup" in notebook.tags(cell):
+            continue
+        try:
+            tree = ast.parse(notebook.source(cell))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            bound = {(a.asname or a.name).split(".")[0] for a in node.names}
+            if any(n.split(".")[0] == "kernels" for n in names):
+                package |= bound
+            else:
+                statements.append(ast.unparse(node))
+                modules |= set(names)
+    return statements, package, modules
+
+
 @dataclasses.dataclass
 class Chapter:
-    """A chapter of the autograder: its exercise setup, its plans, the ids of the release's
-    cells (to tell the cells a student added), and the checks' module."""
+    """A chapter of the autograder: its exercise setup (after the imports of its earlier
+    cells), its plans, the ids of the release's cells (to tell the cells a student added), the
+    checks' module, and the names an answer may not rebind or use."""
     assignment: str
     setup: str
     plans: list
     template_ids: set
     checks: types.ModuleType
     module_names: tuple
+    preamble: str = ""
+    package_names: tuple = ()
+    modules: tuple = ()
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -111,13 +141,20 @@ class Chapter:
             plans.append(Plan(name, grade_id, variable, check, parts, points(name),
                               f"{grade_id}-explain" in cells))
         setup_code = cells["exercise-setup"]
+        setup_at = next(i for i, c in enumerate(nb["cells"]) if _grade_id(c) == "exercise-setup")
+        statements, package, preload = chapter_imports(nb["cells"][:setup_at])
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
-        modules = tuple(k for k, v in namespace.items() if isinstance(v, types.ModuleType))
+        names = {k for k, v in namespace.items() if isinstance(v, types.ModuleType)}
+        for statement in statements:
+            for node in ast.walk(ast.parse(statement)):
+                if isinstance(node, ast.Import):
+                    names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         release = notebook.load(release_path) if release_path and release_path.is_file() else nb
         ids = {c.get("id") for c in release["cells"]}
         return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
-                   namespace["ex"], modules)
+                   namespace["ex"], tuple(sorted(names)), "\n".join(statements),
+                   tuple(sorted(package - set(namespace))), tuple(sorted(preload)))
 
 
 def _grade_id(cell) -> str:
@@ -166,7 +203,7 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
         return fail
     if scanning:
         try:
-            scan.scan(source, plan.name, chapter.module_names)
+            scan.scan(source, plan.name, chapter.module_names, chapter.package_names)
         except scan.Forbidden as exc:
             fail.message = str(exc)
             return fail
@@ -174,7 +211,7 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     passed, messages = [], []
     try:
         with isolate.Answer(chapter.setup, source, plan.variable,
-                            isolate.GUARDS.get(plan.check)) as answer:
+                            isolate.GUARDS.get(plan.check), preamble=chapter.preamble) as answer:
             if answer.error is not None:
                 fail.message = f"the answer cell raised {answer.error}"
                 return fail
@@ -259,7 +296,9 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
     say = (lambda *a: None) if quiet else print
-    chapters: dict[int, Chapter] = {}
+    chapters = {n: Chapter.load(p, course / "release" / p.parent.name / p.name)
+                for n, p in sources.items()}
+    isolate.preload(m for c in chapters.values() for m in c.modules)
     rows, skipped = [], []
     for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
         skipped.append((stray, "not in a <student>/ folder"))
@@ -288,10 +327,6 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     skipped.append((path, f"a second notebook for chapter {number}"))
                     continue
                 done.add(number)
-                if number not in chapters:
-                    src = sources[number]
-                    chapters[number] = Chapter.load(
-                        src, course / "release" / src.parent.name / src.name)
                 chapter = chapters[number]
                 results = grade_notebook(chapter, nb, scanning)
                 row = {"student": student, "assignment": chapter.assignment,

@@ -148,11 +148,18 @@ def _run(source: str, namespace: dict, name: str) -> None:
     exec(compile(source, name, "exec"), namespace)
 
 
-def _serve(conn, setup: str, answer: str, variable: str, guard: str | None) -> None:
-    """The worker: run the setup and the answer, then call the answer for the grader."""
+def _serve(conn, preamble: str, setup: str, answer: str, variable: str,
+           guard: str | None) -> None:
+    """The worker: run the chapter's imports, the setup and the answer, then call the answer
+    for the grader."""
     sys.stdout = sys.stderr = io.StringIO()          # the answer's prints go nowhere
     try:
         namespace = {"__name__": "__main__"}
+        for statement in preamble.splitlines():      # the imports of the chapter's cells
+            try:
+                exec(statement, namespace)
+            except Exception:                        # noqa: BLE001  (not installed here)
+                pass
         _run(setup, namespace, "<exercise setup>")
         if "ex" in namespace:
             namespace["ex"] = _Constants(namespace["ex"])
@@ -194,6 +201,15 @@ class AnswerDied(RuntimeError):
     """The worker ended, or took too long: the answer is stopped."""
 
 
+_PRELOAD = {"kernels", "kernels.triton_exercises"}
+
+
+def preload(modules) -> None:
+    """Modules the worker server imports once, before it forks workers (only before it starts:
+    later, a worker imports what it needs itself)."""
+    _PRELOAD.update(m for m in modules if m)
+
+
 def _context():
     global _CTX
     if _CTX is None:
@@ -202,7 +218,7 @@ def _context():
         if str(REPO_ROOT) not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
         _CTX = multiprocessing.get_context("forkserver")
-        _CTX.set_forkserver_preload(["kernels", "kernels.triton_exercises"])
+        _CTX.set_forkserver_preload(sorted(_PRELOAD))
     return _CTX
 
 
@@ -212,10 +228,11 @@ class Answer:
     cells raised, if they did. Use as a context manager: leaving it stops the worker."""
 
     def __init__(self, setup: str, answer: str, variable: str, guard: str | None = None,
-                 call_timeout: float = CALL_TIMEOUT):
+                 call_timeout: float = CALL_TIMEOUT, preamble: str = ""):
         ctx = _context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, setup, answer, variable, guard),
+        self._proc = ctx.Process(target=_serve,
+                                 args=(child, preamble, setup, answer, variable, guard),
                                  daemon=True)
         self._proc.start()
         child.close()

@@ -48,6 +48,12 @@ module.fail = lambda message: None
 module.need_function = lambda fn, name: fn
 def round_bits_to_bf16(bits32):
     return bits32 >> 16"""
+PACKAGE = """def peak_bytes(b, h, n, d, itemsize):
+    q = torch.zeros(b, h, n, d, dtype=torch.float64 if itemsize == 8 else torch.float32)
+    return tiling.peak_live_bytes(reference.standard_attention, q, q, q)"""
+# honest, with a module the chapter imported before its exercises (math), not the setup
+CHAPTER_IMPORT = """def key_tiles(i, block_m, block_n, n):
+    return math.ceil(min((i + 1) * block_m, n) / block_n)"""
 STUB = """import types
 def _ok(*args, **kwargs):
     print("correct")
@@ -139,7 +145,9 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
               "ex2_2-answer": ROW_MAX_WITH_TORCH, "ex3_1-answer": STUB,
               "ex8_2-answer": SCIPY}
     cheats_too = {"ex1_2-answer": ML_DTYPES, "ex2_1-answer": PRIVATE,
-                  "ex3_3-answer": KEY_TILES_PRIVATE}
+                  "ex3_2-answer": PACKAGE, "ex3_3-answer": KEY_TILES_PRIVATE}
+    _write(subs / "honest", "03.ipynb", _submission(kit, RELEASES[2], {
+        **solutions, "ex3_3-answer": CHAPTER_IMPORT}))
     for rel in RELEASES:
         _write(subs / "cheat", rel.split("/")[1], _submission(kit, rel, cheats))
         if rel.startswith(("ch01", "ch02", "ch03")):
@@ -161,6 +169,7 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         assert scores[("tamper", chapter)] == full                # checks and tests restored
         assert scores[("blank", chapter)] == 0.0
     assert scores[("truncates", "ch01")] == 1.0                   # 1.1 right; 1.2 wrong
+    assert scores[("honest", "ch03")] == FULL["ch03"]
     assert scores[("deletes", "ch01")] == FULL["ch01"] - grading.points("1.3")
     with open(kit / "exercises.csv") as f:
         per = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
@@ -175,6 +184,7 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     assert "`torch.aminmax`" in per[("cheat", "2.2")]["message"]
     assert "`import scipy.stats`" in per[("cheat", "8.2")]["message"]
     assert "`ex._launch_grid_expected`" in per[("cheat2", "2.1")]["message"]
+    assert "`tiling`" in per[("cheat2", "3.2")]["message"]
     with open(kit / "grades.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     with open(kit / "explanations.csv") as f:
