@@ -82,11 +82,11 @@ def _hidden_code(text: str) -> str:
     return text[start + len(notebook.BEGIN_HIDDEN):end]
 
 
-def chapter_imports(cells) -> tuple[list[str], set[str], set[str]]:
+def chapter_imports(cells) -> tuple[list[str], set[str]]:
     """What the chapter's code cells before its exercises import, as the student's kernel has
     it: (the import statements of other packages, to run before an answer; the names bound to
-    the book's package, which answers may not use; the modules, to preload)."""
-    statements, package, modules = [], set(), set()
+    the book's package, which answers may not use)."""
+    statements, package = [], set()
     for cell in cells:
         if cell.get("cell_type") != "code" or "setup" in notebook.tags(cell):
             continue
@@ -104,8 +104,7 @@ def chapter_imports(cells) -> tuple[list[str], set[str], set[str]]:
                 package |= bound
             else:
                 statements.append(ast.unparse(node))
-                modules |= set(names)
-    return statements, package, modules
+    return statements, package
 
 
 @dataclasses.dataclass
@@ -121,7 +120,6 @@ class Chapter:
     module_names: tuple
     preamble: str = ""
     package_names: tuple = ()
-    modules: tuple = ()
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -142,7 +140,7 @@ class Chapter:
                               f"{grade_id}-explain" in cells))
         setup_code = cells["exercise-setup"]
         setup_at = next(i for i, c in enumerate(nb["cells"]) if _grade_id(c) == "exercise-setup")
-        statements, package, preload = chapter_imports(nb["cells"][:setup_at])
+        statements, package = chapter_imports(nb["cells"][:setup_at])
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
         names = {k for k, v in namespace.items() if isinstance(v, types.ModuleType)}
@@ -154,7 +152,7 @@ class Chapter:
         ids = {c.get("id") for c in release["cells"]}
         return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
                    namespace["ex"], tuple(sorted(names)), "\n".join(statements),
-                   tuple(sorted(package - set(namespace))), tuple(sorted(preload)))
+                   tuple(sorted(package - set(namespace))))
 
 
 def _grade_id(cell) -> str:
@@ -298,7 +296,7 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
     say = (lambda *a: None) if quiet else print
     chapters = {n: Chapter.load(p, course / "release" / p.parent.name / p.name)
                 for n, p in sources.items()}
-    isolate.preload(m for c in chapters.values() for m in c.modules)
+    isolate.preload(line for c in chapters.values() for line in c.preamble.splitlines())
     rows, skipped = [], []
     for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
         skipped.append((stray, "not in a <student>/ folder"))

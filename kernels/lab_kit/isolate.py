@@ -201,13 +201,14 @@ class AnswerDied(RuntimeError):
     """The worker ended, or took too long: the answer is stopped."""
 
 
-_PRELOAD = {"kernels", "kernels.triton_exercises"}
+_PRELOAD = {"kernels", "kernels.triton_exercises", "kernels.lab_kit._preload"}
+_STATEMENTS: list = []
 
 
-def preload(modules) -> None:
-    """Modules the worker server imports once, before it forks workers (only before it starts:
-    later, a worker imports what it needs itself)."""
-    _PRELOAD.update(m for m in modules if m)
+def preload(statements) -> None:
+    """Import statements the worker server runs once, before it forks workers (only before it
+    starts: later, a worker runs what it needs itself)."""
+    _STATEMENTS.extend(s for s in statements if s and s not in _STATEMENTS)
 
 
 def _context():
@@ -217,6 +218,7 @@ def _context():
         path = os.environ.get("PYTHONPATH", "")
         if str(REPO_ROOT) not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
+        os.environ["LAB_PRELOAD"] = "\n".join(_STATEMENTS)
         _CTX = multiprocessing.get_context("forkserver")
         _CTX.set_forkserver_preload(sorted(_PRELOAD))
     return _CTX
