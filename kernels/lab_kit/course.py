@@ -55,9 +55,11 @@ HEADER = """\
 **Lab version** of a chapter of *Why low-precision flash attention fails*, made by
 `python -m kernels.lab_kit build` from the book's notebook{commit}.
 The answer cells under the exercises are blank: write your answer there, then run the check
-cell below it, which says what is wrong until the answer is right. Leave the check cells as
-they are: when your notebook is graded, they and tests held back for grading run again on
-fresh random inputs."""
+cell below it, which says what is wrong until the answer is right. When your notebook is
+graded, only your answer cells (with any code cells you add above them) are read: each answer
+runs on its own, in a fresh Python process, against the checks and further tests held back for
+grading, on fresh random inputs. So an answer must stand on its own; it may use the checks'
+module `ex` only for its upper-case constants, and patching anything scores 0."""
 
 
 def repo_commit() -> str:

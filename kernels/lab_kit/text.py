@@ -21,7 +21,10 @@ ADMONITION = re.compile(r"```+\{(?P<kind>note|warning|tip|important|hint|caution
 BOOK_INTRO = re.compile(r"Here, in the book, the answer cell holds\s+the reference solution,.*?"
                         r"the answer cell is blank\.", re.S)
 STUDENT_INTRO = ("Write your answer in the blank answer cell under each exercise, then run the "
-                 "check cell below it.")
+                 "check cell below it. Where an exercise asks for a value, also explain it in a "
+                 "sentence or two in the cell under the answer (graded by hand). Where it asks "
+                 "you to write something, write it: an answer that calls a library function "
+                 "doing the work is refused, and the check names the call.")
 SOLUTION_SENTENCE = re.compile(r"(?:(?<=[.?!)])\s+|;\s+)[Tt]he solution\b.*?[.?!](?=\s|$)",
                                re.S)
 
