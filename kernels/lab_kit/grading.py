@@ -168,8 +168,11 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     at = answers.get(f"{plan.grade_id}-answer")
     if at is None:
         return None
-    before = [i for gid, i in answers.items() if i < at]
-    start = max(before) + 1 if before else 0
+    # the window: after the previous answer cell, or after the exercise setup (never the
+    # chapter's own cells, even if a notebook app renamed their ids)
+    marks = [i for gid, i in answers.items() if i < at]
+    marks += [i for i, c in enumerate(cells[:at]) if _grade_id(c) == "exercise-setup"]
+    start = max(marks) + 1 if marks else at
     added = [notebook.source(c) for c in cells[start:at]
              if c.get("cell_type") == "code" and c.get("id") not in chapter.template_ids
              and not _grade_id(c)]
@@ -222,6 +225,9 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     except isolate.AnswerDied as exc:
         passed += [False] * (len(plan.parts) - len(passed))
         messages.append(str(exc))
+    except Exception as exc:                               # noqa: BLE001  whatever the answer did
+        passed += [False] * (len(plan.parts) - len(passed))
+        messages.append(f"the answer could not be graded ({type(exc).__name__}: {exc})"[:300])
     score = plan.points * sum(passed) / len(plan.parts)
     return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
 
@@ -326,7 +332,11 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     continue
                 done.add(number)
                 chapter = chapters[number]
-                results = grade_notebook(chapter, nb, scanning)
+                try:
+                    results = grade_notebook(chapter, nb, scanning)
+                except Exception as exc:                   # noqa: BLE001  a malformed notebook
+                    skipped.append((path, f"could not be graded ({type(exc).__name__}: {exc})"))
+                    continue
                 row = {"student": student, "assignment": chapter.assignment,
                        "score": sum(r.score for r in results),
                        "max_score": sum(r.max_score for r in results),

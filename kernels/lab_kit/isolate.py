@@ -25,7 +25,7 @@ import sys
 _CTX = None
 # seconds one call of the student's function may take (LAB_CALL_TIMEOUT overrides)
 CALL_TIMEOUT = float(os.environ.get("LAB_CALL_TIMEOUT", 120))
-START_TIMEOUT = 120.0          # seconds the worker may take to run the setup and the answer
+START_TIMEOUT = CALL_TIMEOUT   # seconds the worker may take to run the setup and the answer
 
 # checks whose function must do its work in a Triton kernel: the worker switches PyTorch's
 # reductions off around each call and counts the launches

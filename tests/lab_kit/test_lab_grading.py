@@ -213,3 +213,19 @@ def test_without_the_scan_the_separate_processes_alone_stop_patching(kit, grade_
     plan = next(p for p in chapter.plans if p.grade_id == grade_id[:-len("-answer")])
     result = grading.grade_exercise(chapter, plan, source, scanning=False)
     assert result.score == (plan.points if source is ML_DTYPES else 0.0), result
+
+
+def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit):
+    """A value that cannot cross as plain data, or an answer that ends its own process,
+    scores 0 with a note; nothing of it reaches the grader."""
+    rel = RELEASES[0]
+    chapter = grading.Chapter.load(kit / "course" / "source" / rel,
+                                   kit / "course" / "release" / rel)
+    plans = {p.name: p for p in chapter.plans}
+    huge = grading.grade_exercise(chapter, plans["1.1"], "n_per_binade = 10**5000",
+                                  scanning=False)
+    assert huge.score == 0.0 and huge.message
+    ends = grading.grade_exercise(
+        chapter, plans["1.2"], "import os\ndef round_bits_to_bf16(bits32):\n    os._exit(3)",
+        scanning=False)
+    assert ends.score == 0.0 and "ended the answer's process" in ends.message
