@@ -229,3 +229,20 @@ def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit)
         chapter, plans["1.2"], "import os\ndef round_bits_to_bf16(bits32):\n    os._exit(3)",
         scanning=False)
     assert ends.score == 0.0 and "ended the answer's process" in ends.message
+
+
+def test_build_finds_nbgrader_tools_without_the_environment_on_path(tmp_path):
+    """nbgrader runs alembic for its gradebook: found next to this Python, even when PATH holds
+    only the system's folders (a virtual environment that was not activated)."""
+    import os
+    import subprocess
+    import sys
+
+    from kernels.env import REPO_ROOT
+
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "kernels.lab_kit", "build", "--chapters", "5",
+                           "--out", str(tmp_path)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "course" / "gradebook.db").is_file()
