@@ -209,3 +209,22 @@ def grade(submissions, out=DEFAULT_OUT, quiet: bool = False) -> list[dict]:
     """Grade every notebook under ``submissions/<student>/`` (see :mod:`.grading`); returns one
     row per (student, chapter) with the score and the maximum, as written to ``grades.csv``."""
     return grading.grade(submissions, out, quiet=quiet)
+
+
+def hide_solutions(book=REPO_ROOT / "book", quiet: bool = False) -> list[Path]:
+    """Edit the chapters in ``book`` in place for a course website without solutions
+    (:func:`notebook.without_solutions`); run it in a clone made for the course, then build the
+    site there. Returns the chapters changed."""
+    changed = []
+    for path in sorted(Path(book).glob("[0-9][0-9]_*.ipynb")):
+        nb = notebook.load(path)
+        if not notebook.in_lab_format(nb):
+            continue
+        new = notebook.without_solutions(nb)
+        if new != nb:
+            notebook.write(path, new)
+            changed.append(path)
+    if not quiet:
+        print(f"{len(changed)} chapters now hide their solutions; build the site with "
+              "jupyter-book build .")
+    return changed

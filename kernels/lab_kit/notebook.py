@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from . import text
+from . import text as text_module
 
 DIRECTIVE = re.compile(r"```\{exercise\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
 OPTION = re.compile(r"^:(\w+):\s*(.*)$")
@@ -220,7 +220,7 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
     tasks = {ex.task for ex in found}
     for i, cell in enumerate(cells):
         if cell["cell_type"] == "markdown":
-            cell["source"] = text.for_students(cell["source"], exercise=i in tasks)
+            cell["source"] = text_module.for_students(cell["source"], exercise=i in tasks)
     for ex in found:
         task = cells[ex.task]
         task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"],
@@ -245,3 +245,25 @@ def load(path) -> dict:
 
 def write(path, nb: dict) -> None:
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+COURSE_INTRO = ("In this course's version of the book the solutions are not shown: write your "
+                "answers in the lab notebooks.")
+
+
+def without_solutions(nb: dict) -> dict:
+    """The chapter for a course website without solutions: every cell tagged
+    ``remove-from-student``, ``answer`` or ``explain`` also gets ``remove-cell``, so MyST-NB
+    leaves it off the page while the notebook still executes (each check still prints
+    ``correct``); the Exercises intro no longer speaks of folded solutions."""
+    out = copy.deepcopy(nb)
+    for cell in out["cells"]:
+        cell_tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if {REMOVE_TAG, "answer", "explain"} & set(cell_tags) and "remove-cell" not in cell_tags:
+            cell_tags.append("remove-cell")
+        if cell["cell_type"] == "markdown":
+            text = source(cell)
+            changed = text_module.BOOK_INTRO.sub(COURSE_INTRO, text)
+            if changed != text:
+                cell["source"] = changed
+    return out
