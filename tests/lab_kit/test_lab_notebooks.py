@@ -92,3 +92,25 @@ def test_chapter_numbers_come_from_the_file_name():
     assert notebook.chapter_number("book/07_gpt2_failure.ipynb") == 7
     with pytest.raises(ValueError, match="two digits"):
         notebook.chapter_number("book/appendix_gpt2_search.ipynb")
+
+
+def test_a_failed_check_shows_one_line_in_jupyter_and_still_fails_the_cell():
+    """In a Jupyter kernel a WrongAnswer prints its message alone, no traceback into the checks'
+    code, and the cell still counts as failed (a notebook run stops there)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from kernels.env import REPO_ROOT
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+                    f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                    "from kernels.numerics import exercises as ex"),
+                nbformat.v4.new_code_cell("ex.check_binade_count(None)"),
+                nbformat.v4.new_code_cell("1 / 0")]
+    nbclient.NotebookClient(nb, timeout=120, allow_errors=True).execute()
+    [error] = nb.cells[1].outputs
+    assert error["ename"] == "WrongAnswer" and len(error["traceback"]) == 1
+    assert error["traceback"][0].startswith("WrongAnswer: no answer yet")
+    assert len(nb.cells[2].outputs[0]["traceback"]) > 1          # other errors: as before
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="no answer yet"):
+        nbclient.NotebookClient(nb, timeout=120).execute()
