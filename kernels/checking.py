@@ -63,9 +63,8 @@ def _one_line(shell, etype, value, tb, tb_offset=None):
 
 
 def _short_errors_in_ipython() -> None:
-    shell = None
-    if "IPython" in sys.modules:
-        shell = sys.modules["IPython"].get_ipython()
+    ipython = sys.modules.get("IPython")             # None where a runner blocks IPython
+    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
     if shell is not None and hasattr(shell, "set_custom_exc"):
         shell.set_custom_exc((WrongAnswer,), _one_line)
 
