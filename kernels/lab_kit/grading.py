@@ -28,6 +28,7 @@ import csv
 import dataclasses
 import io
 import json
+import re
 import time
 import types
 from pathlib import Path
@@ -120,6 +121,8 @@ class Chapter:
     module_names: tuple
     preamble: str = ""
     package_names: tuple = ()
+    locked: dict = dataclasses.field(default_factory=dict)      # grade id: the release's source
+    answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -150,9 +153,13 @@ class Chapter:
                     names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         release = notebook.load(release_path) if release_path and release_path.is_file() else nb
         ids = {c.get("id") for c in release["cells"]}
+        meta = [(c, c.get("metadata", {}).get("nbgrader", {})) for c in release["cells"]]
+        locked = {m["grade_id"]: notebook.source(c) for c, m in meta if m.get("locked")}
+        answer_ids = {m["grade_id"]: c.get("id") for c, m in meta
+                      if m.get("grade_id", "").endswith("-answer")}
         return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
                    namespace["ex"], tuple(sorted(names)), "\n".join(statements),
-                   tuple(sorted(package - set(namespace))))
+                   tuple(sorted(package - set(namespace))), locked, answer_ids)
 
 
 def _grade_id(cell) -> str:
@@ -166,6 +173,13 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     answers = {_grade_id(c): i for i, c in enumerate(cells)
                if _grade_id(c).endswith("-answer")}
     at = answers.get(f"{plan.grade_id}-answer")
+    if at is None and not answers:          # no nbgrader metadata at all (an app dropped it)
+        wanted = chapter.answer_ids.get(f"{plan.grade_id}-answer")
+        by_id = [i for i, c in enumerate(cells) if wanted and c.get("id") == wanted]
+        if by_id:
+            at = by_id[0]
+        else:
+            return _answer_by_its_check(chapter, cells, plan)
     if at is None:
         return None
     # the window: after the previous answer cell, or after the exercise setup (never the
@@ -177,6 +191,21 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
              if c.get("cell_type") == "code" and c.get("id") not in chapter.template_ids
              and not _grade_id(c)]
     return "\n\n".join([*added, notebook.source(cells[at])])
+
+
+def _answer_by_its_check(chapter: Chapter, cells: list, plan: Plan) -> str | None:
+    """The answer of a notebook without nbgrader's metadata: the code cells between the locked
+    cell before it (the exercise setup, or the previous exercise's check or held-back test) and
+    its own check cell, both found by their text."""
+    check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
+    locked = {text.strip() for text in chapter.locked.values()}
+    code = [(i, notebook.source(c)) for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+    at = next((i for i, text in code if check and text.strip() == check), None)
+    if at is None:
+        return None
+    start = max([i for i, text in code if i < at and text.strip() in locked], default=at)
+    window = [text for i, text in code if start < i < at and text.strip() not in locked]
+    return "\n\n".join(window) if window else None
 
 
 def _run_check(check, target, kwargs) -> tuple[bool, str]:
@@ -251,16 +280,23 @@ def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Re
     return results
 
 
-def chapter_of(path: Path, nb: dict) -> int | None:
-    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``),
-    or else from a two-digit prefix in its file name."""
-    for cell in nb.get("cells", []) if isinstance(nb, dict) else []:
-        grade_id = _grade_id(cell) if isinstance(cell, dict) else ""
+def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None:
+    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``);
+    else from the text of its locked cells (the exercise setup, the checks), which ``chapters``
+    know; else from a two-digit number in its file name (``Copy of 03_flash_forward.ipynb``)."""
+    cells = [c for c in nb.get("cells", []) if isinstance(c, dict)] if isinstance(nb, dict) else []
+    for cell in cells:
+        grade_id = _grade_id(cell)
         if grade_id.startswith("ex") and "_" in grade_id and grade_id[2:grade_id.index("_")
                                                                     ].isdigit():
             return int(grade_id[2:grade_id.index("_")])
-    digits = "".join(ch for ch in path.name[:2] if ch.isdigit())
-    return int(digits) if len(digits) == 2 else None
+    texts = {notebook.source(c).strip() for c in cells if c.get("cell_type") == "code"}
+    matches = {n: len(texts & {t.strip() for t in ch.locked.values()} - {""})
+               for n, ch in (chapters or {}).items()}
+    if matches and max(matches.values()) >= 2:
+        return max(matches, key=matches.get)
+    found = re.search(r"(?<!\d)(\d\d)_", path.name)
+    return int(found.group(1)) if found else None
 
 
 def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path) -> str:
@@ -322,7 +358,7 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     skipped.append((path, f"not a readable notebook ({type(exc).__name__}; "
                                           "a truncated upload?)"))
                     continue
-                number = chapter_of(path, nb)
+                number = chapter_of(path, nb, chapters)
                 if number not in sources:
                     skipped.append((path, f"not a notebook of this lab (chapters "
                                           f"{sorted(sources)})"))

@@ -138,6 +138,13 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
              "ex1_2-answer": "def round_bits_to_bf16(bits32):\n    return bits32 >> 16"}
     _write(subs / "truncates", "my_chapter_1.ipynb",                    # any name: found by cells
            _submission(kit, RELEASES[0], wrong))
+    # an app that drops cell metadata and ids (the grader finds answers by the checks' text),
+    # and a file name that only contains the chapter's number
+    for rel in RELEASES[:3]:
+        nb = _submission(kit, rel, solutions)
+        for i, cell in enumerate(nb["cells"]):
+            cell["metadata"], cell["id"] = {}, f"c{i}"
+        _write(subs / "stripped", f"Copy of {rel.split('/')[1]}", nb)
     # an answer cell deleted: that exercise scores 0, with a note
     _write(subs / "deletes", "01.ipynb", _submission(
         kit, RELEASES[0], solutions, lambda c: _nbgrader_id(c) != "ex1_3-answer"))
@@ -170,6 +177,8 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         assert scores[("blank", chapter)] == 0.0
     assert scores[("truncates", "ch01")] == 1.0                   # 1.1 right; 1.2 wrong
     assert scores[("honest", "ch03")] == FULL["ch03"]
+    for chapter in ("ch01", "ch02", "ch03"):
+        assert scores[("stripped", chapter)] == FULL[chapter]
     assert scores[("deletes", "ch01")] == FULL["ch01"] - grading.points("1.3")
     with open(kit / "exercises.csv") as f:
         per = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
