@@ -261,13 +261,29 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
 
 
-def explanation(nb: dict, plan: Plan) -> str:
-    """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt)."""
-    for cell in nb.get("cells", []):
+def explanation(nb: dict, plan: Plan, chapter: Chapter | None = None) -> str:
+    """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt); in a
+    notebook without nbgrader's metadata, the markdown written between the answer and the
+    check (found by its text)."""
+    cells = nb.get("cells", [])
+    stub = notebook.TEXT_STUB.strip()
+    for cell in cells:
         if _grade_id(cell) == f"{plan.grade_id}-explain":
             text = notebook.source(cell).strip()
-            return "" if text == notebook.TEXT_STUB.strip() else text
-    return ""
+            return "" if text == stub else text
+    if chapter is None or any(_grade_id(c) for c in cells):
+        return ""
+    check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
+    at = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
+               and check and notebook.source(c).strip() == check), None)
+    said = []
+    for cell in reversed(cells[:at] if at is not None else []):
+        if cell.get("cell_type") == "code":
+            break
+        text = notebook.source(cell).strip()
+        if text and text != stub:
+            said.insert(0, text)
+    return "\n\n".join(said)
 
 
 def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:
@@ -275,7 +291,7 @@ def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Re
     for plan in chapter.plans:
         result = grade_exercise(chapter, plan, answer_source(chapter, nb, plan), scanning)
         if plan.explain:
-            result.explanation = explanation(nb, plan)
+            result.explanation = explanation(nb, plan, chapter)
         results.append(result)
     return results
 

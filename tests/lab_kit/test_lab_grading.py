@@ -201,6 +201,7 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     assert {e for s, e in said if s == "reference"} == {"1.1", "1.3", "8.1"}
     assert all(said[("reference", e)] for e in ("1.1", "1.3", "8.1"))
     assert not any(said[("blank", e)] for e in ("1.1", "1.3", "8.1"))
+    assert said[("stripped", "1.3")] == said[("reference", "1.3")]      # found by position
     assert "graded by hand" in (kit / "feedback" / "reference" / "ch01.md").read_text()
     feedback = (kit / "feedback" / "cheat" / "ch02.md").read_text()
     assert "Exercise 2.2: 0 / 5" in feedback and "torch.aminmax" in feedback
