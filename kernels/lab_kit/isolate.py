@@ -63,13 +63,17 @@ def encode(x, depth: int = 0):
         return ["ndarray", arr.dtype.str, list(arr.shape), _b64(arr.tobytes())]
     torch = sys.modules.get("torch")
     if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
-        t = x.detach().cpu().contiguous()
+        t = x.detach().cpu()
         name = str(t.dtype).replace("torch.", "")
-        if t.dtype == torch.bfloat16:
-            raw = t.view(torch.int16).numpy().tobytes()
+        size = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+        if t.numel() and size <= 4 * t.numel() + 1024:
+            # a view keeps its storage: a check may put a trap just past the view's end
+            base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (size,), (1,))
+            layout = [list(t.stride()), t.storage_offset()]
         else:
-            raw = t.numpy().tobytes()
-        return ["tensor", name, list(t.shape), _b64(raw)]
+            base, layout = t.contiguous().reshape(-1), None
+        raw = (base.view(torch.int16) if t.dtype == torch.bfloat16 else base).numpy().tobytes()
+        return ["tensor", name, list(t.shape), _b64(raw), layout]
     return ["unsupported", kind.__name__]
 
 
@@ -110,13 +114,20 @@ def decode(obj):
     elif tag == "tensor":
         import torch
         name, shape, raw = rest[0], [int(s) for s in rest[1]], base64.b64decode(rest[2])
+        layout = rest[3] if len(rest) > 3 else None
         if name not in _TORCH_DTYPES:
             raise ValueError("not a tensor dtype")
+        dtype = np.dtype("int16" if name == "bfloat16" else name)
+        flat = torch.from_numpy(np.frombuffer(raw, dtype=dtype).copy())
         if name == "bfloat16":
-            arr = np.frombuffer(raw, dtype=np.int16).reshape(shape).copy()
-            return torch.from_numpy(arr).view(torch.bfloat16)
-        dtype = np.dtype("bool") if name == "bool" else np.dtype(name)
-        return torch.from_numpy(np.frombuffer(raw, dtype=dtype).reshape(shape).copy())
+            flat = flat.view(torch.bfloat16)
+        if layout is None:
+            return flat.reshape(shape)
+        stride, offset = [int(v) for v in layout[0]], int(layout[1])
+        needed = offset + sum((n - 1) * st for n, st in zip(shape, stride)) + 1
+        if min(shape, default=1) > 0 and (min(stride, default=0) < 0 or needed > flat.numel()):
+            raise ValueError("a tensor view outside its storage")
+        return flat.as_strided(shape, stride, offset)
     elif tag == "unsupported":
         name = re.sub(r"\W", "", str(rest[0]))[:40] or "object"
         return type(name, (_Opaque,), {})()

@@ -256,3 +256,31 @@ def test_build_finds_nbgrader_tools_without_the_environment_on_path(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "course" / "gradebook.db").is_file()
+
+
+ROW_MAX = """@triton.jit
+def row_max_kernel(x_ptr, out_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(axis=0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * row_stride + cols, mask=cols < n_cols + EXTRA, other=OTHER)
+    tl.store(out_ptr + row, tl.max(x, axis=0))
+def row_max(x):
+    out = torch.full((x.shape[0],), float("nan"), device=x.device)
+    block = triton.next_power_of_2(x.shape[1] + EXTRA)
+    row_max_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=block)
+    return out"""
+
+
+@pytest.mark.parametrize("extra, other, points", [(0, '-float("inf")', 5.0),
+                                                  (1, '-float("inf")', 0.0), (0, "0.0", 0.0)],
+                         ids=["right", "one lane past the row", "masked lanes read 0"])
+def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
+    """Chapter 2's check puts a larger number just past each row's end and makes every entry
+    negative: graded in a separate process, a mask one lane too wide and masked lanes that read
+    0 still fail, and the right kernel passes."""
+    rel = RELEASES[1]
+    chapter = grading.Chapter.load(kit / "course" / "source" / rel,
+                                   kit / "course" / "release" / rel)
+    source = ROW_MAX.replace("EXTRA", str(extra)).replace("OTHER", other)
+    result = grading.grade_exercise(chapter, chapter.plans[1], source)
+    assert result.score == points, result
