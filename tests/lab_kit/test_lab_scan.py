@@ -5,16 +5,14 @@ import importlib
 import inspect
 import secrets
 
-import kernels  # noqa: F401,I001  first: the Triton interpreter switch
-
 import numpy as np
 import pytest
 import torch
+from lab_kit_helpers import CHAPTERS, chapter_exercises
 
+import kernels  # noqa: F401  (the Triton interpreter switch, before anything imports triton)
 from kernels import checking as scan
 from kernels.lab_kit import isolate, notebook
-
-from lab_kit_helpers import CHAPTERS, chapter_exercises
 
 SETUP_NAMES = ("ex", "torch", "triton", "tl", "np", "math")
 
