@@ -27,6 +27,7 @@ Why this shape: the numbers (numerics) are defined once and everything else roun
 the attention package is the numerics contract (kernel and emulator side by side, one options
 object); the experiments sit on top and can change without touching the kernels.
 """
+
 import os as _os
 
 # OpenMP threads that spin while they wait thrash a busy machine: on 2 cores shared with one
@@ -42,5 +43,5 @@ from .env import configure_triton as _configure_triton  # noqa: E402
 
 _configure_triton()
 
-from .env import setup  # noqa: E402
 from .attention import flash_attention  # noqa: E402
+from .env import setup  # noqa: E402

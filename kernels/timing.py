@@ -49,8 +49,10 @@ def inputs(shape, dtype=torch.bfloat16, device="cuda", seed=0) -> list[torch.Ten
 
 def _require_gpu():
     if not on_gpu():
-        raise RuntimeError("GPU timing needs a CUDA GPU; chapters read results/*.json on the "
-                           "CPU instead of timing the interpreter")
+        raise RuntimeError(
+            "GPU timing needs a CUDA GPU; chapters read results/*.json on the "
+            "CPU instead of timing the interpreter"
+        )
 
 
 def time_ms(fn, warmup=25, rep=100, cpu=False) -> float:
@@ -90,20 +92,42 @@ def step(attn, q, k, v, grad, mode):
     return forward_backward
 
 
-def speed_row(name, attn, tensors, shape, dtype_name, causal, mode, *, peak=None, warmup=25,
-              rep=100, cpu=False) -> dict:
+def row_of(name, shape, dtype_name, causal, mode) -> dict:
+    """The fields that say what a speed row measured (its numbers come after them)."""
+    batch, heads, n, d = shape
+    return dict(
+        impl=name, dtype=dtype_name, causal=causal, batch=batch, heads=heads, n=n, d=d, mode=mode
+    )
+
+
+def speed_row(
+    name,
+    attn,
+    tensors,
+    shape,
+    dtype_name,
+    causal,
+    mode,
+    *,
+    peak=None,
+    warmup=25,
+    rep=100,
+    cpu=False,
+) -> dict:
     """One row of a speed table: median ms and TFLOP/s (and their ``fraction_of_peak`` of
     ``peak`` TFLOP/s when given), or the error when the implementation cannot run the case."""
+    row = row_of(name, shape, dtype_name, causal, mode)
     batch, heads, n, d = shape
-    row = dict(impl=name, dtype=dtype_name, causal=causal, batch=batch, heads=heads, n=n, d=d,
-               mode=mode)
     run = step(attn, *tensors, mode)
     try:
         run()  # compile / autotune / fail here, outside the timing
         ms = time_ms(run, warmup, rep, cpu)
     except Exception as exc:  # a backend that cannot run this case says why
-        row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: "
-                                               f"{(str(exc).splitlines() or [''])[0][:240]}")
+        row.update(
+            ms=None,
+            tflops=None,
+            error=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:240]}",
+        )
         if peak:
             row["fraction_of_peak"] = None
         return row
@@ -133,3 +157,82 @@ def peak_memory_cuda(fn) -> int:
     peak = torch.cuda.max_memory_allocated() - base
     del result
     return int(peak)
+
+
+# --- host time against GPU time, and a run's budget ---------------------------------------
+def profile_kernels(step, calls):
+    """torch.profiler over ``calls`` calls: the GPU time of the kernels they launch (µs per
+    call, by kernel; empty without a GPU) and the CPU time of the top-level operations
+    (µs per call, by name: the autograd function's forward, its backward, ...)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if on_gpu():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            step()
+        if on_gpu():
+            torch.cuda.synchronize()
+    kernels_us: dict = {}
+    cpu_us: dict = {}
+    for event in prof.events():
+        us = (event.time_range.end - event.time_range.start) / calls
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels_us[event.name] = kernels_us.get(event.name, 0.0) + us
+        elif event.cpu_parent is None:
+            cpu_us[event.name] = cpu_us.get(event.name, 0.0) + us
+    top = lambda d: dict(sorted(d.items(), key=lambda kv: -kv[1])[:8])  # noqa: E731
+    return top(kernels_us), top(cpu_us), sum(kernels_us.values())
+
+
+def host_us_per_call(fn, calls, repeats) -> tuple[float, float]:
+    """(median, best) µs per call of ``fn()`` on the host, over ``repeats`` runs of ``calls``
+    calls after two unmeasured ones (caches fill): the wrapper's cost with the GPU taken out
+    (:mod:`kernels.gpu.host`)."""
+    fn()
+    fn()
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter_ns() - start) / calls / 1e3)
+    return statistics.median(per_call), min(per_call)
+
+
+def host_and_wall_us(step, calls):
+    """Host µs to issue one call (no synchronisation inside the loop) and wall µs per call
+    of the whole stream (synchronised at the end): the larger of host and GPU time."""
+    sync = torch.cuda.synchronize if on_gpu() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    issued = time.perf_counter()
+    sync()
+    end = time.perf_counter()
+    return (issued - start) / calls * 1e6, (end - start) / calls * 1e6
+
+
+class Budget:
+    """Wall-clock budget of a whole run; its sections ask before they start, and what did not
+    fit is listed in :attr:`skipped` (and said through ``log``)."""
+
+    def __init__(self, seconds, log=print, start=None):
+        self.start = time.time() if start is None else start  # a time.time() value
+        self.seconds, self.log = seconds, log
+        self.skipped: list[str] = []
+
+    def elapsed(self):
+        return time.time() - self.start
+
+    def left(self):
+        return self.seconds - self.elapsed()
+
+    def allows(self, what, need):
+        if self.left() >= need:
+            return True
+        self.skipped.append(f"{what}: needs ~{need:.0f} s, {max(self.left(), 0):.0f} s left")
+        self.log(f"SKIP {what} ({self.left():.0f} s left, needs ~{need:.0f} s)")
+        return False

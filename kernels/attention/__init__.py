@@ -11,8 +11,11 @@ nothing in it imports from ``lab``, ``gpt2`` or ``gpu``.
 * :mod:`.reference`  the fp64 truth and torch's "standard" attention
 * :mod:`.autograd`   :func:`flash_attention` and :func:`backward_pass`
 * :mod:`.tiling`     chapter 3's step-by-step tiled implementations in PyTorch
+* :mod:`.registry`   the one place an implementation is named: spelling, label, short label,
+  ``run(name, q, k, v, opts)``
 * :mod:`.exercises`  the checks of the exercises of chapters 3 and 4
 """
+
 from .autograd import Gradients, backward_pass, flash_attention
 from .options import AttentionOptions, check_tensors
 

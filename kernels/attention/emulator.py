@@ -2,9 +2,10 @@
 
 This is the *numerics contract* of the book. It computes, with plain torch ops in fp32 (fp64
 when ``low`` is fp64), the same sequence of operations as the Triton kernel in
-:mod:`kernels.attention.flash_fwd`, and rounds to the low-precision format (``low``) at exactly the same
-points. Rows are independent, so it vectorises over batch, heads and *all* query rows at once
-and loops only over key/value tiles of ``block_n`` columns: fast enough for interactive sliders.
+:mod:`kernels.attention.flash_fwd`, and rounds to the low-precision format (``low``) at exactly
+the same points. Rows are independent, so it vectorises over batch, heads and *all* query rows
+at once and loops only over key/value tiles of ``block_n`` columns: fast enough for interactive
+sliders.
 
 Two numerics modes mirror two real implementations.
 
@@ -34,18 +35,20 @@ paper's numerics (torch's bf16 casts round to nearest-even on every device).
 The backward pass of the paper's numerics (:class:`EmulatedAttention`, :func:`paper_backward`) is
 FA2's Algorithm 2 in PyTorch with a selectable source of δ; the GPT-2 chapter trains with it.
 """
+
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ..numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to
+from ..numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to, work_dtype
 from .options import AttentionOptions, check_tensors
 
-
-FA2_STEPS = '''``numerics="fa2"``  (FlashAttention-2, torch SDPA's flash backend, the Triton tutorial)
+FA2_STEPS = """``numerics="fa2"``  (FlashAttention-2, torch SDPA's flash backend, the Triton \
+tutorial)
     per key tile j::
 
         S      = (Q K_jᵀ) * scale                 # fp32 accumulation, no rounding
@@ -57,9 +60,10 @@ FA2_STEPS = '''``numerics="fa2"``  (FlashAttention-2, torch SDPA's flash backend
     end::
 
         O = rnd(acc / ℓ)                          # the only rounding of the output
-        L = m + log ℓ                             # fp32, kept for the backward pass'''
+        L = m + log ℓ                             # fp32, kept for the backward pass"""
 
-PAPER_STEPS = '''``numerics="paper"``  (the paper's released pure-PyTorch FA2, every tensor held in bf16)
+PAPER_STEPS = """``numerics="paper"``  (the paper's released pure-PyTorch FA2, every tensor held \
+in bf16)
     per key tile j::
 
         S      = rnd(rnd(Q K_jᵀ) * scale)
@@ -71,17 +75,35 @@ PAPER_STEPS = '''``numerics="paper"``  (the paper's released pure-PyTorch FA2, e
     end::
 
         O = rnd(acc / ℓ)                          # Ō rounded before the division
-        L = m + log ℓ                             # fp32'''
+        L = m + log ℓ                             # fp32"""
 
 
 @dataclass
 class ForwardResult:
-    out: torch.Tensor        # O, as ``low`` dtype
-    lse: torch.Tensor        # L = m + log ℓ, working dtype (fp32 or fp64)
+    out: torch.Tensor  # O, as ``low`` dtype
+    lse: torch.Tensor  # L = m + log ℓ, working dtype (fp32 or fp64)
     row_offset: torch.Tensor  # the final m of each row (the value P̄ = exp(S - m) used)
-    row_sum: torch.Tensor    # the final ℓ of each row
-    ties: torch.Tensor       # bool: did the rule see a repeated maximum (rs > 1) at the end
-    out_fp32: torch.Tensor   # Ō / ℓ before the final rounding (working dtype): "O in fp32"
+    row_sum: torch.Tensor  # the final ℓ of each row
+    ties: torch.Tensor  # bool: did the rule see a repeated maximum (rs > 1) at the end
+    out_fp32: torch.Tensor  # Ō / ℓ before the final rounding (working dtype): "O in fp32"
+    offset_growths: torch.Tensor | None = None  # per row: how often m grew after its first
+    # visible tile (each growth rescales by α < 1)
+
+
+_WATCHERS: list[list] = []
+
+
+@contextlib.contextmanager
+def watch():
+    """``with watch() as seen:`` — ``seen`` gets the :class:`ForwardResult` of every
+    :func:`flash_forward` call inside the block, in order (chapter 8 counts the growths of m
+    with it: :func:`kernels.golden.implementations.count_offset_changes`)."""
+    seen: list = []
+    _WATCHERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _WATCHERS.remove(seen)
 
 
 class _Rounding:
@@ -106,6 +128,24 @@ class _Rounding:
         return round_mantissa(x, bits)
 
 
+def rounding_points(numerics: str = "fa2", low: torch.dtype = torch.bfloat16) -> _Rounding:
+    """The rounding points of ``numerics`` (``.rnd``, ``.paper``), for code outside the
+    emulator that must round as it does (the lab's sliders)."""
+    return _Rounding(AttentionOptions(numerics=numerics), low)
+
+
+def _exp_offset(x, r: _Rounding):
+    """exp(x) at the rounding points of ``r``: P̄ = exp(S − m) and α = exp(m_old − m_new)."""
+    return r.paper(torch.exp(r.paper(x)))
+
+
+def p_bar(s, m, numerics: str = "fa2", low: torch.dtype = torch.bfloat16):
+    """P̄ = exp(S − m) as :func:`accumulate` computes it, rounded to ``low`` as it multiplies V
+    (``m`` broadcasts against ``s``)."""
+    r = rounding_points(numerics, low)
+    return r.rnd(_exp_offset(s - m, r))
+
+
 def offset_rule(rm, rs, beta, rnd, cap=None):
     """Algorithm 3's choice of m from a row maximum rm and a tie count rs; with ``cap``, m is
     at most rm + cap (the tied P̄ = e^(rm − m) stays ≥ e^−cap: ℓ cannot underflow)."""
@@ -119,7 +159,7 @@ def offset_update(s, m, rm, rs, opts: AttentionOptions, r: _Rounding):
     """The offset m_new of this tile (the kernel's ``offset_update``). Returns
     (m_new, rm_new, rs, ties_now) with ties_now None where the rule does not track ties."""
     rm_tile = s.amax(-1)
-    rm_new = torch.maximum(rm, rm_tile)          # raw running maximum of S
+    rm_new = torch.maximum(rm, rm_tile)  # raw running maximum of S
     ties_now = None
     if opts.stable == "tile":
         # masked (-inf) scores are never ties, even in a tile where every key is masked
@@ -147,20 +187,21 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
     """ℓ = α ℓ + rowsum(P̄) and Ō = α Ō + rnd(P̄) V_j (the kernel's ``accumulate``)."""
     # A row with no visible key yet keeps m = -inf; exp(-inf - -inf) must give 0, not NaN.
     m_safe = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-    p_bar = r.paper(torch.exp(r.paper(s - m_safe.unsqueeze(-1))))
-    alpha = r.paper(torch.exp(r.paper(m - m_safe)))
+    p = _exp_offset(s - m_safe.unsqueeze(-1), r)
+    alpha = _exp_offset(m - m_safe, r)
     if r.is_paper:
-        ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p_bar.sum(-1)))
-        acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p_bar @ v_j))
+        ell = r.rnd(r.rnd(alpha * ell) + r.rnd(p.sum(-1)))
+        acc = r.acc(r.acc(alpha.unsqueeze(-1) * acc) + r.acc(p @ v_j))
     else:
-        p_low = r.rnd(p_bar)                     # what the matmul multiplies V by
-        ell = alpha * ell + (p_low if r.opts.ell_rounded else p_bar).sum(-1)
+        p_low = r.rnd(p)  # what the matmul multiplies V by
+        ell = alpha * ell + (p_low if r.opts.ell_rounded else p).sum(-1)
         acc = alpha.unsqueeze(-1) * acc + p_low @ v_j
     return ell, acc
 
 
-def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bfloat16,
-                  **options) -> ForwardResult:
+def flash_forward(
+    q, k, v, opts: AttentionOptions | None = None, *, low=torch.bfloat16, **options
+) -> ForwardResult:
     """Emulate the tiled forward pass. Shapes (..., N, D); returns a :class:`ForwardResult`.
 
     ``opts`` (or its fields as keywords) says what to compute; ``block_n`` defaults to 64 keys
@@ -173,19 +214,20 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
         raise ValueError(f"acc_bits needs low=torch.bfloat16, got {low}")
     r = _Rounding(opts, low)
     block_n = opts.block_n or 64
-    work = torch.float64 if low == torch.float64 else torch.float32
+    work = work_dtype(low)
     q, k, v = (r.rnd(t.to(work)) for t in (q, k, v))
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = opts.scale_for(q.shape[-1])
     rows = torch.arange(n_q, device=q.device).unsqueeze(-1)
     m = torch.full((*q.shape[:-2], n_q), -math.inf, dtype=work, device=q.device)
-    rm = torch.full_like(m, -math.inf)                         # raw running max ("cross")
-    rs = torch.zeros_like(m)                                   # running tie count ("cross")
+    rm = torch.full_like(m, -math.inf)  # raw running max ("cross")
+    rs = torch.zeros_like(m)  # running tie count ("cross")
     ell = torch.zeros_like(m)
     acc = torch.zeros(q.shape, dtype=work, device=q.device)
     ties = torch.zeros_like(m, dtype=torch.bool)
+    grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):
-        k_j, v_j = k[..., start:start + block_n, :], v[..., start:start + block_n, :]
+        k_j, v_j = k[..., start : start + block_n, :], v[..., start : start + block_n, :]
         s = r.paper(r.paper(q @ k_j.transpose(-1, -2)) * scale)
         if opts.causal:
             cols = torch.arange(start, start + k_j.shape[-2], device=q.device)
@@ -194,11 +236,22 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, low=torch.bf
         if ties_now is not None:
             ties = (ties | ties_now) if opts.stable == "tile" else ties_now
         ell, acc = accumulate(s, v_j, m, m_new, ell, acc, r)
+        grew += (torch.isfinite(m) & (m_new > m)).to(grew.dtype)
         m = m_new
     denominator = ell if opts.ell_clamp is None else ell.clamp(min=opts.ell_clamp)
     out_fp32 = acc / denominator.unsqueeze(-1)
-    return ForwardResult(out=r.rnd(out_fp32).to(low), lse=m + torch.log(ell), row_offset=m,
-                         row_sum=ell, ties=ties, out_fp32=out_fp32)
+    result = ForwardResult(
+        out=r.rnd(out_fp32).to(low),
+        lse=m + torch.log(ell),
+        row_offset=m,
+        row_sum=ell,
+        ties=ties,
+        out_fp32=out_fp32,
+        offset_growths=grew,
+    )
+    for seen in _WATCHERS:
+        seen.append(result)
+    return result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,23 +271,23 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
     """dQ, dK, dV (working precision) of the emulated attention, δ taken as ``opts.delta_source``
     says: "o" rowsum(dO ∘ O_low) (the failing path), "dp" rowsum(dP ∘ P), "o_fp32" rowsum(dO ∘ PV)
     with PV in fp32 (the paper's stable control)."""
-    work = torch.float64 if low == torch.float64 else torch.float32
+    work = work_dtype(low)
     qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
-    scores = paper_scores(qw, kw, scale, low, opts.causal)   # recompute S as the forward did
-    probs = torch.exp(scores - lse.to(work).unsqueeze(-1))   # P = exp(S - L)
-    d_v = probs.transpose(-1, -2) @ d_out                    # dV = Pᵀ dO
-    d_probs = d_out @ vw.transpose(-1, -2)                   # dP = dO Vᵀ
+    scores = paper_scores(qw, kw, scale, low, opts.causal)  # recompute S as the forward did
+    probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
+    d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
+    d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
     if opts.delta_source == "o":
-        delta = (d_out * out_low.to(work)).sum(-1)           # δ = rowsum(dO ∘ O_lp)
+        delta = (d_out * out_low.to(work)).sum(-1)  # δ = rowsum(dO ∘ O_lp)
     elif opts.delta_source == "dp":
-        delta = (d_probs * probs).sum(-1)                    # δ = rowsum(dP ∘ P)
+        delta = (d_probs * probs).sum(-1)  # δ = rowsum(dP ∘ P)
     else:
-        delta = (d_out * (probs @ vw)).sum(-1)               # δ = rowsum(dO ∘ PV), PV in fp32
-    d_scores = probs * (d_probs - delta.unsqueeze(-1))       # dS = P ∘ (dP − δ)
-    d_q = (d_scores @ kw) * scale                            # dQ = α dS K
-    d_k = (d_scores.transpose(-1, -2) @ qw) * scale          # dK = α dSᵀ Q
+        delta = (d_out * (probs @ vw)).sum(-1)  # δ = rowsum(dO ∘ PV), PV in fp32
+    d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)
+    d_q = (d_scores @ kw) * scale  # dQ = α dS K
+    d_k = (d_scores.transpose(-1, -2) @ qw) * scale  # dK = α dSᵀ Q
     return d_q, d_k, d_v
 
 

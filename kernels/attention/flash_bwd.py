@@ -19,9 +19,9 @@ where δ comes from:
 
 Like FA2, every accumulation is fp32 and the P and dS tiles are cast to the low format right
 before their tensor-core matmuls; on the explicit path (interpreter, pre-sm_80 GPUs) the same
-points are rounded with :func:`kernels.numerics.triton_rounding.round_low`. Two kernels, no atomics: one program
-per key/value tile accumulates dK and dV over the query tiles; one program per query tile
-accumulates dQ over the key tiles. So the gradients are deterministic.
+points are rounded with :func:`kernels.numerics.triton_rounding.round_low`. Two kernels, no
+atomics: one program per key/value tile accumulates dK and dV over the query tiles; one program
+per query tile accumulates dQ over the key tiles. So the gradients are deterministic.
 
 Both loops skip the mask where no entry of a tile pair can be masked (``SPLIT``): with causal
 attention that is every pair below the diagonal, and without it every pair but the ragged
@@ -37,10 +37,29 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..numerics.triton_rounding import round_low
-from .jit import (BF16, batch_head, load_rows, load_tile, load_tile_pair, mma, mma_acc,
-                  store_tile, program_tile, to_operand)
-from .launch import (SPEEDUPS, Launch, aligned, cdiv, kernel_params, launcher, new_output,
-                     pick_blocks, switches)
+from .jit import (
+    BF16,
+    batch_head,
+    load_rows,
+    load_tile,
+    load_tile_pair,
+    mma,
+    mma_acc,
+    program_tile,
+    store_tile,
+    to_operand,
+)
+from .launch import (
+    SPEEDUPS,
+    Launch,
+    aligned,
+    cdiv,
+    kernel_params,
+    launcher,
+    new_output,
+    pick_blocks,
+    switches,
+)
 from .options import LOW_CODES, AttentionOptions
 
 

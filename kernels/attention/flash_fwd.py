@@ -14,12 +14,13 @@ values in tiles of ``BLOCK_N`` columns, keeping three running quantities per row
 and at the end writes ``O = rnd(acc / ℓ)`` and the log-sum-exp ``L = m + log ℓ`` (fp32) that
 the backward pass needs to recompute P without storing it.
 
-It follows :mod:`kernels.attention.emulator` operation by operation (the numerics contract), in both
-numerics modes: ``PAPER=False`` is the FA2 recipe above; ``PAPER=True`` holds S, P̄, α, ℓ and
-acc in the low format like the paper's PyTorch code. ``STABLE`` picks the offset rule: off, ``TILE`` (the paper's
-per-tile Algorithm 3) or ``CROSS`` (Algorithm 3 on the running (max, tie count) of all tiles so
-far, which also sees a tie split between two tiles). The two steps of the tile loop are the jit
-helpers :func:`~kernels.attention.jit.offset_update` and :func:`~kernels.attention.jit.accumulate`.
+It follows :mod:`kernels.attention.emulator` operation by operation (the numerics contract), in
+both numerics modes: ``PAPER=False`` is the FA2 recipe above; ``PAPER=True`` holds S, P̄, α, ℓ
+and acc in the low format like the paper's PyTorch code. ``STABLE`` picks the offset rule: off,
+``TILE`` (the paper's per-tile Algorithm 3) or ``CROSS`` (Algorithm 3 on the running (max, tie
+count) of all tiles so far, which also sees a tie split between two tiles). The two steps of the
+tile loop are the jit helpers :func:`~kernels.attention.jit.offset_update` and
+:func:`~kernels.attention.jit.accumulate`.
 
 The same source serves every machine through two compile-time switches:
 
@@ -42,10 +43,32 @@ import triton
 import triton.language as tl
 
 from ..numerics.triton_rounding import round_low
-from .jit import (BF16, accumulate, batch_head, load_row_tile, load_tile, mma, offset_update,
-                  rnd_if, store_tile, program_tile)
-from .launch import (SPEEDUPS, Launch, aligned, cdiv, check_device, kernel_params, launcher,
-                     new_output, pick_blocks, switches, use_explicit, work_dtype)
+from .jit import (
+    BF16,
+    accumulate,
+    batch_head,
+    load_row_tile,
+    load_tile,
+    mma,
+    offset_update,
+    program_tile,
+    rnd_if,
+    store_tile,
+)
+from .launch import (
+    SPEEDUPS,
+    Launch,
+    aligned,
+    cdiv,
+    check_device,
+    kernel_params,
+    launcher,
+    new_output,
+    pick_blocks,
+    switches,
+    use_explicit,
+    work_dtype,
+)
 from .options import LOW_CODES, AttentionOptions, check_tensors, options_from
 
 

@@ -21,6 +21,7 @@ The plan key must hold everything that decides what Triton compiles: dtypes, eve
 argument (sizes and strides, exactly) and whether each tensor's address is 16-byte aligned.
 The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,9 +31,10 @@ import os
 import torch
 
 from ..env import interpreting, native_bf16
+from ..numerics.rounding import work_dtype
 
-INTERPRETER_BLOCKS = (64, 64)   # fixed (block_m, block_n) in the CPU interpreter (the
-                                # emulator's default block_n is 64 too)
+INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter (the
+# emulator's default block_n is 64 too)
 
 # Fill outputs with NaN before each launch so a missed write shows (the tests turn it on; on a
 # GPU it costs an extra memset per output, so it is off there by default).
@@ -49,9 +51,11 @@ POISON_OUTPUTS = interpreting()
 #                  without computing one; only the diagonal and ragged tiles are masked
 #   wide_tuning    autotune over more tile shapes, warp counts and pipeline depths (CUDA,
 #                  bf16/fp16 only; the interpreter always uses one fixed configuration)
-SPEEDUPS = {"direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
-            "causal_split": True,
-            "wide_tuning": True}
+SPEEDUPS = {
+    "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
+    "causal_split": True,
+    "wide_tuning": True,
+}
 
 
 @contextlib.contextmanager
@@ -68,13 +72,14 @@ def speedups(**switches):
     finally:
         SPEEDUPS.update(saved)
 
+
 _PARAMS_CACHE: dict = {}
-_MAX_PLANS = 1024               # per launcher; a full cache is emptied, never trimmed
+_MAX_PLANS = 1024  # per launcher; a full cache is emptied, never trimmed
 
 
 @functools.lru_cache(maxsize=1)
 def _native_bf16() -> bool:
-    return native_bf16()   # cached: it queries the device, and this runs on every call
+    return native_bf16()  # cached: it queries the device, and this runs on every call
 
 
 def use_explicit(explicit=None) -> bool:
@@ -84,23 +89,25 @@ def use_explicit(explicit=None) -> bool:
     if not isinstance(explicit, bool):
         raise TypeError(f"explicit must be None, True or False, got {explicit!r}")
     if not explicit and not _native_bf16():
-        raise ValueError("explicit=False needs a CUDA GPU with compute capability >= 8.0 "
-                         "(the interpreter and older GPUs cannot round bf16 in hardware)")
+        raise ValueError(
+            "explicit=False needs a CUDA GPU with compute capability >= 8.0 "
+            "(the interpreter and older GPUs cannot round bf16 in hardware)"
+        )
     return explicit
 
 
 def check_device(q) -> None:
     """CPU tensors need the interpreter; GPU tensors need it switched off."""
     if q.device.type == "cuda" and interpreting():
-        raise ValueError("TRITON_INTERPRET=1 is set but the tensors are on the GPU: move them "
-                         "to the CPU or unset TRITON_INTERPRET before importing kernels")
+        raise ValueError(
+            "TRITON_INTERPRET=1 is set but the tensors are on the GPU: move them "
+            "to the CPU or unset TRITON_INTERPRET before importing kernels"
+        )
     if q.device.type == "cpu" and not interpreting():
-        raise ValueError("CPU tensors need the Triton interpreter (import kernels before triton "
-                         "on a machine without a GPU), or move the tensors to the GPU")
-
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+        raise ValueError(
+            "CPU tensors need the Triton interpreter (import kernels before triton "
+            "on a machine without a GPU), or move the tensors to the GPU"
+        )
 
 
 def new_output(shape, dtype, device):
@@ -125,8 +132,13 @@ def kernel_params(scale, beta, eps, dtype, device, cap=0.0) -> torch.Tensor:
 def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
     """Caller's blocks; else fixed ones in the interpreter and for the fp32-dot paths (fp32,
     fp64, explicit rounding); else None: autotune (native bf16/fp16 on a GPU)."""
-    if block_m is None and block_n is None and not interpreting() and not explicit \
-            and dtype in (torch.bfloat16, torch.float16):
+    if (
+        block_m is None
+        and block_n is None
+        and not interpreting()
+        and not explicit
+        and dtype in (torch.bfloat16, torch.float16)
+    ):
         return None
     if interpreting():
         dm, dn = INTERPRETER_BLOCKS
@@ -157,6 +169,7 @@ def switches() -> tuple:
 class _Plan:
     """What one plan key decides: the grid, the keyword arguments of a normal launch, and on
     CUDA the compiled kernel's launcher with the constexpr values it expects after ``args``."""
+
     __slots__ = ("grid", "kwargs", "runner", "tail")
 
     def __init__(self, grid, kwargs):
@@ -165,6 +178,7 @@ class _Plan:
 
 class Launch:
     """How to launch a kernel the first time a plan key is seen (see :class:`Launcher`)."""
+
     __slots__ = ("consts", "grid_of", "blocks", "tuned", "options")
 
     def __init__(self, consts, grid_of, blocks=None, tuned=None, **options):
@@ -215,7 +229,7 @@ class Launcher:
             grid = how.grid_of(how.blocks)
             compiled = self.kernel[grid](*args, **kwargs)
         if not SPEEDUPS["direct_launch"]:
-            return                # as before: every call goes through Triton's launch path
+            return  # as before: every call goes through Triton's launch path
         if len(self.plans) >= _MAX_PLANS:
             self.plans.clear()
         plan = _Plan(grid, kwargs)
@@ -227,7 +241,7 @@ class Launcher:
         """The compiled kernel's launcher for this grid and the constexpr values that follow
         the runtime arguments (Triton's launcher takes every argument in signature order);
         (None, ()) where this Triton does not offer them: the normal launch is used then."""
-        if hasattr(compiled, "result"):       # an asynchronous compile: wait for it
+        if hasattr(compiled, "result"):  # an asynchronous compile: wait for it
             compiled = compiled.result()
         names = getattr(self.kernel, "arg_names", None)
         if compiled is None or names is None or not hasattr(compiled, "__getitem__"):

@@ -12,6 +12,7 @@ per call (:func:`check_tensors`).
 The codes below are the compile-time constants the Triton kernels branch on (``STABLE ==
 STABLE_CROSS`` rather than ``STABLE == 2``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,10 +23,28 @@ from typing import NamedTuple
 import torch
 
 from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
+from .reference import default_scale
 
-__all__ = ["AttentionOptions", "KernelOptions", "options_from", "check_tensors", "NUMERICS",
-           "STABLE_MODES", "KERNEL_STABLE", "DELTA_SOURCES", "STABLE_OFF", "STABLE_TILE", "STABLE_CROSS", "LOW_CODES", "LOW_BF16",
-           "LOW_FP16", "LOW_FP32", "LOW_FP64", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES"]
+__all__ = [
+    "AttentionOptions",
+    "KernelOptions",
+    "options_from",
+    "check_tensors",
+    "NUMERICS",
+    "STABLE_MODES",
+    "KERNEL_STABLE",
+    "DELTA_SOURCES",
+    "STABLE_OFF",
+    "STABLE_TILE",
+    "STABLE_CROSS",
+    "LOW_CODES",
+    "LOW_BF16",
+    "LOW_FP16",
+    "LOW_FP32",
+    "LOW_FP64",
+    "SUPPORTED_HEAD_DIMS",
+    "SUPPORTED_DTYPES",
+]
 
 NUMERICS = ("fa2", "paper")
 # the offset rule: off = running max; tile = the paper's Algorithm 3 per key tile; cross = the
@@ -44,11 +63,12 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 class KernelOptions(NamedTuple):
     """What the Triton kernels read from an :class:`AttentionOptions`, worked out once per
     options object (:attr:`AttentionOptions.kernel`) instead of on every call."""
+
     causal: bool
-    stable: int             # STABLE_OFF / STABLE_TILE / STABLE_CROSS
-    cap: bool               # offset_cap given
-    cap_value: float        # offset_cap, or 0.0
-    paper: bool             # numerics == "paper"
+    stable: int  # STABLE_OFF / STABLE_TILE / STABLE_CROSS
+    cap: bool  # offset_cap given
+    cap_value: float  # offset_cap, or 0.0
+    paper: bool  # numerics == "paper"
     ell_rounded: bool
     delta_source: str
     block_m: int | None
@@ -93,6 +113,7 @@ class AttentionOptions:
     ell_clamp     paper numerics: O = Ō / max(ℓ, ell_clamp), as the paper's released code does
                   (clamp(min=1e-10)); None: no clamp (ℓ = 0 gives NaN)
     """
+
     causal: bool = False
     scale: float | None = None
     numerics: str = "fa2"
@@ -116,13 +137,16 @@ class AttentionOptions:
         if self.numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
         if self.delta_source not in DELTA_SOURCES:
-            raise ValueError(f"delta_source must be one of {DELTA_SOURCES}, got {self.delta_source!r}")
+            raise ValueError(
+                f"delta_source must be one of {DELTA_SOURCES}, got {self.delta_source!r}"
+            )
         fix("beta", _number("beta", self.beta))
         fix("eps", _number("eps", self.eps))
         fix("offset", _number("offset", self.offset))
         if self.stable not in ("off", "offset") and not self.beta > 1:
-            raise ValueError(f"beta must be > 1 (got {self.beta:g}): with beta <= 1 the tied "
-                             "maxima keep P̄ = 1")
+            raise ValueError(
+                f"beta must be > 1 (got {self.beta:g}): with beta <= 1 the tied maxima keep P̄ = 1"
+            )
         if not self.eps >= 0:
             raise ValueError(f"eps must be >= 0, got {self.eps:g}")
         if self.scale is not None:
@@ -145,8 +169,9 @@ class AttentionOptions:
             object.__setattr__(self, "offset_cap", cap)
         object.__setattr__(self, "ell_rounded", bool(self.ell_rounded))
         if self.ell_rounded and self.numerics != "fa2":
-            raise ValueError("ell_rounded belongs to FA2 numerics (the paper's path rounds ℓ "
-                             "and P̄ anyway)")
+            raise ValueError(
+                "ell_rounded belongs to FA2 numerics (the paper's path rounds ℓ and P̄ anyway)"
+            )
         if self.ell_clamp is not None:
             clamp = _number("ell_clamp", self.ell_clamp)
             if not clamp > 0:
@@ -160,14 +185,16 @@ class AttentionOptions:
             raise ValueError(f"acc_rounding must be 'rne' or 'sr', got {self.acc_rounding!r}")
         if self.acc_bits is None:
             if self.acc_rounding == "sr":
-                raise ValueError("acc_rounding='sr' needs acc_bits (1..7): it rounds the "
-                                 "amplifier format")
+                raise ValueError(
+                    "acc_rounding='sr' needs acc_bits (1..7): it rounds the amplifier format"
+                )
             return
         if self.numerics != "paper":
             raise ValueError(f"acc_bits needs numerics='paper' (got {self.numerics!r})")
         if isinstance(self.acc_bits, bool) or not 1 <= int(self.acc_bits) <= 7:
-            raise ValueError(f"acc_bits must be 1..7 (bf16 keeps 7 mantissa bits), got "
-                             f"{self.acc_bits}")
+            raise ValueError(
+                f"acc_bits must be 1..7 (bf16 keeps 7 mantissa bits), got {self.acc_bits}"
+            )
 
     @functools.cached_property
     def kernel(self) -> KernelOptions:
@@ -175,23 +202,32 @@ class AttentionOptions:
         time it is asked for and then kept on the (immutable) object: a call with options
         that were already used does no validation at all."""
         self.require_kernel()
-        return KernelOptions(self.causal, KERNEL_STABLE[self.stable],
-                             self.offset_cap is not None, self.offset_cap or 0.0,
-                             self.numerics == "paper", self.ell_rounded, self.delta_source,
-                             self.block_m, self.block_n)
+        return KernelOptions(
+            self.causal,
+            KERNEL_STABLE[self.stable],
+            self.offset_cap is not None,
+            self.offset_cap or 0.0,
+            self.numerics == "paper",
+            self.ell_rounded,
+            self.delta_source,
+            self.block_m,
+            self.block_n,
+        )
 
-    def replace(self, **changes) -> "AttentionOptions":
+    def replace(self, **changes) -> AttentionOptions:
         return dataclasses.replace(self, **changes)
 
     def scale_for(self, head_dim: int) -> float:
-        return 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
+        return default_scale(head_dim) if self.scale is None else self.scale
 
     def require_kernel(self) -> None:
         """What the Triton kernels can do: three offset rules, power-of-two tiles >= 16, no
         amplifier format."""
         if self.stable not in KERNEL_STABLE:
-            raise ValueError(f"the Triton kernels implement stable = {tuple(KERNEL_STABLE)}; "
-                             f"{self.stable!r} exists only in the emulator")
+            raise ValueError(
+                f"the Triton kernels implement stable = {tuple(KERNEL_STABLE)}; "
+                f"{self.stable!r} exists only in the emulator"
+            )
         if self.acc_bits is not None:
             raise ValueError("acc_bits (the narrower Ō) exists only in the emulator")
         if self.ell_clamp is not None:
@@ -199,7 +235,9 @@ class AttentionOptions:
         for name in ("block_m", "block_n"):
             blk = getattr(self, name)
             if blk is not None and (blk < 16 or blk & (blk - 1)):
-                raise ValueError(f"{name} must be a power of two >= 16 for the kernels, got {blk!r}")
+                raise ValueError(
+                    f"{name} must be a power of two >= 16 for the kernels, got {blk!r}"
+                )
 
 
 _OPTIONS_CACHE: dict = {}
@@ -212,7 +250,7 @@ def options_from(options: dict) -> AttentionOptions:
         # the type is part of the key: stable=1 must still be refused although 1 == True
         key = tuple((name, type(value), value) for name, value in sorted(options.items()))
         found = _OPTIONS_CACHE.get(key)
-    except TypeError:                       # an unhashable value: let validation say what
+    except TypeError:  # an unhashable value: let validation say what
         return AttentionOptions(**options)
     if found is None:
         found = AttentionOptions(**options)
@@ -229,23 +267,30 @@ def check_tensors(q, k, v, *, kernel: bool = True) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if kernel and t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, seq, head_dim), got shape "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}"
+            )
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16, "
-                            "float32, float64")
+            raise TypeError(
+                f"{name} has dtype {t.dtype}; supported: bfloat16, float16, float32, float64"
+            )
     if kernel and not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"shapes do not match: k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"shapes do not match: k and v must have the same shape, got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"shapes do not match: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, heads "
-                         "and head_dim")
+        raise ValueError(
+            f"shapes do not match: q {tuple(q.shape)} and k {tuple(k.shape)} must share batch, "
+            "heads and head_dim"
+        )
     if kernel and q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim {q.shape[-1]} is not supported; supported head dims: "
-                         f"{SUPPORTED_HEAD_DIMS}")
+        raise ValueError(
+            f"head_dim {q.shape[-1]} is not supported; supported head dims: {SUPPORTED_HEAD_DIMS}"
+        )
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         raise ValueError(f"sequence lengths must be >= 1, got {q.shape[-2]} and {k.shape[-2]}")

@@ -10,6 +10,7 @@ It imports nothing it is used to check (not the emulator, not the kernels).
 All take (..., seq, head_dim) tensors; ``causal`` masks key j > query i (top-left aligned,
 like ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,14 +18,19 @@ import math
 import torch
 
 
+def default_scale(head_dim: int, scale=None) -> float:
+    """The softmax scale of every implementation: 1/√head_dim unless ``scale`` is given."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
 def _scale(q, scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return default_scale(q.shape[-1], scale)
 
 
 def _causal_mask(n_q, n_k, device):
     rows = torch.arange(n_q, device=device).unsqueeze(-1)
     cols = torch.arange(n_k, device=device)
-    return cols > rows          # True where a key is hidden from a query
+    return cols > rows  # True where a key is hidden from a query
 
 
 def attention_fp64(q, k, v, causal=False, scale=None):

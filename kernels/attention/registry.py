@@ -55,28 +55,41 @@ _ALL = (
     Implementation("fa2", "FA2, fp32 accumulation (book kernel)", "FA2", "emulator"),
     Implementation("paper", "FA2, every tensor in the format", "FA2 all-low", "emulator"),
     Implementation("fa2-untiled", "FA2, one tile of all keys", "FA2 untiled", "emulator"),
-    Implementation("paper-untiled", "FA2 all-low, one tile of all keys", "all-low untiled",
-                   "emulator"),
+    Implementation(
+        "paper-untiled", "FA2 all-low, one tile of all keys", "all-low untiled", "emulator"
+    ),
     Implementation("math32", "standard attention in fp32", "math32", "reference"),
     Implementation("torch_math", "torch math attention (run)", "torch math", "reference"),
     Implementation("fp64", "standard attention in fp64", "fp64", "reference"),
     Implementation("ideal", "ideal: exact O rounded once", "ideal", "model", home=_LAB),
-    Implementation("fa2-fma", "FA2, P̄V added one product at a time (CPU model)", "FA2 FMA",
-                   "model", home=_LAB),
-    Implementation("fa2-mma", "FA2, P̄V as one bf16 tensor-core matmul", "FA2 MMA", "model",
-                   True, home=_LAB),
-    Implementation("baseline", "baseline, S and P stored in the format", "baseline", "model",
-                   home=_GOLDEN),
-    Implementation("baseline_fp32", "baseline computed in fp32, O rounded once", "base fp32",
-                   "model", home=_GOLDEN),
-    Implementation("fa1", "FA1, every tensor in the format", "FA1 all-low", "model",
-                   home=_GOLDEN),
+    Implementation(
+        "fa2-fma", "FA2, P̄V added one product at a time (CPU model)", "FA2 FMA", "model", home=_LAB
+    ),
+    Implementation(
+        "fa2-mma", "FA2, P̄V as one bf16 tensor-core matmul", "FA2 MMA", "model", True, home=_LAB
+    ),
+    Implementation(
+        "baseline", "baseline, S and P stored in the format", "baseline", "model", home=_GOLDEN
+    ),
+    Implementation(
+        "baseline_fp32",
+        "baseline computed in fp32, O rounded once",
+        "base fp32",
+        "model",
+        home=_GOLDEN,
+    ),
+    Implementation("fa1", "FA1, every tensor in the format", "FA1 all-low", "model", home=_GOLDEN),
 )
 REGISTRY = {impl.name: impl for impl in _ALL}
 _ALIASES = {alias: impl.name for impl in _ALL for alias in impl.aliases}
 # the offset rule in a label: "book, rule off", "book, cross-tile rule"
-RULE_WORDS = {"off": "rule off", "cross": "cross-tile rule", "tile": "per-tile rule",
-              "always": "rule always on", "offset": "fixed offset"}
+RULE_WORDS = {
+    "off": "rule off",
+    "cross": "cross-tile rule",
+    "tile": "per-tile rule",
+    "always": "rule always on",
+    "offset": "fixed offset",
+}
 
 # which implementations each experiment compares, in its order
 GROUPS = {
@@ -87,16 +100,28 @@ GROUPS = {
     "perf-legend": ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "triton", "triton/cross"),
     # the rounding lab (kernels.lab): run on the CPU, and only on a GPU
     "lab": ("ideal", "fa2-fma", "paper", "fa2", "paper-untiled", "fa2-untiled"),
-    "lab-gpu": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton-explicit",
-                "fa2-mma"),
+    "lab-gpu": (
+        "sdpa-flash",
+        "sdpa-cudnn",
+        "sdpa-efficient",
+        "triton",
+        "triton-explicit",
+        "fa2-mma",
+    ),
     # chapter 8's microbenchmark (kernels.golden): computed everywhere, and run by its GPU script
     "golden": ("baseline", "baseline_fp32", "fa2", "paper", "fa1"),
     "golden-run": ("triton", "sdpa_flash", "torch_math"),
 }
 # the spellings of results/flash_bench.json (python -m kernels.gpu.check), read by chapters 3,
 # 6 and 10: an earlier table of the same implementations
-FLASH_BENCH = {"triton": "ours (stable off)", "triton/cross": "ours (stable cross)",
-               "sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cuDNN"}
+FLASH_BENCH = {
+    "triton": "ours (stable off)",
+    "triton/cross": "ours (stable cross)",
+    "sdpa-flash": "SDPA flash",
+    "sdpa-cudnn": "SDPA cuDNN",
+}
+# ... and of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
+FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
 
 
 def parse(name: str) -> tuple[Implementation, str]:
@@ -144,8 +169,12 @@ def sdpa_backend(backend: str):
     """The torch backend enum of ``"flash"``, ``"cudnn"``, ``"efficient"`` or ``"math"``."""
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend]
 
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient", "math")

@@ -15,6 +15,7 @@ The naive reference (materialising S) is :func:`kernels.attention.reference.stan
 *rounding* behaviour of the tiled kernel is the job of :mod:`kernels.attention.emulator`.
 :class:`PeakLiveBytes` measures how much tensor memory a computation holds at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,13 +24,17 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .reference import default_scale
+
 
 def _prepare(q, k, v, scale, block):
     if q.shape[:-2] != k.shape[:-2] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if block < 1:
         raise ValueError(f"tile sizes must be positive, got {block}")
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return default_scale(q.shape[-1], scale)
 
 
 def _tile_scores(q_i, k_j, scale, causal, row0, col0):
@@ -47,16 +52,16 @@ def two_pass_attention(q, k, v, *, block_n=64, causal=False, scale=None):
     scale = _prepare(q, k, v, scale, block_n)
     n_k = k.shape[-2]
     row_max = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
-    for col0 in range(0, n_k, block_n):                      # sweep 1: m = max_j rowmax(S_j)
-        scores = _tile_scores(q, k[..., col0:col0 + block_n, :], scale, causal, 0, col0)
+    for col0 in range(0, n_k, block_n):  # sweep 1: m = max_j rowmax(S_j)
+        scores = _tile_scores(q, k[..., col0 : col0 + block_n, :], scale, causal, 0, col0)
         row_max = torch.maximum(row_max, scores.amax(-1))
     row_sum = torch.zeros_like(row_max)
     o_unnorm = torch.zeros_like(q)
-    for col0 in range(0, n_k, block_n):                      # sweep 2: ℓ = Σ exp(S - m), Ō = Σ P̄ V
-        scores = _tile_scores(q, k[..., col0:col0 + block_n, :], scale, causal, 0, col0)
+    for col0 in range(0, n_k, block_n):  # sweep 2: ℓ = Σ exp(S - m), Ō = Σ P̄ V
+        scores = _tile_scores(q, k[..., col0 : col0 + block_n, :], scale, causal, 0, col0)
         p_tilde = torch.exp(scores - row_max.unsqueeze(-1))
         row_sum = row_sum + p_tilde.sum(-1)
-        o_unnorm = o_unnorm + p_tilde @ v[..., col0:col0 + block_n, :]
+        o_unnorm = o_unnorm + p_tilde @ v[..., col0 : col0 + block_n, :]
     return o_unnorm / row_sum.unsqueeze(-1)
 
 
@@ -72,26 +77,31 @@ def online_attention(q, k, v, *, block_m=64, block_n=64, causal=False, scale=Non
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=q.dtype, device=q.device)
     trace = []
-    for row0 in range(0, n_q, block_m):                      # outer loop: one query tile Q_i
-        q_i = q[..., row0:row0 + block_m, :]
+    for row0 in range(0, n_q, block_m):  # outer loop: one query tile Q_i
+        q_i = q[..., row0 : row0 + block_m, :]
         m = torch.full(q_i.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
         ell = torch.zeros_like(m)
         o_unnorm = torch.zeros_like(q_i)
-        for col0 in range(0, n_k, block_n):                  # inner loop: key/value tile j
-            scores = _tile_scores(q_i, k[..., col0:col0 + block_n, :], scale, causal, row0, col0)
+        for col0 in range(0, n_k, block_n):  # inner loop: key/value tile j
+            scores = _tile_scores(q_i, k[..., col0 : col0 + block_n, :], scale, causal, row0, col0)
             m_new = torch.maximum(m, scores.amax(-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # fully masked
             p_tilde = torch.exp(scores - m_safe.unsqueeze(-1))
-            rescale = torch.exp(m - m_safe)                  # e^{m_old - m_new} <= 1
+            rescale = torch.exp(m - m_safe)  # e^{m_old - m_new} <= 1
             ell = rescale * ell + p_tilde.sum(-1)
-            o_unnorm = rescale.unsqueeze(-1) * o_unnorm + p_tilde @ v[..., col0:col0 + block_n, :]
+            o_unnorm = rescale.unsqueeze(-1) * o_unnorm + p_tilde @ v[..., col0 : col0 + block_n, :]
             m = m_new
             if trace_row is not None and row0 <= trace_row < row0 + q_i.shape[-2]:
                 r = trace_row - row0
-                trace.append((col0 // block_n, m.reshape(-1, q_i.shape[-2])[0, r].item(),
-                              ell.reshape(-1, q_i.shape[-2])[0, r].item()))
-        out[..., row0:row0 + block_m, :] = o_unnorm / ell.unsqueeze(-1)
-        lse[..., row0:row0 + block_m] = m + torch.log(ell)
+                trace.append(
+                    (
+                        col0 // block_n,
+                        m.reshape(-1, q_i.shape[-2])[0, r].item(),
+                        ell.reshape(-1, q_i.shape[-2])[0, r].item(),
+                    )
+                )
+        out[..., row0 : row0 + block_m, :] = o_unnorm / ell.unsqueeze(-1)
+        lse[..., row0 : row0 + block_m] = m + torch.log(ell)
     return (out, lse, trace) if trace_row is not None else (out, lse)
 
 
@@ -106,7 +116,7 @@ class PeakLiveBytes(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.live = {}          # storage pointer -> [number of live tensors, bytes]
+        self.live = {}  # storage pointer -> [number of live tensors, bytes]
         self.current = 0
         self.peak = 0
 
@@ -132,7 +142,7 @@ class PeakLiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+        for t in result if isinstance(result, (tuple, list)) else (result,):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
                 self._track(t)
         return result

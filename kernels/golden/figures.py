@@ -54,14 +54,10 @@ def plot_precision(
             if found and found[0]["vs_golden"][measure] > 0:
                 xs.append(i + (j - (len(impls) - 1) / 2) * width)
                 ys.append(found[0]["vs_golden"][measure])
-        ax.bar(
-            xs, ys, width, color=COLOURS.get(name, None), label=SHORT.get(name, name)
-        )
+        ax.bar(xs, ys, width, color=COLOURS.get(name, None), label=SHORT.get(name, name))
     ax.set_yscale("log")
     ax.set_xticks(range(len(formats)), formats)
-    word = {"max_abs": "max |O − O_golden|", "rel_norm": "‖O − O_golden‖ / ‖O_golden‖"}[
-        measure
-    ]
+    word = {"max_abs": "max |O − O_golden|", "rel_norm": "‖O − O_golden‖ / ‖O_golden‖"}[measure]
     ax.set(xlabel="number format of inputs and intermediates", ylabel=word)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
 
@@ -73,9 +69,7 @@ def plot_bias_vs_size(ax, records, settings, impls=("baseline", "fa2", "paper", 
     markers = "osD^v"
     sizes = {"paper": 110, "fa1": 35}  # the two all-low paths often coincide
     for k, setting in enumerate(settings):
-        best = one(records, inputs=setting, impl="ideal", format="bf16")["vs_golden"][
-            "max_abs"
-        ]
+        best = one(records, inputs=setting, impl="ideal", format="bf16")["vs_golden"]["max_abs"]
         for name in impls:
             r = one(records, inputs=setting, impl=name, format="bf16")
             ax.scatter(
@@ -116,21 +110,9 @@ def plot_seqlen(axes, records, impls=("fa2", "paper", "fa1")):
         colour = COLOURS.get(name)
         mean = np.array([r["vs_baseline"]["mean_abs"] for r in rows])
         std = np.array([r["vs_baseline"]["std_abs"] for r in rows])
-        left.plot(
-            n,
-            [r["vs_baseline"]["max_abs"] for r in rows],
-            "--",
-            marker="^",
-            color=colour,
-        )
+        left.plot(n, [r["vs_baseline"]["max_abs"] for r in rows], "--", marker="^", color=colour)
         left.errorbar(
-            n,
-            mean,
-            yerr=std,
-            marker="o",
-            color=colour,
-            capsize=3,
-            label=SHORT.get(name, name),
+            n, mean, yerr=std, marker="o", color=colour, capsize=3, label=SHORT.get(name, name)
         )
         right.plot(
             n,
@@ -156,8 +138,7 @@ def plot_seqlen(axes, records, impls=("fa2", "paper", "fa1")):
     right.set_yscale("log")
     # below both panels: inside the right one it would hide the all-low curves
     handles, labels = right.get_legend_handles_labels()
-    right.figure.legend(handles, labels, loc="outside lower center", ncol=len(labels),
-                        fontsize=9)
+    right.figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9)
 
 
 def plot_rescalings(axes, records, by_count):
@@ -174,18 +155,10 @@ def plot_rescalings(axes, records, by_count):
         color="tab:blue",
         label="measured in the emulator (mean)",
     )
-    left.plot(
-        n,
-        [r["rescalings_expected"] for r in rows],
-        "k--",
-        label="H_T − 1 (i.i.d. tiles)",
-    )
+    left.plot(n, [r["rescalings_expected"] for r in rows], "k--", label="H_T − 1 (i.i.d. tiles)")
     left.plot(n, [r["tiles"] for r in rows], ":", color="0.5", label="key tiles T")
     left.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length N (keys)",
-        ylabel="per row (count)",
+        xscale="log", yscale="log", xlabel="sequence length N (keys)", ylabel="per row (count)"
     )
     left.set_xscale("log", base=2)
     left.legend()
@@ -220,22 +193,31 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
     for i, bc in enumerate(widths):
         rows = sorted((r for r in fa1 if r["block_n"] == bc), key=lambda r: r["area"])
         colour = TILE_COLOURS[i % len(TILE_COLOURS)]
-        ax.plot([r["area"] for r in rows], [r["vs_golden"]["max_abs"] for r in rows],
-                "-", color=colour, label=f"FA1, B_c = {bc}")
+        ax.plot(
+            [r["area"] for r in rows],
+            [r["vs_golden"]["max_abs"] for r in rows],
+            "-",
+            color=colour,
+            label=f"FA1, B_c = {bc}",
+        )
         for r in rows:
-            ax.plot(r["area"], r["vs_golden"]["max_abs"], markers[r["block_m"]],
-                    color=colour, ms=7, mec="black", mew=0.5)
+            ax.plot(
+                r["area"],
+                r["vs_golden"]["max_abs"],
+                markers[r["block_m"]],
+                color=colour,
+                ms=7,
+                mec="black",
+                mew=0.5,
+            )
     for bm in heights:
-        ax.plot([], [], markers[bm], color="0.6", mec="black", mew=0.5, ms=7,
-                label=f"B_r = {bm}")
+        ax.plot([], [], markers[bm], color="0.6", mec="black", mew=0.5, ms=7, label=f"B_r = {bm}")
     for r in pick(records, impl="fa2", format=fmt):
         ax.axhline(r["vs_golden"]["max_abs"], color=COLOURS["fa2"], lw=0.8, ls="-")
     ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label="FA2 (every B_c)")
     for (label, areas), style in zip((marks or {}).items(), (":", "--", "-.")):
         for i, area in enumerate(np.atleast_1d(areas)):
-            ax.axvline(
-                area, color="0.3", ls=style, lw=1.2, label=label if i == 0 else None
-            )
+            ax.axvline(area, color="0.3", ls=style, lw=1.2, label=label if i == 0 else None)
     ax.set(
         xscale="log",
         yscale="log",
@@ -247,12 +229,7 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
 
 
 def plot_weight_distance(
-    ax,
-    record,
-    metric="wasserstein",
-    matrices="median",
-    labels=None,
-    mark_explosion=True,
+    ax, record, metric="wasserstein", matrices="median", labels=None, mark_explosion=True
 ):
     """Golden et al.'s Figs. 7–8: one pair's weight distance over training per curve
     (median over the weight matrices, the largest, or one matrix by name)."""
@@ -275,9 +252,7 @@ def plot_weight_distance(
                     ha="right",
                     color="0.3",
                 )
-    word = {"wasserstein": "Wasserstein distance", "max_diff": "max |W_a − W_b|"}[
-        metric
-    ]
+    word = {"wasserstein": "Wasserstein distance", "max_diff": "max |W_a − W_b|"}[metric]
     which = {"median": "median over matrices", "max": "largest over matrices"}.get(
         matrices, matrices
     )
@@ -290,13 +265,7 @@ def plot_stored_band(ax, steps, dist, band, explosion=None, departures=None, lab
     (shaded), with its explosion (dashed) and the GPT-2 chapter's departure steps
     marked."""
     ax.fill_between(steps, 0, band, color="0.8", label="seed noise (controls, 3 seeds)")
-    ax.plot(
-        steps,
-        dist,
-        color="tab:red",
-        lw=1.3,
-        label=label or "failing path vs its control",
-    )
+    ax.plot(steps, dist, color="tab:red", lw=1.3, label=label or "failing path vs its control")
     if explosion is not None:
         ax.axvline(explosion, color="k", ls="--", lw=1.2, label="loss explodes")
     for (name, step), style in zip((departures or {}).items(), (":", "-.")):

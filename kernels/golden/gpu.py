@@ -32,64 +32,29 @@ from pathlib import Path
 import torch
 
 from .. import results
+from ..numerics.rounding import work_dtype
 from . import microbench as mb
 from . import training
 from .implementations import FORMATS
 
 STAGES = ("precision", "seqlen", "tiles", "training")
+# fmt: off
 FULL = dict(
-    precision_n=4096,
-    precision_heads=4,
-    sink_n=4096,
-    sink_batch=16,
-    sink_dim=64,
-    seqlen_ns=(256, 512, 1024, 2048, 4096, 8192, 16384),
-    seqlen_heads=2,
-    rescaling_n=16384,
-    tile_n=1024,
-    tile_heads=2,
-    tiles=(
-        (16, 16),
-        (16, 64),
-        (32, 32),
-        (64, 16),
-        (32, 128),
-        (64, 64),
-        (128, 32),
-        (64, 128),
-        (128, 64),
-        (128, 128),
-        (256, 64),
-        (64, 256),
-    ),
-    autotune_ns=(1024, 4096, 16384),
-    golden_steps=4000,
-    failure_steps=5000,
-    snapshot_every=100,
-    early=200,
-    early_every=10,
-    stop_after_explosion=300,
+    precision_n=4096, precision_heads=4, sink_n=4096, sink_batch=16, sink_dim=64,
+    seqlen_ns=(256, 512, 1024, 2048, 4096, 8192, 16384), seqlen_heads=2, rescaling_n=16384,
+    tile_n=1024, tile_heads=2,
+    tiles=((16, 16), (16, 64), (32, 32), (64, 16), (32, 128), (64, 64), (128, 32), (64, 128),
+           (128, 64), (128, 128), (256, 64), (64, 256)),
+    autotune_ns=(1024, 4096, 16384), golden_steps=4000, failure_steps=5000, snapshot_every=100,
+    early=200, early_every=10, stop_after_explosion=300,
 )
 SMALL = dict(
-    precision_n=128,
-    precision_heads=1,
-    sink_n=128,
-    sink_batch=2,
-    sink_dim=16,
-    seqlen_ns=(64, 128, 256),
-    seqlen_heads=1,
-    rescaling_n=256,
-    tile_n=128,
-    tile_heads=1,
-    tiles=((16, 16), (16, 64), (64, 16), (32, 32)),
-    autotune_ns=(),
-    golden_steps=6,
-    failure_steps=6,
-    snapshot_every=3,
-    early=2,
-    early_every=1,
-    stop_after_explosion=3,
+    precision_n=128, precision_heads=1, sink_n=128, sink_batch=2, sink_dim=16,
+    seqlen_ns=(64, 128, 256), seqlen_heads=1, rescaling_n=256, tile_n=128, tile_heads=1,
+    tiles=((16, 16), (16, 64), (64, 16), (32, 32)), autotune_ns=(), golden_steps=6,
+    failure_steps=6, snapshot_every=3, early=2, early_every=1, stop_after_explosion=3,
 )
+# fmt: on
 MINUTES = dict(seqlen=1.0, tiles=0.8, golden=1.8, failure=3.2)
 
 
@@ -106,12 +71,8 @@ def kernel_extras(device: str, block_n=None) -> dict:
 
     def triton(q, k, v, low, scale):
         blocks = {} if block_n is None else dict(block_m=64, block_n=block_n)
-        out = flash_attention(
-            *(four_d(t, low) for t in (q, k, v)), scale=scale, **blocks
-        )
-        return out.reshape(q.shape).to(
-            torch.float64 if low == torch.float64 else torch.float32
-        )
+        out = flash_attention(*(four_d(t, low) for t in (q, k, v)), scale=scale, **blocks)
+        return out.reshape(q.shape).to(work_dtype(low))
 
     extras = {"triton": (triton, ("bf16", "fp16", "fp32", "fp64"))}
     if device != "cuda":
@@ -132,9 +93,7 @@ def kernel_extras(device: str, block_n=None) -> dict:
 
 
 def precision_stage(sizes, device) -> dict:
-    gauss = mb.gaussian_inputs(
-        sizes["precision_n"], 64, sizes["precision_heads"], 0, device
-    )
+    gauss = mb.gaussian_inputs(sizes["precision_n"], 64, sizes["precision_heads"], 0, device)
     records = mb.precision_sweep(gauss, extra=kernel_extras(device))
     for setting in mb.SINK_SETTINGS:
         sink = mb.sink_inputs(
@@ -162,16 +121,11 @@ def seqlen_stage(sizes, device, minutes) -> dict:
             stopped = f"time limit of {minutes:g} min before N = {n}"
             break
         records += mb.seqlen_sweep(
-            [n],
-            heads=sizes["seqlen_heads"],
-            device=device,
-            extra=kernel_extras(device, block_n=64),
+            [n], heads=sizes["seqlen_heads"], device=device, extra=kernel_extras(device, block_n=64)
         )
         print(f"  seqlen N = {n}: {time.time() - start:.0f} s", flush=True)
     by_count = mb.error_by_rescalings(
-        min(sizes["rescaling_n"], records[-1]["n"]),
-        heads=sizes["seqlen_heads"],
-        device=device,
+        min(sizes["rescaling_n"], records[-1]["n"]), heads=sizes["seqlen_heads"], device=device
     )
     return {
         "records": records,
@@ -187,15 +141,11 @@ def autotuned_tiles(ns, device) -> dict:
     one head)."""
     if device != "cuda":
         return {}
-    from ..attention import flash_attention
-    from ..attention import flash_fwd
+    from ..attention import flash_attention, flash_fwd
 
     picked = {}
     for n in ns:
-        q, k, v = (
-            torch.randn(1, 1, n, 64, device=device, dtype=torch.bfloat16)
-            for _ in range(3)
-        )
+        q, k, v = (torch.randn(1, 1, n, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
         flash_attention(q, k, v)
         torch.cuda.synchronize()
         best = getattr(flash_fwd._flash_fwd_tuned, "best_config", None)
@@ -235,12 +185,7 @@ def training_stage(sizes, small, device, minutes_golden, minutes_failure) -> dic
     out = {}
     for name, steps, minutes, stop in (
         ("golden", sizes["golden_steps"], minutes_golden, None),
-        (
-            "failure",
-            sizes["failure_steps"],
-            minutes_failure,
-            sizes["stop_after_explosion"],
-        ),
+        ("failure", sizes["failure_steps"], minutes_failure, sizes["stop_after_explosion"]),
     ):
         schedule = training.snapshot_schedule(
             steps, sizes["snapshot_every"], sizes["early"], sizes["early_every"]
@@ -265,17 +210,10 @@ def training_stage(sizes, small, device, minutes_golden, minutes_failure) -> dic
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="tiny sizes on the CPU (a test)")
+    parser.add_argument("--out", default=None, help="directory for the JSON (default results/)")
     parser.add_argument(
-        "--small", action="store_true", help="tiny sizes on the CPU (a test)"
-    )
-    parser.add_argument(
-        "--out", default=None, help="directory for the JSON (default results/)"
-    )
-    parser.add_argument(
-        "--only",
-        choices=STAGES,
-        action="append",
-        help="run only this stage (repeatable)",
+        "--only", choices=STAGES, action="append", help="run only this stage (repeatable)"
     )
     for key, value in MINUTES.items():
         parser.add_argument(
@@ -307,10 +245,7 @@ def main(argv=None):
                 sizes, args.small, device, args.minutes_golden, args.minutes_failure
             )
         data.update(
-            device=device,
-            seconds=time.time() - start,
-            small=args.small,
-            formats=list(FORMATS),
+            device=device, seconds=time.time() - start, small=args.small, formats=list(FORMATS)
         )
         path = results.save(f"golden_{stage}", data, command, out_dir)
         print(f"{stage}: {time.time() - start:.0f} s -> {path}", flush=True)

@@ -41,8 +41,8 @@ import torch
 
 from ..attention import emulator, registry
 from ..attention.options import AttentionOptions
-from ..attention.reference import attention_fp64
-from ..numerics.rounding import round_to
+from ..attention.reference import attention_fp64, default_scale
+from ..numerics.rounding import round_to, work_dtype
 
 FORMATS = {
     "bf16": torch.bfloat16,
@@ -52,7 +52,8 @@ FORMATS = {
 }
 IMPLEMENTATIONS = registry.group("golden")
 # what the GPU script runs besides (kernels.golden.gpu), and the ideal output
-_NAMED = IMPLEMENTATIONS + ("ideal",) + registry.group("golden-run")
+RUN = registry.group("golden-run")
+_NAMED = IMPLEMENTATIONS + ("ideal",) + RUN
 LABELS = {name: registry.label(name) for name in _NAMED}
 SHORT = {name: registry.short(name) for name in _NAMED}
 
@@ -74,12 +75,8 @@ def format_name(low: torch.dtype) -> str:
     raise ValueError(f"no format name for {low}")
 
 
-def work_dtype(low: torch.dtype) -> torch.dtype:
-    return torch.float64 if low == torch.float64 else torch.float32
-
-
 def _scale(q, scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return default_scale(q.shape[-1], scale)
 
 
 def _inputs(q, k, v, low):
@@ -129,9 +126,7 @@ fa2 = _emulated("fa2")
 paper = _emulated("paper")
 
 
-def fa1(
-    q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False
-):
+def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False):
     """FlashAttention's Algorithm 1 with every tensor held in ``low``.
 
     The outer loop runs over key/value tiles of ``block_n`` (B_c), the inner over query
@@ -140,9 +135,7 @@ def fa1(
     returns, per row, how many times the running maximum grew after the first tile (the
     rescalings that change m)."""
     if block_n < 1 or (block_m is not None and block_m < 1):
-        raise ValueError(
-            f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}"
-        )
+        raise ValueError(f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}")
     rnd = lambda x: round_to(x, low)  # noqa: E731
     q, k, v = _inputs(q, k, v, low)
     scale = _scale(q, scale)
@@ -153,10 +146,7 @@ def fa1(
     out = torch.zeros_like(q)
     grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):  # B_c: key tiles (outer loop)
-        k_j, v_j = (
-            k[..., start : start + block_n, :],
-            v[..., start : start + block_n, :],
-        )
+        k_j, v_j = (k[..., start : start + block_n, :], v[..., start : start + block_n, :])
         for row in range(0, n_q, block_m):  # B_r: query blocks (inner loop)
             rows = slice(row, row + block_m)
             q_i, m_i, ell_i, o_i = (
@@ -194,26 +184,26 @@ RUNNERS = {
 def run(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
     """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype."""
     if impl not in RUNNERS:
-        raise ValueError(
-            f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}"
-        )
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     low = format_dtype(low)
-    return RUNNERS[impl](
-        q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n
-    )
+    return RUNNERS[impl](q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n)
 
 
 class OffsetCounter:
     """Per-row counts of running-maximum growth, one tensor per emulator call (see
     :func:`count_offset_changes`)."""
 
-    def __init__(self):
-        self.calls: list[torch.Tensor] = []
+    def __init__(self, results=None):
+        self._results = [] if results is None else results
+
+    @property
+    def calls(self) -> list[torch.Tensor]:
+        return [r.offset_growths for r in self._results]
 
     def total(self, dim: int = -2) -> torch.Tensor:
         """The calls' counts side by side along ``dim`` (default: the head axis of
         (B, H, N))."""
-        if not self.calls:
+        if not self._results:
             raise RuntimeError("no emulator call was counted")
         return torch.cat(self.calls, dim=dim)
 
@@ -225,23 +215,11 @@ def count_offset_changes():
 
     ``with count_offset_changes() as counter: emulator.flash_forward(...)``; then
     ``counter.calls[i]`` holds the per-row counts of call i (shaped like L) and
-    ``counter.total()`` all of them. It wraps the emulator's own offset step, so it
-    counts what the emulator did."""
-    original = emulator.offset_update
-    counter = OffsetCounter()
-
-    def counting(s, m, rm, rs, opts, r):
-        m_new, rm_new, rs_new, ties = original(s, m, rm, rs, opts, r)
-        if torch.isinf(m).all():  # the first tile of a new call
-            counter.calls.append(torch.zeros_like(m))
-        counter.calls[-1] += (torch.isfinite(m) & (m_new > m)).to(m.dtype)
-        return m_new, rm_new, rs_new, ties
-
-    emulator.offset_update = counting
-    try:
-        yield counter
-    finally:
-        emulator.offset_update = original
+    ``counter.total()`` all of them: the emulator's own counts
+    (:attr:`kernels.attention.emulator.ForwardResult.offset_growths`, seen through
+    :func:`kernels.attention.emulator.watch`)."""
+    with emulator.watch() as seen:
+        yield OffsetCounter(seen)
 
 
 def expected_record_count(tiles: int) -> float:

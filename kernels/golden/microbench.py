@@ -23,14 +23,7 @@ import torch
 from ..lab import cases
 from ..numerics.rounding import error_in_ulps
 from . import implementations as impl
-from .implementations import (
-    FORMATS,
-    format_dtype,
-    format_name,
-    golden,
-    ideal,
-    work_dtype,
-)
+from .implementations import FORMATS, format_dtype, format_name, golden, ideal, work_dtype
 
 
 @dataclass
@@ -49,9 +42,7 @@ class Inputs:
         return self.k.shape[-2]
 
 
-def gaussian_inputs(
-    n: int, d: int = 64, heads: int = 2, seed: int = 0, device="cpu"
-) -> Inputs:
+def gaussian_inputs(n: int, d: int = 64, heads: int = 2, seed: int = 0, device="cpu") -> Inputs:
     """Q, K, V ~ N(0, 1), shape (1, heads, n, d); scale 1/√d (scores ~ N(0, 1))."""
     if n < 1 or d < 1 or heads < 1:
         raise ValueError(f"n, d and heads must be >= 1, got {n}, {d}, {heads}")
@@ -67,9 +58,7 @@ def gaussian_inputs(
 SINK_SETTINGS = {
     "tied V 0, rest -1": dict(v_tied=(0.0, 0.3), v_rest=(-1.0, 0.3), gap=15.6),
     "tied V -1, rest 0": dict(v_tied=(-1.0, 0.3), v_rest=(0.0, 0.3), gap=15.6),
-    "tied V -1, rest 0, gap 11.4": dict(
-        v_tied=(-1.0, 0.3), v_rest=(0.0, 0.3), gap=11.4
-    ),
+    "tied V -1, rest 0, gap 11.4": dict(v_tied=(-1.0, 0.3), v_rest=(0.0, 0.3), gap=11.4),
 }
 
 
@@ -81,19 +70,10 @@ def sink_inputs(
     overrides fields of :class:`kernels.lab.cases.Case`). Q is the identity and the
     scale 1, so every score is exact; the inputs are bf16 numbers."""
     if setting not in SINK_SETTINGS:
-        raise ValueError(
-            f"setting must be one of {tuple(SINK_SETTINGS)}, got {setting!r}"
-        )
+        raise ValueError(f"setting must be one of {tuple(SINK_SETTINGS)}, got {setting!r}")
     chosen = dict(SINK_SETTINGS[setting])
-    values = {
-        key: cases.VDist("normal", *chosen.pop(key)) for key in ("v_tied", "v_rest")
-    }
-    fields = {
-        **dict(ties=2, head_dim=32, batch=8, block_n=64),
-        **values,
-        **chosen,
-        **case,
-    }
+    values = {key: cases.VDist("normal", *chosen.pop(key)) for key in ("v_tied", "v_rest")}
+    fields = {**dict(ties=2, head_dim=32, batch=8, block_n=64), **values, **chosen, **case}
     built = cases.build(cases.Case(n_keys=n, **fields), seed=seed, device=device)
     return Inputs(built.q, built.k, built.v, 1.0, f"sink: {setting}")
 
@@ -108,17 +88,12 @@ def deviation(out: torch.Tensor, ref: torch.Tensor) -> dict:
         "max_abs": float(diff.max()),
         "mean_abs": float(diff.mean()),
         "std_abs": float(diff.std()) if diff.numel() > 1 else 0.0,
-        "rel_norm": (
-            float(torch.linalg.vector_norm(out - ref) / norm) if norm > 0 else math.nan
-        ),
+        "rel_norm": (float(torch.linalg.vector_norm(out - ref) / norm) if norm > 0 else math.nan),
     }
 
 
 def mean_ulps(
-    out: torch.Tensor,
-    ref: torch.Tensor,
-    low: torch.dtype,
-    best: torch.Tensor | None = None,
+    out: torch.Tensor, ref: torch.Tensor, low: torch.dtype, best: torch.Tensor | None = None
 ) -> float | None:
     """Mean signed error (out − ref) in ulps of ``low``: a bias (None for fp64). With
     ``best`` (the ideal), the bias *beyond* the ideal's: mean of err(out) − err(best).
@@ -138,25 +113,14 @@ def per_head(fn, inputs: Inputs, *args, **kw) -> torch.Tensor:
     if q.dim() < 3:
         return fn(q, k, v, *args, **kw)
     outs = [
-        fn(
-            q[..., h : h + 1, :, :],
-            k[..., h : h + 1, :, :],
-            v[..., h : h + 1, :, :],
-            *args,
-            **kw,
-        )
+        fn(q[..., h : h + 1, :, :], k[..., h : h + 1, :, :], v[..., h : h + 1, :, :], *args, **kw)
         for h in range(q.shape[-3])
     ]
     return torch.cat(outs, dim=-3)
 
 
 def outputs(
-    inputs: Inputs,
-    fmt,
-    impls=impl.IMPLEMENTATIONS,
-    block_n: int = 64,
-    block_m=None,
-    extra=None,
+    inputs: Inputs, fmt, impls=impl.IMPLEMENTATIONS, block_n: int = 64, block_m=None, extra=None
 ) -> dict:
     """{name: O} for each implementation (and "golden", "ideal") on ``inputs`` in format
     ``fmt``. ``extra`` {name: (fn(q, k, v, low, scale) -> O, formats it supports)} adds
@@ -192,11 +156,7 @@ def precision_sweep(
     plus the mean signed error in ulps (a bias, which Golden's measures do not see),
     that bias beyond the ideal's, and the share of outputs equal to the ideal."""
     records = []
-    for fmt in (
-        formats
-        if progress is None
-        else progress(formats, desc=f"{inputs.name} formats")
-    ):
+    for fmt in formats if progress is None else progress(formats, desc=f"{inputs.name} formats"):
         low = format_dtype(fmt)
         outs = outputs(inputs, fmt, impls, block_n, extra=extra)
         gold, base, best = outs.pop("golden"), outs["baseline"], outs["ideal"]
@@ -213,9 +173,7 @@ def precision_sweep(
                     "vs_ideal": deviation(out, best),
                     "bias_ulps": mean_ulps(out, gold, low),
                     "bias_beyond_ideal_ulps": mean_ulps(out, gold, low, best),
-                    "same_as_ideal": float(
-                        (out.to(best.dtype) == best).double().mean()
-                    ),
+                    "same_as_ideal": float((out.to(best.dtype) == best).double().mean()),
                 }
             )
     return records
@@ -316,13 +274,7 @@ def seqlen_sweep(
 
 
 def error_by_rescalings(
-    n: int,
-    d: int = 64,
-    heads: int = 2,
-    block_n: int = 64,
-    fmt="bf16",
-    seed: int = 0,
-    device="cpu",
+    n: int, d: int = 64, heads: int = 2, block_n: int = 64, fmt="bf16", seed: int = 0, device="cpu"
 ) -> dict:
     """At one N: each row's relative error ‖o − g‖/‖g‖ against the golden value, grouped
     by how often that row's running maximum grew. If rescalings caused the error, rows
@@ -334,9 +286,7 @@ def error_by_rescalings(
     found = {}
     for name in ("fa2", "paper"):
         with impl.count_offset_changes() as counter:
-            out = per_head(
-                impl.RUNNERS[name], inputs, low, inputs.scale, block_n=block_n
-            )
+            out = per_head(impl.RUNNERS[name], inputs, low, inputs.scale, block_n=block_n)
         found[name] = (out, counter.total())
     pieces = [
         impl.fa1(
@@ -368,11 +318,7 @@ def error_by_rescalings(
 # tiles (Fig. 6)
 # --------------------------------------------------------------------------------------
 def tile_sweep(
-    inputs: Inputs,
-    tiles,
-    formats=tuple(FORMATS),
-    flash=("fa1", "fa2", "paper"),
-    progress=None,
+    inputs: Inputs, tiles, formats=tuple(FORMATS), flash=("fa1", "fa2", "paper"), progress=None
 ) -> list[dict]:
     """Golden et al.'s Fig. 6: each (B_r, B_c) = (block_m, block_n) of ``tiles``, every
     format. FA1 runs its query blocks literally (the inner loop over B_r); the FA2
@@ -418,9 +364,7 @@ def tile_sweep(
 
 def digest(out: torch.Tensor) -> str:
     """A fingerprint of a tensor's bits: equal digests mean bit-identical outputs."""
-    return hashlib.sha256(
-        out.detach().cpu().contiguous().numpy().tobytes()
-    ).hexdigest()[:16]
+    return hashlib.sha256(out.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def block_m_identical(records) -> dict:

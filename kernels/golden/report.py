@@ -5,6 +5,7 @@ chapter runs before and after the GPU script."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import matplotlib.pyplot as plt
@@ -12,7 +13,7 @@ import numpy as np
 
 from .. import results
 from . import figures, training
-from .implementations import SHORT
+from .implementations import IMPLEMENTATIONS, RUN, SHORT
 from .microbench import block_m_identical, one, pick, ratio_table
 
 STAGE_FILES = {
@@ -36,8 +37,7 @@ def stored(stage: str, directory=None) -> dict | None:
 
 
 def _missing(stage: str) -> bool:
-    print(f"No stored GPU measurement of this section yet (results/{STAGE_FILES[stage]}"
-          ".json);")
+    print(f"No stored GPU measurement of this section yet (results/{STAGE_FILES[stage]}.json);")
     print(f"`{GPU_COMMAND}` on a GPU makes it.")
     return False
 
@@ -51,9 +51,7 @@ def print_precision(records, inputs="gaussian", fmt="bf16", impls=None):
     rows = pick(records, inputs=inputs, format=fmt)
     names = impls or [r["impl"] for r in rows]
     print(f"{inputs} inputs, {fmt}, N = {rows[0]['n']:,}")
-    print(
-        f"{'':22s}{'max|O-O_golden|':>16s}{'rel. norm':>11s}{'max|O-O_baseline|':>19s}"
-    )
+    print(f"{'':22s}{'max|O-O_golden|':>16s}{'rel. norm':>11s}{'max|O-O_baseline|':>19s}")
     for name in names:
         r = one(rows, impl=name)
         print(
@@ -70,15 +68,8 @@ def print_ratios(records, inputs="gaussian", fmt="bf16"):
     print(f"{'flash':14s}{'baseline':12s}{'max |dO|':>10s}{'rel. norm':>11s}")
     for f in ("fa2", "paper", "fa1"):
         for b in ("baseline", "baseline_fp32"):
-            got = {
-                r["measure"]: r["ratio"]
-                for r in rows
-                if r["flash"] == f and r["baseline"] == b
-            }
-            print(
-                f"  {SHORT[f]:12s}{SHORT[b]:12s}"
-                f"{got['max_abs']:10.2f}{got['rel_norm']:11.2f}"
-            )
+            got = {r["measure"]: r["ratio"] for r in rows if r["flash"] == f and r["baseline"] == b}
+            print(f"  {SHORT[f]:12s}{SHORT[b]:12s}{got['max_abs']:10.2f}{got['rel_norm']:11.2f}")
     return rows
 
 
@@ -105,12 +96,8 @@ def print_ratio_grid(
         for flash, base in pairs:
             cells = []
             for inp in inputs:
-                f = one(records, inputs=inp, format=fmt, impl=flash)["vs_golden"][
-                    measure
-                ]
-                b = one(records, inputs=inp, format=fmt, impl=base)["vs_golden"][
-                    measure
-                ]
+                f = one(records, inputs=inp, format=fmt, impl=flash)["vs_golden"][measure]
+                b = one(records, inputs=inp, format=fmt, impl=base)["vs_golden"][measure]
                 cells.append(f"{f / b:10.2f}" if b else f"{'inf':>10s}")
             print(f"  {fmt} {SHORT[flash] + ' / ' + SHORT[base]:21s}" + "".join(cells))
     for line in legend:
@@ -165,14 +152,20 @@ def print_seqlen_by_n(records, impls=("fa2", "triton", "sdpa_flash", "fa1")):
     multiple of the ideal's, and the largest |O_flash − O_baseline| of FA2 and FA1."""
     present = [i for i in impls if pick(records, impl=i)]
     head = "".join(f"{SHORT[i]:>12s}" for i in present)
-    print(f"{'':6s}{'relative error ÷ the ideal’s':>{12 * len(present)}s}"
-          f"{'max |O − O_baseline|':>22s}")
+    print(
+        f"{'':6s}{'relative error ÷ the ideal’s':>{12 * len(present)}s}"
+        f"{'max |O − O_baseline|':>22s}"
+    )
     print(f"{'N':>6s}{head}{'FA2':>11s}{'FA1 all-low':>12s}")
     for n in sorted({r["n"] for r in records}):
         best = pick(records, n=n, impl="ideal")
         ideal = best[0]["vs_golden"]["rel_norm"] if best else math.nan
-        cells = "".join(f"{pick(records, n=n, impl=i)[0]['vs_golden']['rel_norm'] / ideal:12.2f}"
-                        if pick(records, n=n, impl=i) else f"{'':12s}" for i in present)
+        cells = "".join(
+            f"{pick(records, n=n, impl=i)[0]['vs_golden']['rel_norm'] / ideal:12.2f}"
+            if pick(records, n=n, impl=i)
+            else f"{'':12s}"
+            for i in present
+        )
         maxes = [pick(records, n=n, impl=i) for i in ("fa2", "fa1")]
         m = [f"{x[0]['vs_baseline']['max_abs']:.1e}" if x else "" for x in maxes]
         print(f"{n:6d}{cells}{m[0]:>11s}{m[1]:>12s}")
@@ -184,8 +177,7 @@ def print_rescalings(records, by_count):
     print(f"{'N':>6s}{'tiles':>7s}{'growths/row':>13s}{'H_T - 1':>9s}")
     for r in sorted(pick(records, impl="fa2"), key=lambda r: r["n"]):
         print(
-            f"{r['n']:6d}{r['tiles']:7d}{r['rescalings_mean']:13.2f}"
-            f"{r['rescalings_expected']:9.2f}"
+            f"{r['n']:6d}{r['tiles']:7d}{r['rescalings_mean']:13.2f}{r['rescalings_expected']:9.2f}"
         )
     for name, table in by_count.items():
         keep = {int(c): v for c, v in table.items() if v[0] >= 20}
@@ -210,19 +202,10 @@ def print_tiles(records, fmt="bf16"):
     }
     print(f"FA1, {fmt}, max |O − O_golden| by tile B_r × B_c:")
     for area in sorted({br * bc for br, bc in fa1}):
-        cells = [
-            f"{br}×{bc}: {fa1[(br, bc)]:.1e}"
-            for br, bc in sorted(fa1)
-            if br * bc == area
-        ]
+        cells = [f"{br}×{bc}: {fa1[(br, bc)]:.1e}" for br, bc in sorted(fa1) if br * bc == area]
         print(f"  area {area:6d}: " + ",  ".join(cells))
-    fa2 = {
-        r["block_n"]: r["vs_golden"]["max_abs"]
-        for r in pick(records, impl="fa2", format=fmt)
-    }
-    print(
-        "FA2 by B_c: " + ",  ".join(f"{bc}: {e:.1e}" for bc, e in sorted(fa2.items()))
-    )
+    fa2 = {r["block_n"]: r["vs_golden"]["max_abs"] for r in pick(records, impl="fa2", format=fmt)}
+    print("FA2 by B_c: " + ",  ".join(f"{bc}: {e:.1e}" for bc, e in sorted(fa2.items())))
 
 
 def print_weights(record, labels=None, steps=None, matrices="median"):
@@ -231,20 +214,12 @@ def print_weights(record, labels=None, steps=None, matrices="median"):
     labels = labels or [c["label"] for c in record["pairs"]]
     all_steps = record["snapshot_steps"]
     steps = steps or [
-        s
-        for s in (
-            all_steps[len(all_steps) // 4],
-            all_steps[len(all_steps) // 2],
-            all_steps[-1],
-        )
+        s for s in (all_steps[len(all_steps) // 4], all_steps[len(all_steps) // 2], all_steps[-1])
     ]
     which = {"median": "median over matrices", "max": "largest over matrices"}.get(
         matrices, matrices
     )
-    print(
-        f"{'W1 (max diff), ' + which:38s}"
-        + "".join(f"{'step ' + str(s):>16s}" for s in steps)
-    )
+    print(f"{'W1 (max diff), ' + which:38s}" + "".join(f"{'step ' + str(s):>16s}" for s in steps))
     for label in labels:
         s_w, w = training.curve(record, label, "wasserstein", matrices)
         _, m = training.curve(record, label, "max_diff", matrices)
@@ -258,39 +233,41 @@ def print_weights(record, labels=None, steps=None, matrices="median"):
 # --------------------------------------------------------------------------------------
 # stored GPU measurements, drawn with the live cells' figures
 # --------------------------------------------------------------------------------------
-def show_stored_precision(directory=None) -> bool:
-    rec = stored("precision", directory)
-    if rec is None:
-        return _missing("precision")
-    data = rec["data"]
+def _shows_stored(stage: str):
+    """``show_stored_<stage>(directory=None) -> bool`` made from a function that shows the
+    stored record's data: False, and the command that makes the record, where there is none;
+    after the figures and tables, where the record came from."""
+
+    def make(show):
+        @functools.wraps(show)
+        def show_stored(directory=None) -> bool:
+            rec = stored(stage, directory)
+            if rec is None:
+                return _missing(stage)
+            show(rec["data"])
+            print("stored:", results.describe(rec))
+            return True
+
+        return show_stored
+
+    return make
+
+
+@_shows_stored("precision")
+def show_stored_precision(data):
     fig, ax = plt.subplots(figsize=(6.2, 3.4))
-    impls = (
-        "baseline",
-        "baseline_fp32",
-        "fa2",
-        "paper",
-        "fa1",
-        "triton",
-        "sdpa_flash",
-        "torch_math",
-    )
+    impls = IMPLEMENTATIONS + RUN
     figures.plot_precision(ax, data["records"], impls=impls)
     ax.set_title(f"stored GPU measurement, Gaussian inputs, N = {data['n']:,}")
     plt.show()
     print_precision(
-        data["records"],
-        impls=[i for i in impls if pick(data["records"], impl=i, format="bf16")],
+        data["records"], impls=[i for i in impls if pick(data["records"], impl=i, format="bf16")]
     )
     print_ratios(data["records"])
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_seqlen(directory=None) -> bool:
-    rec = stored("seqlen", directory)
-    if rec is None:
-        return _missing("seqlen")
-    data = rec["data"]
+@_shows_stored("seqlen")
+def show_stored_seqlen(data):
     fig, axes = plt.subplots(1, 2, figsize=(6.2, 3.2), layout="constrained")
     figures.plot_seqlen(
         axes,
@@ -308,15 +285,10 @@ def show_stored_seqlen(directory=None) -> bool:
     print_rescalings(data["records"], data["by_count"])
     if data.get("stopped"):
         print("the sweep stopped early:", data["stopped"])
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_tiles(directory=None) -> bool:
-    rec = stored("tiles", directory)
-    if rec is None:
-        return _missing("tiles")
-    data = rec["data"]
+@_shows_stored("tiles")
+def show_stored_tiles(data):
     picked = sorted({(bm, bn) for bm, bn in data["autotuned"].values()})
     marks = {"Triton kernel, CPU / explicit path (64×64)": 64 * 64}
     if picked:
@@ -330,23 +302,16 @@ def show_stored_tiles(directory=None) -> bool:
         print("the sweep stopped early:", data["stopped"])
     print(
         "the Triton kernel's autotuner picked (B_r × B_c) at N:",
-        ", ".join(f"{n}: {bm}×{bn}" for n, (bm, bn) in data["autotuned"].items())
-        or "none",
+        ", ".join(f"{n}: {bm}×{bn}" for n, (bm, bn) in data["autotuned"].items()) or "none",
     )
-    print("stored:", results.describe(rec))
-    return True
 
 
-def show_stored_training(directory=None) -> bool:
-    rec = stored("training", directory)
-    if rec is None:
-        return _missing("training")
-    data = rec["data"]
+@_shows_stored("training")
+def show_stored_training(data):
     fig, axes = plt.subplots(2, 1, figsize=(6.2, 6.4), layout="constrained")
     figures.plot_weight_distance(axes[0], data["golden"], mark_explosion=False)
     axes[0].set_title(
-        f"stored GPU measurement: one change per pair, "
-        f"{data['golden']['steps_done']:,} steps"
+        f"stored GPU measurement: one change per pair, {data['golden']['steps_done']:,} steps"
     )
     figures.plot_weight_distance(axes[1], data["failure"], matrices="0.W_Q")
     axes[1].set_title("the failing path and its control, layer 0's W_Q")
@@ -354,25 +319,20 @@ def show_stored_training(directory=None) -> bool:
     print_weights(data["golden"])
     print_weights(data["failure"], matrices="0.W_Q")
     summarise_failure(data["failure"])
-    print("stored:", results.describe(rec))
-    return True
 
 
 def summarise_failure(record, matrices=("0.W_Q", "median")):
     """When the failing run's distance from its control leaves the seed pair's for good,
     against the step its loss exploded."""
     boom = record["explosion"].get("failing")
-    outcome = (f"exploded at step {boom:,}" if boom is not None
-               else "did not explode")
-    print(f"the failing run's loss {outcome} ({record['steps_done']:,} steps trained; "
-          f"{record['stopped']})")
+    outcome = f"exploded at step {boom:,}" if boom is not None else "did not explode"
+    print(
+        f"the failing run's loss {outcome} ({record['steps_done']:,} steps trained; "
+        f"{record['stopped']})"
+    )
     for m in matrices:
-        steps, fail = training.curve(
-            record, "failing path vs its control", "wasserstein", m
-        )
-        _, seed = training.curve(
-            record, "initialisation seed (control)", "wasserstein", m
-        )
+        steps, fail = training.curve(record, "failing path vs its control", "wasserstein", m)
+        _, seed = training.curve(record, "initialisation seed (control)", "wasserstein", m)
         leaves = training.first_above_for_good(steps[1:], fail[1:], seed[1:])
         print(
             f"  {m:7s}: W1(failing, control) stays above W1(seed, control) from step "

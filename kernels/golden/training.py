@@ -80,36 +80,15 @@ FAILURE_PAIRS = (
 )
 SETS = {"golden": (GOLDEN_RUNS, GOLDEN_PAIRS), "failure": (FAILURE_RUNS, FAILURE_PAIRS)}
 
-# Model and schedule. CPU: a tiny GPT-2 for the chapter's live cell. GPU: the GPT-2
-# chapter's
-# model (4 layers, 4 heads, width 256, context 256, 64 sequences) and its 20,000-step
-# schedule
-# (peak lr 1e-3, cosine to 1e-4), of which a run trains as many steps as its time
-# allows.
-CPU_BASE = dict(
-    n_layer=2,
-    n_head=2,
-    n_embd=64,
-    block_size=64,
-    batch_size=8,
-    warmup=20,
-    lr=3e-3,
-    min_lr=3e-4,
-    steps=300,
-    max_bytes=1_000_000,
-)
-GPU_BASE = dict(
-    n_layer=4,
-    n_head=4,
-    n_embd=256,
-    block_size=256,
-    batch_size=64,
-    warmup=200,
-    lr=1e-3,
-    min_lr=1e-4,
-    steps=20_000,
-    max_bytes=0,
-)
+# Model and schedule. CPU: a tiny GPT-2 for the chapter's live cell. GPU: the GPT-2 chapter's
+# model (4 layers, 4 heads, width 256, context 256, 64 sequences) and its 20,000-step schedule
+# (peak lr 1e-3, cosine to 1e-4), of which a run trains as many steps as its time allows.
+# fmt: off
+CPU_BASE = dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, warmup=20, lr=3e-3,
+                min_lr=3e-4, steps=300, max_bytes=1_000_000)
+GPU_BASE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, warmup=200,
+                lr=1e-3, min_lr=1e-4, steps=20_000, max_bytes=0)
+# fmt: on
 
 
 # --------------------------------------------------------------------------------------
@@ -140,9 +119,7 @@ def wasserstein_1d(a: torch.Tensor, b: torch.Tensor) -> float:
 
     For equally many values it is the mean distance between the sorted values (computed
     on the tensors' device); otherwise ``scipy.stats.wasserstein_distance``."""
-    a, b = a.detach().flatten().to(torch.float64), b.detach().flatten().to(
-        torch.float64
-    )
+    a, b = a.detach().flatten().to(torch.float64), b.detach().flatten().to(torch.float64)
     if a.numel() == 0 or b.numel() == 0:
         raise ValueError("wasserstein_1d needs two non-empty tensors")
     if a.numel() == b.numel():
@@ -178,9 +155,7 @@ def nudge(model) -> tuple[str, float]:
 # --------------------------------------------------------------------------------------
 # training a set in lock-step
 # --------------------------------------------------------------------------------------
-def build_trainers(
-    specs, base: dict, corpus, out_dir: str, device: str = "auto"
-) -> dict:
+def build_trainers(specs, base: dict, corpus, out_dir: str, device: str = "auto") -> dict:
     """One :class:`Trainer` per run; every run replays the same recorded batch order."""
     trainers = {}
     for spec in specs:
@@ -201,9 +176,7 @@ def build_trainers(
     return trainers
 
 
-def snapshot_schedule(
-    max_steps: int, every: int, early: int = 0, early_every: int = 1
-) -> list:
+def snapshot_schedule(max_steps: int, every: int, early: int = 0, early_every: int = 1) -> list:
     """Steps at which weights are compared: every ``every`` steps, and in the first
     ``early`` steps every ``early_every`` (a perturbation grows fastest at the start).
     """
@@ -249,24 +222,18 @@ def train_set(
     names = [s.name for s in specs]
     for label, a, b in pairs:
         if a not in names or b not in names:
-            raise ValueError(
-                f"pair {label!r} names a run that is not in the set: {a}, {b}"
-            )
+            raise ValueError(f"pair {label!r} names a run that is not in the set: {a}, {b}")
     start = time.time()
     with tempfile.TemporaryDirectory() as out_dir:
         trainers = build_trainers(specs, base, corpus, out_dir, device)
-        record = _train_lockstep(
-            trainers,
-            specs,
-            pairs,
-            max_steps,
-            snapshot_at,
-            log_every,
-            minutes,
-            stop_after_explosion,
-            progress,
-            start,
+        limits = dict(
+            max_steps=max_steps,
+            snapshot_at=snapshot_at,
+            log_every=log_every,
+            minutes=minutes,
+            stop_after_explosion=stop_after_explosion,
         )
+        record = _train_lockstep(trainers, specs, pairs, limits, progress, start)
     first = next(iter(trainers.values()))
     record.update(
         set=name,
@@ -279,25 +246,19 @@ def train_set(
     return record
 
 
-def _train_lockstep(
-    trainers,
-    specs,
-    pairs,
-    max_steps,
-    snapshot_at,
-    log_every,
-    minutes,
-    stop_after_explosion,
-    progress,
-    start,
-) -> dict:
+def _train_lockstep(trainers, specs, pairs, limits, progress, start) -> dict:
+    """Train ``trainers`` step by step together until ``limits`` (max_steps, snapshot_at,
+    log_every, minutes, stop_after_explosion) say stop; ``start``: when the run began."""
+    max_steps, snapshot_at, log_every = (
+        limits[k] for k in ("max_steps", "snapshot_at", "log_every")
+    )
+    minutes, stop_after_explosion = limits["minutes"], limits["stop_after_explosion"]
     from tqdm import tqdm
 
     watched = [s.name for s in specs if s.watch]
     loss = {n: {"step": [], "loss": []} for n in trainers}
     curves = [
-        {"label": label, "a": a, "b": b, "max_diff": {}, "wasserstein": {}}
-        for label, a, b in pairs
+        {"label": label, "a": a, "b": b, "max_diff": {}, "wasserstein": {}} for label, a, b in pairs
     ]
     snapshot_steps = []
 
@@ -305,17 +266,13 @@ def _train_lockstep(
         mats = {n: weight_matrices(t.model) for n, t in trainers.items()}
         snapshot_steps.append(step)
         for curve in curves:
-            for matrix, got in compare_weights(
-                mats[curve["a"]], mats[curve["b"]]
-            ).items():
+            for matrix, got in compare_weights(mats[curve["a"]], mats[curve["b"]]).items():
                 for metric in METRICS:
                     curve[metric].setdefault(matrix, []).append(got[metric])
 
     snapshot(0)
     stopped, step = "reached max_steps", 0
-    bar = tqdm(
-        total=max_steps, desc="lock-step training", mininterval=5, disable=not progress
-    )
+    bar = tqdm(total=max_steps, desc="lock-step training", mininterval=5, disable=not progress)
     while step < max_steps:
         for n, trainer in trainers.items():
             value, _ = trainer.train_step()
@@ -326,11 +283,7 @@ def _train_lockstep(
         bar.update(1)
         if step in snapshot_at:
             snapshot(step)
-        bad = [
-            n
-            for n in trainers
-            if loss[n]["loss"] and not math.isfinite(loss[n]["loss"][-1])
-        ]
+        bad = [n for n in trainers if loss[n]["loss"] and not math.isfinite(loss[n]["loss"][-1])]
         if bad:
             where = loss[bad[0]]["step"][-1]
             stopped = f"non-finite loss in {', '.join(bad)} at step {where}"
@@ -338,9 +291,7 @@ def _train_lockstep(
         if stop_after_explosion is not None and step in snapshot_at:
             booms = [find_explosion(loss[n]["step"], loss[n]["loss"]) for n in watched]
             if any(b is not None and step >= b + stop_after_explosion for b in booms):
-                stopped = (
-                    f"stopped {stop_after_explosion} steps after the loss exploded"
-                )
+                stopped = f"stopped {stop_after_explosion} steps after the loss exploded"
                 break
         if minutes and time.time() - start > 60 * minutes:
             stopped = f"time limit of {minutes:g} min"
@@ -353,9 +304,7 @@ def _train_lockstep(
         "snapshot_steps": snapshot_steps,
         "pairs": curves,
         "loss": loss,
-        "explosion": {
-            n: find_explosion(loss[n]["step"], loss[n]["loss"]) for n in loss
-        },
+        "explosion": {n: find_explosion(loss[n]["step"], loss[n]["loss"]) for n in loss},
         "steps_done": step,
         "wall_s": wall,
         "stopped": stopped,
@@ -370,9 +319,7 @@ def pair_of(record: dict, label: str) -> dict:
     for curve in record["pairs"]:
         if curve["label"] == label:
             return curve
-    raise LookupError(
-        f"no pair {label!r}; pairs: {[c['label'] for c in record['pairs']]}"
-    )
+    raise LookupError(f"no pair {label!r}; pairs: {[c['label'] for c in record['pairs']]}")
 
 
 def curve(record: dict, label: str, metric: str = "wasserstein", matrices="median"):
@@ -393,12 +340,7 @@ def curve(record: dict, label: str, metric: str = "wasserstein", matrices="media
 
 
 def ratio_at(
-    record: dict,
-    top: str,
-    bottom: str,
-    metric: str = "wasserstein",
-    matrices="median",
-    steps=None,
+    record: dict, top: str, bottom: str, metric: str = "wasserstein", matrices="median", steps=None
 ) -> dict:
     """{step: value(top) / value(bottom)} at the snapshot steps ``steps`` (default:
     all > 0)."""
@@ -406,8 +348,7 @@ def ratio_at(
     _, b = curve(record, bottom, metric, matrices)
     keep = s > 0 if steps is None else np.isin(s, steps)
     return {
-        int(st): float(x / y) if y > 0 else math.inf
-        for st, x, y in zip(s[keep], a[keep], b[keep])
+        int(st): float(x / y) if y > 0 else math.inf for st, x, y in zip(s[keep], a[keep], b[keep])
     }
 
 

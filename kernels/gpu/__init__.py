@@ -5,10 +5,15 @@ in :mod:`kernels.attention.registry`.
   explicit against native rounding, errors, a speed and a memory table)
 * :mod:`.perf`      ``python -m kernels.gpu.perf``: chapter 10's speed, memory, host-overhead
   and ablation measurements (:mod:`.precompile` fills Triton's cache first)
-* :mod:`.host`      the host cost of one call with the GPU taken out (``python -m kernels.gpu.host``)
+* :mod:`.host`      the host cost of one call with the GPU taken out
+  (``python -m kernels.gpu.host``)
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
 * :mod:`.perf_report`  what chapter 10 imports: :mod:`.records`, :mod:`.perf_figures`,
   :mod:`.roofline`, :mod:`.targets` and its tables; :mod:`.exercises` the chapter's checks
 
 Results go to ``results/*.json`` with provenance (:mod:`kernels.results`).
 """
+
+from ..env import configure_triton as _configure_triton
+
+_configure_triton()  # the interpreter switch (kernels.env), before a module here imports triton

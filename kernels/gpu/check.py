@@ -6,14 +6,15 @@
    forward and backward (fraction of bit-identical elements, largest ulp difference), both
    against the fp64 golden output and next to torch SDPA;
 4. relative errors against fp64 for every dtype and head dim (ours, SDPA, standard attention);
-5. speed on three standard shapes (GPT-2 size, long, wide heads) (bf16, causal): ours (offset fix off / cross) against SDPA
-   flash and cuDNN, forward and forward+backward, TFLOP/s;
+5. speed on three standard shapes (GPT-2 size, long, wide heads) (bf16, causal): ours (offset
+   fix off / cross) against SDPA flash and cuDNN, forward and forward+backward, TFLOP/s;
 6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²)).
 
 Results go to ``<out>/gpu_check.json``, ``<out>/flash_bench.json`` and ``<out>/flash_memory.json``
 (with provenance, via :mod:`kernels.results`); a summary table is printed last. ``--budget``
 bounds the wall time: sections that would not fit are skipped and say so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,27 +25,26 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels import env
+import torch
 
-env.configure_triton()  # the interpreter switch, before anything imports triton
+from kernels import results, timing
+from kernels.attention import flash_attention
+from kernels.attention.flash_fwd import flash_forward
+from kernels.attention.reference import attention_fp64, relative_error, standard_attention
+from kernels.attention.registry import FLASH_BENCH, runner
+from kernels.env import REPO_ROOT
+from kernels.gpu.memory import BENCH_SHAPES, measure_memory
+from kernels.numerics.rounding import ulp_distance
+from kernels.numerics.triton_rounding import round_tensor
 
-import torch  # noqa: E402
-
-from kernels import results  # noqa: E402
-from kernels.attention import flash_attention  # noqa: E402
-from kernels.attention.flash_fwd import flash_forward  # noqa: E402
-from kernels.attention.registry import FLASH_BENCH, runner  # noqa: E402
-from kernels.attention.reference import attention_fp64, relative_error, standard_attention  # noqa: E402
-from kernels.env import REPO_ROOT  # noqa: E402
-from kernels.gpu.memory import BENCH_SHAPES, measure_memory  # noqa: E402
-from kernels.numerics.rounding import ulp_distance  # noqa: E402
-from kernels.numerics.triton_rounding import round_tensor  # noqa: E402
-from kernels.timing import measure_speed  # noqa: E402
-
-TEST_FILES = ["tests/numerics/test_triton_rounding.py", "tests/attention/test_flash_fwd.py",
-              "tests/attention/test_flash_bwd.py",
-              "tests/attention/test_autograd.py", "tests/attention/test_fixes.py",
-              "tests/gpt2/test_gpt2.py"]
+TEST_FILES = [
+    "tests/numerics/test_triton_rounding.py",
+    "tests/attention/test_flash_fwd.py",
+    "tests/attention/test_flash_bwd.py",
+    "tests/attention/test_autograd.py",
+    "tests/attention/test_fixes.py",
+    "tests/gpt2/test_gpt2.py",
+]
 COMMAND = "python -m kernels.gpu.check"
 START = time.time()
 
@@ -60,12 +60,29 @@ def start_tests(out_dir: Path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for path in TEST_FILES:
         log_path = out_dir / f"pytest_{Path(path).stem}.txt"
-        cmd = [sys.executable, "-m", "pytest", path, "-p", "no:cacheprovider", "-q",
-               "-o", "addopts=", "--durations=5"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            path,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-o",
+            "addopts=",
+            "--durations=5",
+        ]
         handle = open(log_path, "w")
-        procs.append((path, subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=handle,
-                                             stderr=subprocess.STDOUT, env=env),
-                      handle, log_path))
+        procs.append(
+            (
+                path,
+                subprocess.Popen(
+                    cmd, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, env=env
+                ),
+                handle,
+                log_path,
+            )
+        )
     return procs
 
 
@@ -89,12 +106,15 @@ def finish_tests(procs, timeout):
 # ---------------------------------------------------------------------------------------
 def check_rounding_helper(n=16_000_000):
     """Explicit and native Triton rounding against torch's .to(torch.bfloat16) on the GPU."""
-    bits = torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device="cuda")
+    bits = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device="cuda")
     normal = torch.randn(n, device="cuda") * torch.exp(torch.randn(n, device="cuda") * 8)
     halfway = (normal.to(torch.bfloat16).float().view(torch.int32) + 0x8000).view(torch.float32)
     out = {}
-    for name, x in (("random bit patterns", bits.view(torch.float32)),
-                    ("wide-range normals", normal), ("exact ties", halfway)):
+    for name, x in (
+        ("random bit patterns", bits.view(torch.float32)),
+        ("wide-range normals", normal),
+        ("exact ties", halfway),
+    ):
         want = x.to(torch.bfloat16).float()
         for explicit in (True, False):
             got = round_tensor(x, explicit=explicit)
@@ -113,79 +133,115 @@ def bit_agreement(a, b):
     ulps = ulp_distance(a, b)
     scale = b.float().abs().amax(-1, keepdim=True)
     # rows that are exactly zero (dQ of the first causal row) compare by equality alone
-    rel = torch.where(scale > 0, (a.float() - b.float()).abs() / scale,
-                      (a.float() != b.float()).float())
-    return dict(identical=float((ulps == 0).float().mean()), max_ulp=int(ulps.max()),
-                frac_over_1ulp=float((ulps > 1).float().mean()),
-                max_diff_rel_to_row=float(rel.max()),
-                over_one_row_ulp=int(((ulps > 1) & (rel > 2.0 ** -7)).sum()))
+    rel = torch.where(
+        scale > 0, (a.float() - b.float()).abs() / scale, (a.float() != b.float()).float()
+    )
+    return dict(
+        identical=float((ulps == 0).float().mean()),
+        max_ulp=int(ulps.max()),
+        frac_over_1ulp=float((ulps > 1).float().mean()),
+        max_diff_rel_to_row=float(rel.max()),
+        over_one_row_ulp=int(((ulps > 1) & (rel > 2.0**-7)).sum()),
+    )
 
 
 def explicit_vs_native(n=1024, batch=2, heads=4):
     """Whole kernels on one GPU: the explicit-rounding path against the native bf16 path."""
     from kernels.attention import emulator
+
     rows = []
     blocks = dict(block_m=64, block_n=32)
     for d in (64, 128):
         for causal in (False, True):
-            for stable, numerics in (("off", "fa2"), ("cross", "fa2"), ("tile", "fa2"),
-                                     ("off", "paper")):
+            for stable, numerics in (
+                ("off", "fa2"),
+                ("cross", "fa2"),
+                ("tile", "fa2"),
+                ("off", "paper"),
+            ):
                 if not causal and stable == "tile":
                     continue
-                q, k, v = (torch.randn(batch, heads, n, d, device="cuda").bfloat16()
-                           for _ in range(3))
+                q, k, v = (
+                    torch.randn(batch, heads, n, d, device="cuda").bfloat16() for _ in range(3)
+                )
                 ref = attention_fp64(q, k, v, causal)
                 got = {}
                 for explicit in (False, True):
-                    got[explicit], _, _ = flash_forward(q, k, v, causal=causal, stable=stable,
-                                                        numerics=numerics, explicit=explicit,
-                                                        **blocks)
-                emu = emulator.flash_forward(q, k, v, causal=causal, stable=stable,
-                                            numerics=numerics, block_n=32).out
-                row = dict(pass_="fwd", d=d, causal=causal, stable=stable, numerics=numerics,
-                           native_vs_explicit=bit_agreement(got[False], got[True]),
-                           native_vs_emulator=bit_agreement(got[False], emu),
-                           rel_err_native=relative_error(got[False], ref),
-                           rel_err_explicit=relative_error(got[True], ref),
-                           rel_err_sdpa_flash=relative_error(
-                                   runner("sdpa-flash", causal=causal)(q, k, v), ref))
+                    got[explicit], _, _ = flash_forward(
+                        q,
+                        k,
+                        v,
+                        causal=causal,
+                        stable=stable,
+                        numerics=numerics,
+                        explicit=explicit,
+                        **blocks,
+                    )
+                emu = emulator.flash_forward(
+                    q, k, v, causal=causal, stable=stable, numerics=numerics, block_n=32
+                ).out
+                row = dict(
+                    pass_="fwd",
+                    d=d,
+                    causal=causal,
+                    stable=stable,
+                    numerics=numerics,
+                    native_vs_explicit=bit_agreement(got[False], got[True]),
+                    native_vs_emulator=bit_agreement(got[False], emu),
+                    rel_err_native=relative_error(got[False], ref),
+                    rel_err_explicit=relative_error(got[True], ref),
+                    rel_err_sdpa_flash=relative_error(
+                        runner("sdpa-flash", causal=causal)(q, k, v), ref
+                    ),
+                )
                 rows.append(row)
-                log(f"fwd d={d} causal={causal} {stable}/{numerics}: native=explicit on "
+                log(
+                    f"fwd d={d} causal={causal} {stable}/{numerics}: native=explicit on "
                     f"{row['native_vs_explicit']['identical']:.5f} (max "
                     f"{row['native_vs_explicit']['max_ulp']} ulp, max |diff|/row max "
                     f"{row['native_vs_explicit']['max_diff_rel_to_row']:.2e}), native=emulator on "
                     f"{row['native_vs_emulator']['identical']:.5f}; rel err native "
                     f"{row['rel_err_native']:.3e} explicit {row['rel_err_explicit']:.3e} "
-                    f"sdpa {row['rel_err_sdpa_flash']:.3e}")
+                    f"sdpa {row['rel_err_sdpa_flash']:.3e}"
+                )
         # backward, causal: gradients from both paths, and against fp64 autograd
-        q, k, v, grad_out = (torch.randn(batch, heads, n, d, device="cuda").bfloat16()
-                             for _ in range(4))
+        q, k, v, grad_out = (
+            torch.randn(batch, heads, n, d, device="cuda").bfloat16() for _ in range(4)
+        )
         ref_in = [t.double().requires_grad_() for t in (q, k, v)]
         torch.autograd.backward(attention_fp64(*ref_in, True), grad_out.double())
         ref_grads = [t.grad for t in ref_in]
         sdpa_in = [t.clone().requires_grad_() for t in (q, k, v)]
-        sdpa_grads = torch.autograd.grad(runner("sdpa-flash", causal=True)(*sdpa_in), sdpa_in,
-                                         grad_out)
+        sdpa_grads = torch.autograd.grad(
+            runner("sdpa-flash", causal=True)(*sdpa_in), sdpa_in, grad_out
+        )
         for source in ("o", "dp", "o_fp32"):
             grads = {}
             for explicit in (False, True):
                 leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-                out = flash_attention(*leaves, causal=True, delta_source=source,
-                                      explicit=explicit, **blocks)
+                out = flash_attention(
+                    *leaves, causal=True, delta_source=source, explicit=explicit, **blocks
+                )
                 grads[explicit] = torch.autograd.grad(out, leaves, grad_out)
             row = dict(pass_="bwd", d=d, causal=True, delta_source=source)
             for i, name in enumerate(("dq", "dk", "dv")):
-                row[name] = dict(native_vs_explicit=bit_agreement(grads[False][i],
-                                                                  grads[True][i]),
-                                 rel_err_native=relative_error(grads[False][i], ref_grads[i]),
-                                 rel_err_explicit=relative_error(grads[True][i], ref_grads[i]),
-                                 rel_err_sdpa_flash=relative_error(sdpa_grads[i], ref_grads[i]))
+                row[name] = dict(
+                    native_vs_explicit=bit_agreement(grads[False][i], grads[True][i]),
+                    rel_err_native=relative_error(grads[False][i], ref_grads[i]),
+                    rel_err_explicit=relative_error(grads[True][i], ref_grads[i]),
+                    rel_err_sdpa_flash=relative_error(sdpa_grads[i], ref_grads[i]),
+                )
             rows.append(row)
-            log(f"bwd d={d} delta={source}: " + "; ".join(
-                f"{g} ident {row[g]['native_vs_explicit']['identical']:.4f} max |diff|/row "
-                f"{row[g]['native_vs_explicit']['max_diff_rel_to_row']:.1e}, err "
-                f"{row[g]['rel_err_native']:.2e}"
-                f" (sdpa {row[g]['rel_err_sdpa_flash']:.2e})" for g in ("dq", "dk", "dv")))
+            log(
+                f"bwd d={d} delta={source}: "
+                + "; ".join(
+                    f"{g} ident {row[g]['native_vs_explicit']['identical']:.4f} max |diff|/row "
+                    f"{row[g]['native_vs_explicit']['max_diff_rel_to_row']:.1e}, err "
+                    f"{row[g]['rel_err_native']:.2e}"
+                    f" (sdpa {row[g]['rel_err_sdpa_flash']:.2e})"
+                    for g in ("dq", "dk", "dv")
+                )
+            )
     return rows
 
 
@@ -196,8 +252,9 @@ def errors_per_dtype(n=512, batch=1, heads=4):
         for d in (16, 32, 64, 128):
             row = dict(dtype=str(dtype).replace("torch.", ""), d=d, n=n)
             try:
-                q, k, v, grad_out = (torch.randn(batch, heads, n, d, device="cuda").to(dtype)
-                                     for _ in range(4))
+                q, k, v, grad_out = (
+                    torch.randn(batch, heads, n, d, device="cuda").to(dtype) for _ in range(4)
+                )
                 ref_in = [t.double().requires_grad_() for t in (q, k, v)]
                 ref = attention_fp64(*ref_in, True)
                 ref_grads = torch.autograd.grad(ref, ref_in, grad_out.double())
@@ -207,13 +264,17 @@ def errors_per_dtype(n=512, batch=1, heads=4):
                 blocks = dict(block_m=64, block_n=32) if dtype.itemsize == 2 else {}
                 out = flash_attention(*leaves, causal=True, **blocks)
                 grads = torch.autograd.grad(out, leaves, grad_out)
-                row.update(ours=relative_error(out, ref),
-                           standard=relative_error(standard_attention(q, k, v, True), ref),
-                           sdpa=relative_error(runner("sdpa", causal=True)(q, k, v), ref),
-                           ours_grads=[relative_error(g, r) for g, r in zip(grads, ref_grads)])
-                log(f"errors {row['dtype']} d={d}: ours {row['ours']:.3e} standard "
+                row.update(
+                    ours=relative_error(out, ref),
+                    standard=relative_error(standard_attention(q, k, v, True), ref),
+                    sdpa=relative_error(runner("sdpa", causal=True)(q, k, v), ref),
+                    ours_grads=[relative_error(g, r) for g, r in zip(grads, ref_grads)],
+                )
+                log(
+                    f"errors {row['dtype']} d={d}: ours {row['ours']:.3e} standard "
                     f"{row['standard']:.3e} sdpa {row['sdpa']:.3e} grads "
-                    + " ".join(f"{e:.2e}" for e in row["ours_grads"]))
+                    + " ".join(f"{e:.2e}" for e in row["ours_grads"])
+                )
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 log(f"errors {row['dtype']} d={d}: FAILED {row['error']}")
@@ -228,10 +289,17 @@ def speed(shapes=BENCH_SHAPES):
     for shape in shapes:
         for mode in ("fwd", "fwd+bwd"):
             for name, attn in impls:
-                row = measure_speed(name, attn, shape, mode)
+                row = timing.measure_speed(name, attn, shape, mode)
                 rows.append(row)
-                shown = f"{row['tflops']:.0f} TFLOP/s ({row['ms']:.3f} ms)" if row["ms"] else row["error"]
-                log(f"speed B{shape[0]} H{shape[1]} N{shape[2]} D{shape[3]} {mode:8s} {name:20s} {shown}")
+                shown = (
+                    f"{row['tflops']:.0f} TFLOP/s ({row['ms']:.3f} ms)"
+                    if row["ms"]
+                    else row["error"]
+                )
+                log(
+                    f"speed B{shape[0]} H{shape[1]} N{shape[2]} D{shape[3]} {mode:8s} {name:20s} "
+                    f"{shown}"
+                )
     return rows
 
 
@@ -244,31 +312,40 @@ def memory(ns=(1024, 2048, 4096, 8192, 16384)):
             row = measure_memory(n, mode=mode)
             rows.append(row)
             fmt = lambda b: "OOM" if b is None else f"{b / 2**20:9.1f} MiB"  # noqa: E731
-            log(f"memory {mode:8s} N={n:6d}: flash {fmt(row['flash_peak_bytes'])}, naive "
-                f"{fmt(row['naive_peak_bytes'])}")
+            peaks = ", ".join(f"{k} {fmt(row[f'{k}_peak_bytes'])}" for k in ("flash", "naive"))
+            log(f"memory {mode:8s} N={n:6d}: {peaks}")
     return rows
 
 
 # ---------------------------------------------------------------------------------------
 def summary_table(report, bench_rows, memory_rows):
     print("\n=== summary ===")
-    for path, t in report.get("pytest", {}).items():
+    for path, t in (report.get("pytest") or {}).items():
         print(f"  {path:28s} rc={t['returncode']}  {t['last_line']}")
-    for key, r in report.get("rounding", {}).items():
+    for key, r in (report.get("rounding") or {}).items():
         print(f"  rounding {key:45s} mismatches {r['mismatches']} / {r['values']}")
-    for r in report.get("explicit_vs_native", []):
+    for r in report.get("explicit_vs_native") or []:
         if r["pass_"] == "fwd":
             a = r["native_vs_explicit"]
-            print(f"  fwd D{r['d']:3d} causal={r['causal']!s:5s} {r['stable']:5s} {r['numerics']:5s} "
-                  f"identical {a['identical']:.5f} max|diff|/row {a['max_diff_rel_to_row']:.1e} | err ours "
-                  f"{r['rel_err_native']:.2e} sdpa {r['rel_err_sdpa_flash']:.2e}")
+            print(
+                f"  fwd D{r['d']:3d} causal={r['causal']!s:5s} {r['stable']:5s} {r['numerics']:5s} "
+                f"identical {a['identical']:.5f} max|diff|/row {a['max_diff_rel_to_row']:.1e} | "
+                f"err ours "
+                f"{r['rel_err_native']:.2e} sdpa {r['rel_err_sdpa_flash']:.2e}"
+            )
     for r in bench_rows:
         if r["ms"]:
-            print(f"  speed N{r['n']:5d} D{r['d']:3d} {r['mode']:8s} {r['impl']:20s} {r['tflops']:6.1f} TFLOP/s")
+            print(
+                f"  speed N{r['n']:5d} D{r['d']:3d} {r['mode']:8s} {r['impl']:20s} "
+                f"{r['tflops']:6.1f} TFLOP/s"
+            )
     for r in memory_rows:
         f, nv = r["flash_peak_bytes"], r["naive_peak_bytes"]
-        print(f"  memory {r['mode']:8s} N{r['n']:6d} flash {f / 2**20 if f else float('nan'):9.1f} MiB"
-              f"  naive {nv / 2**20 if nv else float('nan'):9.1f} MiB")
+        print(
+            f"  memory {r['mode']:8s} N{r['n']:6d} flash "
+            f"{f / 2**20 if f else float('nan'):9.1f} MiB"
+            f"  naive {nv / 2**20 if nv else float('nan'):9.1f} MiB"
+        )
 
 
 def main(argv=None):
@@ -276,16 +353,22 @@ def main(argv=None):
     parser.add_argument("--out", default=os.environ.get("OUT", str(REPO_ROOT / "results")))
     parser.add_argument("--budget", type=float, default=520.0, help="seconds of wall time")
     parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--tests-only", action="store_true",
-                        help="only the unit tests; saved as gpu_check_tests.json")
+    parser.add_argument(
+        "--tests-only",
+        action="store_true",
+        help="only the unit tests; saved as gpu_check_tests.json",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernels.gpu.check needs a CUDA GPU")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     dirs = {out_dir, results.RESULTS_DIR}
-    log(f"GPU {torch.cuda.get_device_name(0)} sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}"
-        f", torch {torch.__version__}")
+    log(
+        f"GPU {torch.cuda.get_device_name(0)} "
+        f"sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}"
+        f", torch {torch.__version__}"
+    )
     report, bench_rows, memory_rows = {}, [], []
 
     def save_all():
@@ -296,11 +379,11 @@ def main(argv=None):
             if memory_rows:
                 results.save("flash_memory", memory_rows, COMMAND, directory=directory)
 
+    budget = timing.Budget(args.budget, log, start=START)
+
     def section(name, fn, need):
-        left = args.budget - (time.time() - START)
-        if left < need:
-            report.setdefault("skipped", []).append(f"{name} (needs ~{need}s, {left:.0f}s left)")
-            log(f"SKIP {name}: {left:.0f}s left")
+        if not budget.allows(name, need):
+            report.setdefault("skipped", []).append(budget.skipped[-1])
             return None
         log(f"--- {name}")
         try:
@@ -315,8 +398,7 @@ def main(argv=None):
     if args.tests_only:
         outcome = finish_tests(start_tests(out_dir), args.budget)
         for directory in dirs:
-            results.save("gpu_check_tests", outcome, COMMAND + " --tests-only",
-                         directory=directory)
+            results.save("gpu_check_tests", outcome, COMMAND + " --tests-only", directory=directory)
         log("done")
         return
     procs = [] if args.skip_tests else start_tests(out_dir)

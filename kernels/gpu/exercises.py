@@ -4,12 +4,14 @@
 * Exercise 10.2 :func:`check_stream_tflops`  the speed of a stream of calls, host against GPU
 * Exercise 10.3 :func:`check_bit_changes`    which speed-ups can change a bit of O
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
+from ..attention.reference import default_scale
 from ..checking import (
     call,
     correct,
@@ -46,7 +48,7 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
         n = int(rng.integers(16, 65_536))
         d = int(rng.choice([16, 32, 64, 96, 128, 256]))
         itemsize = int(rng.choice([1, 2, 4]))
-        fused = bool(i % 2)                     # both kinds in every run
+        fused = bool(i % 2)  # both kinds in every run
         got = _number(call(fn, "flop_per_byte", n, d, itemsize, fused), "flop_per_byte")
         want = intensity(n, d, "fused" if fused else "math", itemsize)
         if _close(got, want):
@@ -56,13 +58,19 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
         if itemsize > 1 and _close(got, want * itemsize):
             fail(f"too large {where}: the traffic is counted in values, not bytes")
         if not fused and _close(got, intensity(n, d, "fused", itemsize)):
-            fail(f"wrong {where}: the math backend also moves the N×N scores and "
-                 "probabilities through HBM")
+            fail(
+                f"wrong {where}: the math backend also moves the N×N scores and "
+                "probabilities through HBM"
+            )
         if _close(got, want / 2) or _close(got, want * 2):
-            fail(f"off by a factor of two {where}: how many FLOPs does one multiply-add "
-                 "take, and how many N×N matmuls are there?")
-        fail(f"not the model's intensity {where}: FLOPs of the two matmuls divided by the "
-             "bytes that go through HBM")
+            fail(
+                f"off by a factor of two {where}: how many FLOPs does one multiply-add "
+                "take, and how many N×N matmuls are there?"
+            )
+        fail(
+            f"not the model's intensity {where}: FLOPs of the two matmuls divided by the "
+            "bytes that go through HBM"
+        )
     correct(f"{cases} fresh shapes and formats, fused and math")
 
 
@@ -92,15 +100,22 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
             continue
         bound = "host-bound" if host_us > kernel_us else "GPU-bound"
         ratio = got / want if want else 0.0
-        if ratio > 0 and abs(math.log10(ratio) - round(math.log10(ratio))) < 1e-3 \
-                and round(math.log10(ratio)) != 0:
+        if (
+            ratio > 0
+            and abs(math.log10(ratio) - round(math.log10(ratio))) < 1e-3
+            and round(math.log10(ratio)) != 0
+        ):
             fail(f"off by a power of ten on a {bound} call: FLOPs per µs are not TFLOP/s")
         if _close(got, flops / (host_us + kernel_us) * 1e-6, 1e-3):
-            fail(f"too slow on a {bound} call: does the CPU wait for the GPU to finish a "
-                 "call before it issues the next one?")
+            fail(
+                f"too slow on a {bound} call: does the CPU wait for the GPU to finish a "
+                "call before it issues the next one?"
+            )
         if bound == "host-bound" and _close(got, flops / kernel_us * 1e-6, 1e-3):
-            fail("too fast on a host-bound call: the GPU cannot run a call before the CPU "
-                 "has issued it")
+            fail(
+                "too fast on a host-bound call: the GPU cannot run a call before the CPU "
+                "has issued it"
+            )
         fail(f"wrong on a {bound} call: which of the two times sets the pace of a stream?")
     correct(f"{cases} fresh calls, host-bound and GPU-bound")
 
@@ -114,7 +129,7 @@ def _exp2_output(q, k, v, fold: bool):
     exponential computed as exp (``fold=False``) or as exp2 with log2(e) folded into the scale;
     returns O rounded to bf16."""
     s = q.float() @ k.float().transpose(-1, -2)
-    p = p_bar(s, 1.0 / math.sqrt(q.shape[-1]), fold)
+    p = p_bar(s, default_scale(q.shape[-1]), fold)
     out = (p.bfloat16().float() @ v.float()) / p.sum(-1, keepdim=True)
     return out.bfloat16()
 
@@ -133,8 +148,7 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
     rng = rng or fresh_rng()
     device = "cuda" if on_gpu() else "cpu"
     n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
-    q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device)
-               for _ in range(3))
+    q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3))
     tiles = dict(block_m=64, block_n=32)
 
     def run(**switches):
@@ -142,8 +156,10 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
             return flash_attention(q, k, v, causal=True, **tiles)
 
     base = run(direct_launch=True, causal_split=True)
-    outputs = {"direct launch": run(direct_launch=False, causal_split=True),
-               "causal split": run(direct_launch=True, causal_split=False)}
+    outputs = {
+        "direct launch": run(direct_launch=False, causal_split=True),
+        "causal split": run(direct_launch=True, causal_split=False),
+    }
     tiles = dict(block_m=64, block_n=64)
     outputs["tile shape"] = run(direct_launch=True, causal_split=True)
     changed = {name for name, out in outputs.items() if not torch.equal(out, base)}
@@ -161,10 +177,15 @@ def check_bit_changes(answer) -> None:
     given = need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
     want = _bit_changes_expected()
     if given == want:
-        return correct(f"{len(want)} of the {len(CHANGES)} change bits of O on fresh "
-                       "inputs, the others none")
+        return correct(
+            f"{len(want)} of the {len(CHANGES)} change bits of O on fresh inputs, the others none"
+        )
     if given - want:
-        fail("a change in your set leaves every bit of O as it was: does it change which "
-             "numbers are added, in which order, or how they are rounded?")
-    fail("a change that moves bits of O is missing: which ones change the order of the sums "
-         "or the rounding of an intermediate?")
+        fail(
+            "a change in your set leaves every bit of O as it was: does it change which "
+            "numbers are added, in which order, or how they are rounded?"
+        )
+    fail(
+        "a change that moves bits of O is missing: which ones change the order of the sums "
+        "or the rounding of an intermediate?"
+    )

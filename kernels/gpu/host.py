@@ -23,17 +23,16 @@ call, is measured by ``python -m kernels.gpu.perf``.
 
 ``python -m kernels.gpu.host`` prints both tables.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
-SHAPE = (2, 2, 128, 64)      # (B, H, N, D): small, so CPU allocations stay cheap
+SHAPE = (2, 2, 128, 64)  # (B, H, N, D): small, so CPU allocations stay cheap
 MODES = ("stub", "triton")
 
 
@@ -42,7 +41,9 @@ def launches_stubbed():
     """Every Triton kernel launch (interpreted or compiled) becomes a no-op inside the block;
     output buffers are not NaN-filled (that is a test aid, not part of a call)."""
     from triton.runtime import interpreter, jit
+
     from ..attention import launch
+
     saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS)
 
     def no_op(self, *args, grid, warmup, **kwargs):
@@ -54,8 +55,7 @@ def launches_stubbed():
     try:
         yield
     finally:
-        (interpreter.InterpretedFunction.run, jit.JITFunction.run,
-         launch.POISON_OUTPUTS) = saved
+        (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS) = saved
 
 
 @contextlib.contextmanager
@@ -66,9 +66,10 @@ def triton_launch_simulated():
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime import autotuner, driver, jit
+
     from ..attention import launch
 
-    class Driver:                                   # what JITFunction.run asks the driver
+    class Driver:  # what JITFunction.run asks the driver
         def get_current_device(self):
             return 0
 
@@ -78,23 +79,30 @@ def triton_launch_simulated():
         def get_current_target(self):
             return GPUTarget("cuda", 90, 32)
 
-    def no_driver_call(*args):                      # CudaLauncher.__call__ stands here
+    def no_driver_call(*args):  # CudaLauncher.__call__ stands here
         return None
 
     def stand_in(self, key, signature, device, constexprs, options, attrs, warmup):
         kernel = CompiledKernel.__new__(CompiledKernel)
         kernel.module, kernel.function, kernel.packed_metadata = object(), None, ()
         kernel._run, kernel.name, kernel.src = no_driver_call, self.__name__, None
-        self.device_caches[device][0][key] = kernel   # cached, as a compiled kernel is
+        self.device_caches[device][0][key] = kernel  # cached, as a compiled kernel is
         return kernel
 
-    saved = (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
-             launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS)
+    patched = [
+        (jit.JITFunction, "_do_compile"),
+        (autotuner.Autotuner, "_bench"),
+        (driver, "_active"),
+        (launch, "_native_bf16"),
+        (launch, "check_device"),
+        (launch, "POISON_OUTPUTS"),
+    ]
+    saved = [getattr(owner, name) for owner, name in patched]
     jit.JITFunction._do_compile = stand_in
     autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
     driver.set_active(Driver())
-    launch._native_bf16 = lambda: True            # take the native path (no explicit rounding)
-    launch.check_device = lambda q: None          # CPU tensors, as if on the GPU
+    launch._native_bf16 = lambda: True  # take the native path (no explicit rounding)
+    launch.check_device = lambda q: None  # CPU tensors, as if on the GPU
     launch.POISON_OUTPUTS = False
     modules = _modules_holding(saved[4])
     for module in modules:
@@ -102,28 +110,19 @@ def triton_launch_simulated():
     try:
         yield
     finally:
-        (jit.JITFunction._do_compile, autotuner.Autotuner._bench, driver._active,
-         launch._native_bf16, launch.check_device, launch.POISON_OUTPUTS) = saved
+        for (owner, name), value in zip(patched, saved):
+            setattr(owner, name, value)
         for module in modules:
             module.check_device = saved[4]
 
 
 def _modules_holding(fn):
     """The kernels modules that imported ``fn`` by name (so a patch must reach them too)."""
-    return [m for name, m in sys.modules.items()
-            if name.startswith("kernels.") and getattr(m, "check_device", None) is fn]
-
-
-def _median_us(fn, calls, repeats):
-    fn()                                    # first call: caches fill, nothing measured
-    fn()
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter_ns() - start) / calls / 1e3)
-    return statistics.median(per_call), min(per_call)
+    return [
+        m
+        for name, m in sys.modules.items()
+        if name.startswith("kernels.") and getattr(m, "check_device", None) is fn
+    ]
 
 
 def _identity_function():
@@ -148,7 +147,10 @@ def _identity_function():
 
 def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dict:
     import torch
+
+    from .. import timing
     from ..attention import flash_attention, launch
+
     batch, heads, n, d = shape
     # fp16 in stub mode: on the CPU's explicit path bf16 tensors are re-viewed as int16 for
     # the kernels, which the GPU's native path never does; fp16 takes the same Python path
@@ -171,27 +173,27 @@ def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dic
 
     rows = {}
     patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
-    saved = dict(launch.SPEEDUPS)
-    launch.SPEEDUPS.update(speedups or {})
-    try:
-        with patch:
-            for name, fn in (("forward", forward), ("forward+backward", forward_backward),
-                             ("autograd floor", floor)):
-                median, best = _median_us(fn, calls, repeats)
-                rows[name] = dict(median_us=median, best_us=best)
+    with launch.speedups(**(speedups or {})), patch:
+        for name, fn in (
+            ("forward", forward),
+            ("forward+backward", forward_backward),
+            ("autograd floor", floor),
+        ):
+            median, best = timing.host_us_per_call(fn, calls, repeats)
+            rows[name] = dict(median_us=median, best_us=best)
         plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
-    finally:
-        launch.SPEEDUPS.update(saved)
     rows["backward (difference)"] = {
         stat: rows["forward+backward"][stat] - rows["forward"][stat]
-        for stat in ("median_us", "best_us")}
+        for stat in ("median_us", "best_us")
+    }
     # how many launch plans exist, and how many launch a compiled kernel directly
     rows["plans"] = dict(total=len(plans), direct=sum(p.runner is not None for p in plans))
     return rows
 
 
-def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, speedups=None,
-              **options) -> dict:
+def host_cost(
+    mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, speedups=None, **options
+) -> dict:
     """µs per call (median and best of ``repeats`` runs of ``calls`` calls) of the host work
     of ``flash_attention``, forward and forward + backward, with the GPU taken out (see the
     module docstring for the two ``mode`` values). ``speedups``: changes to
@@ -202,12 +204,26 @@ def host_cost(mode="stub", shape=SHAPE, causal=True, calls=300, repeats=9, speed
     if mode == "stub":
         return _measure(mode, shape, causal, calls, repeats, options, speedups)
     # Triton decides interpreter or compiler when a kernel is decorated: a fresh process
-    request = json.dumps(dict(shape=shape, causal=causal, calls=calls, repeats=repeats,
-                              options=options, speedups=speedups or {}))
+    request = json.dumps(
+        dict(
+            shape=shape,
+            causal=causal,
+            calls=calls,
+            repeats=repeats,
+            options=options,
+            speedups=speedups or {},
+        )
+    )
     env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-m", "kernels.gpu.host", "--child", request],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernels.gpu.host", "--child", request],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the simulated-launch measurement failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -218,8 +234,7 @@ def table(rows: dict, title: str) -> str:
     for name, r in rows.items():
         if "median_us" not in r:
             continue
-        lines.append(f"  {name:22s} median {r['median_us']:7.1f} µs   best "
-                     f"{r['best_us']:7.1f} µs")
+        lines.append(f"  {name:22s} median {r['median_us']:7.1f} µs   best {r['best_us']:7.1f} µs")
     return "\n".join(lines)
 
 
@@ -231,9 +246,19 @@ def main(argv=None):
         if configure_triton():  # True: the interpreter is on
             raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
         request = json.loads(argv[1])
-        print(json.dumps(_measure("triton", tuple(request["shape"]), request["causal"],
-                                  request["calls"], request["repeats"], request["options"],
-                                  request["speedups"])))
+        print(
+            json.dumps(
+                _measure(
+                    "triton",
+                    tuple(request["shape"]),
+                    request["causal"],
+                    request["calls"],
+                    request["repeats"],
+                    request["options"],
+                    request["speedups"],
+                )
+            )
+        )
         return
     from ..env import configure_triton
 
@@ -244,8 +269,13 @@ def main(argv=None):
     for direct in (False, True):
         rows = host_cost("triton", speedups=dict(direct_launch=direct))
         how = "cached plans, direct launches" if direct else "every call through Triton"
-        print(table(rows, f"with Triton's launch path ({how}; driver call skipped), "
-                          f"bf16 native path, {where}"))
+        print(
+            table(
+                rows,
+                f"with Triton's launch path ({how}; driver call skipped), "
+                f"bf16 native path, {where}",
+            )
+        )
 
 
 if __name__ == "__main__":

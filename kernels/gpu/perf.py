@@ -20,17 +20,19 @@ FLOPs (:func:`kernels.timing.attention_flops`): the forward pass does 4·B·H·N
 Every speed is also given as a fraction of :data:`PEAK_TFLOPS`, dense bf16 matmul on an
 H100/H200 (≈ 790 TFLOP/s; the run measures its own matmul peak next to it).
 
-Timing (:mod:`kernels.timing`): ``triton.testing.do_bench`` (median, L2 flushed between runs) with short warm-up and
-repetition times, so the whole run fits in about 8 minutes on one H100. Before anything is
-timed, worker processes compile every kernel variant in parallel into Triton's on-disk cache
-(``--workers``). ``--budget`` bounds the wall time: a section or shape group that would not
-fit is skipped, and the skip is recorded with its reason.
+Timing (:mod:`kernels.timing`): ``triton.testing.do_bench`` (median, L2 flushed between runs)
+with short warm-up and repetition times, so the whole run fits in about 8 minutes on one H100.
+Before anything is timed, worker processes compile every kernel variant in parallel into
+Triton's on-disk cache (``--workers``, :mod:`kernels.gpu.precompile`). ``--budget`` bounds the
+wall time (:class:`kernels.timing.Budget`): a section or shape group that would not fit is
+skipped, and the skip is recorded with its reason.
 
 ``--small``: tiny shapes, for a CPU test of this script's logic (Triton interpreter, wall-clock
 timing; SDPA's CUDA backends, memory statistics and parallel compilation are skipped with a
 recorded reason). Its files go to a fresh temporary folder unless ``--out`` is given, and
 their provenance has no GPU: they are never GPU figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,23 +42,23 @@ import time
 import traceback
 from pathlib import Path
 
-from kernels import env
+import torch
 
-env.configure_triton()  # the interpreter switch, before anything imports triton
-
-import torch  # noqa: E402
-
-from kernels import results  # noqa: E402
-from kernels.attention import launch  # noqa: E402
-from kernels.attention.registry import get, group, label, runner  # noqa: E402
-from kernels.gpu.precompile import DTYPES, NO_GPU, grads, precompile  # noqa: E402
-from kernels.gpu.records import PEAK_TFLOPS  # noqa: E402  (dense bf16 matmul, H100/H200)
-from kernels import timing  # noqa: E402
-from kernels.timing import on_gpu  # noqa: E402
+from kernels import results, timing
+from kernels.attention import launch
+from kernels.attention.registry import get, group, label, runner
+from kernels.gpu.precompile import DTYPES, NO_GPU, compile_jobs, grads, precompile
+from kernels.gpu.records import PEAK_TFLOPS  # dense bf16 matmul, H100/H200
+from kernels.timing import on_gpu
 
 COMMAND = "python -m kernels.gpu.perf"
-SHAPES = [(8, 12, 1024, 64), (16, 16, 2048, 64), (4, 16, 4096, 64), (2, 16, 8192, 128),
-          (1, 32, 16384, 128)]                                   # (B, H, N, D), issue 15
+SHAPES = [
+    (8, 12, 1024, 64),
+    (16, 16, 2048, 64),
+    (4, 16, 4096, 64),
+    (2, 16, 8192, 128),
+    (1, 32, 16384, 128),
+]  # (B, H, N, D), issue 15
 SMALL_SHAPES = [(1, 2, 32, 16), (1, 1, 48, 32)]
 GPT2 = (8, 12, 1024, 64)
 # the rows' implementation label -> its name in kernels.attention.registry
@@ -64,7 +66,7 @@ IMPLS = {label(name): name for name in group("perf")}
 BOOK = "triton"  # the book's kernel, offset rule off: the host, memory and ablation sections
 TIMING = dict(warmup=10, rep=50, cpu=True)  # short do_bench runs; wall clock with --small
 MEMORY_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-MEMORY_SHAPE = (1, 16, 64)                                        # (B, H, D)
+MEMORY_SHAPE = (1, 16, 64)  # (B, H, D)
 # the ablation: speed-ups switched on one at a time, in this order (cumulative)
 ABLATION_STEPS = [
     ("as before", dict(direct_launch=False, causal_split=False, wide_tuning=False)),
@@ -75,27 +77,6 @@ ABLATION_STEPS = [
 ABLATION_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]
 
 
-class Budget:
-    """Wall-clock budget of the whole run; sections ask before they start."""
-
-    def __init__(self, seconds):
-        self.start, self.seconds = time.time(), seconds
-        self.skipped: list[str] = []
-
-    def elapsed(self):
-        return time.time() - self.start
-
-    def left(self):
-        return self.seconds - self.elapsed()
-
-    def allows(self, what, need):
-        if self.left() >= need:
-            return True
-        self.skipped.append(f"{what}: needs ~{need:.0f} s, {max(self.left(), 0):.0f} s left")
-        log(f"SKIP {what} ({self.left():.0f} s left, needs ~{need:.0f} s)")
-        return False
-
-
 START = time.time()
 
 
@@ -104,53 +85,19 @@ def log(*parts):
 
 
 def _show(row):
-    shown = (f"{row['tflops']:6.1f} TFLOP/s {row['fraction_of_peak']:5.1%} "
-             f"({row['ms']:.3f} ms)" if row.get("ms") else row.get("error", "skipped"))
-    return (f"{row['dtype']} {'causal' if row['causal'] else 'full  '} "
-            f"B{row['batch']} H{row['heads']} N{row['n']} D{row['d']} {row['mode']:7s} "
-            f"{row['impl']:22s} {shown}")
+    shown = (
+        f"{row['tflops']:6.1f} TFLOP/s {row['fraction_of_peak']:5.1%} ({row['ms']:.3f} ms)"
+        if row.get("ms")
+        else row.get("error", "skipped")
+    )
+    return (
+        f"{row['dtype']} {'causal' if row['causal'] else 'full  '} "
+        f"B{row['batch']} H{row['heads']} N{row['n']} D{row['d']} {row['mode']:7s} "
+        f"{row['impl']:22s} {shown}"
+    )
 
 
 # --- 1. host time against kernel time -------------------------------------------------
-def _profile(step, calls):
-    """torch.profiler over ``calls`` calls: the GPU time of the kernels they launch (µs per
-    call, by kernel; empty without a GPU) and the CPU time of the top-level operations
-    (µs per call, by name: the autograd function's forward, its backward, ...)."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU]
-    if on_gpu():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            step()
-        if on_gpu():
-            torch.cuda.synchronize()
-    kernels_us: dict = {}
-    cpu_us: dict = {}
-    for event in prof.events():
-        us = (event.time_range.end - event.time_range.start) / calls
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels_us[event.name] = kernels_us.get(event.name, 0.0) + us
-        elif event.cpu_parent is None:
-            cpu_us[event.name] = cpu_us.get(event.name, 0.0) + us
-    top = lambda d: dict(sorted(d.items(), key=lambda kv: -kv[1])[:8])  # noqa: E731
-    return top(kernels_us), top(cpu_us), sum(kernels_us.values())
-
-
-def _host_and_wall_us(step, calls):
-    """Host µs to issue one call (no synchronisation inside the loop) and wall µs per call
-    of the whole stream (synchronised at the end): the larger of host and GPU time."""
-    sync = torch.cuda.synchronize if on_gpu() else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    issued = time.perf_counter()
-    sync()
-    end = time.perf_counter()
-    return (issued - start) / calls * 1e6, (end - start) / calls * 1e6
-
-
 def host_profile(small):
     shape = SMALL_SHAPES[0] if small else GPT2
     device = "cuda" if on_gpu() else "cpu"
@@ -167,18 +114,27 @@ def host_profile(small):
             with launch.speedups(**switches):
                 call = timing.step(runner(impl, causal=True), *tensors, mode)
                 for _ in range(3):
-                    call()                                   # compile, autotune, plans
-                host_us, wall_us = _host_and_wall_us(call, calls)
-                host_us2, wall_us2 = _host_and_wall_us(call, calls)
-                kernels_us, cpu_ops, kernel_us = _profile(call, 2 if small else 10)
-            row = dict(impl=name, direct_launch=direct, mode=mode, shape=list(shape),
-                       host_us=min(host_us, host_us2), wall_us=min(wall_us, wall_us2),
-                       kernel_us=kernel_us if on_gpu() else None, kernels=kernels_us,
-                       cpu_ops_profiled=cpu_ops)
+                    call()  # compile, autotune, plans
+                host_us, wall_us = timing.host_and_wall_us(call, calls)
+                host_us2, wall_us2 = timing.host_and_wall_us(call, calls)
+                kernels_us, cpu_ops, kernel_us = timing.profile_kernels(call, 2 if small else 10)
+            row = dict(
+                impl=name,
+                direct_launch=direct,
+                mode=mode,
+                shape=list(shape),
+                host_us=min(host_us, host_us2),
+                wall_us=min(wall_us, wall_us2),
+                kernel_us=kernel_us if on_gpu() else None,
+                kernels=kernels_us,
+                cpu_ops_profiled=cpu_ops,
+            )
             rows.append(row)
             shown = f"{kernel_us:7.1f} µs" if on_gpu() else "(no GPU)"
-            log(f"host {name:16s} direct={direct!s:5s} {mode:7s} host {row['host_us']:8.1f} "
-                f"µs  wall {row['wall_us']:8.1f} µs  kernels {shown}")
+            log(
+                f"host {name:16s} direct={direct!s:5s} {mode:7s} host {row['host_us']:8.1f} "
+                f"µs  wall {row['wall_us']:8.1f} µs  kernels {shown}"
+            )
     return rows
 
 
@@ -189,14 +145,13 @@ def ceilings(small):
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = timing.time_ms(lambda: a @ b, **TIMING)
-    matmul = 2 * 8192 ** 3 / ms * 1e-9
-    src = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
+    matmul = 2 * 8192**3 / ms * 1e-9
+    src = torch.empty(2**30, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
     ms = timing.time_ms(lambda: dst.copy_(src), **TIMING)
-    bandwidth = 2 * src.numel() / ms * 1e-6          # read + write, GB/s
+    bandwidth = 2 * src.numel() / ms * 1e-6  # read + write, GB/s
     log(f"ceilings: bf16 matmul 8192³ {matmul:.0f} TFLOP/s, device copy {bandwidth:.0f} GB/s")
-    return dict(matmul_tflops=matmul, copy_gb_per_s=bandwidth, matmul_size=8192,
-                copy_bytes=2 ** 30)
+    return dict(matmul_tflops=matmul, copy_gb_per_s=bandwidth, matmul_size=8192, copy_bytes=2**30)
 
 
 # --- 0. the fast paths compute the same numbers -----------------------------------------
@@ -205,37 +160,52 @@ def checks(small):
     every tile masked, strided against contiguous inputs; and the error against fp64.
     Autotuned tiles (N = 1024) and fixed 64×32 tiles with ragged ends (N = 1000)."""
     from kernels.attention.reference import attention_fp64, relative_error
+
     device = "cuda" if on_gpu() else "cpu"
-    cases = ([((1, 2, 40, 16), {}), ((1, 2, 40, 16), dict(block_m=16, block_n=32))] if small
-             else [((2, 3, 1024, 64), {}), ((2, 3, 1000, 64), dict(block_m=64, block_n=32))])
+    cases = (
+        [((1, 2, 40, 16), {}), ((1, 2, 40, 16), dict(block_m=16, block_n=32))]
+        if small
+        else [((2, 3, 1024, 64), {}), ((2, 3, 1000, 64), dict(block_m=64, block_n=32))]
+    )
     rows = []
     for shape, tiles in cases:
         for causal in (True, False):
-                q, k, v, grad = timing.inputs(shape, torch.bfloat16, device)
-                opts = dict(causal=causal, **tiles)
-                base = grads(q, k, v, grad, **opts)
-                with launch.speedups(direct_launch=False):
-                    usual = grads(q, k, v, grad, **opts)
-                with launch.speedups(causal_split=False):
-                    masked = grads(q, k, v, grad, **opts)
-                strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
-                strided = grads(strided_q, k, v, grad, **opts)
-                same = lambda xs: all(torch.equal(a, b) for a, b in zip(base, xs))  # noqa
-                ref = [t.double().requires_grad_() for t in (q, k, v)]
-                out64 = attention_fp64(*ref, causal)
-                grads64 = torch.autograd.grad(out64, ref, grad.double())
-                errors = [relative_error(a, b) for a, b in zip(base, [out64, *grads64])]
-                row = dict(shape=list(shape), causal=causal, tiles=tiles or "autotuned",
-                           direct_equals_usual=same(usual), split_equals_masked=same(masked),
-                           strided_equals_contiguous=same(strided),
-                           rel_err_out_dq_dk_dv=errors)
-                row["ok"] = (row["direct_equals_usual"] and row["split_equals_masked"]
-                             and row["strided_equals_contiguous"] and max(errors) < 2e-2)
-                rows.append(row)
-                log(f"check {shape} causal={causal} tiles={row['tiles']}: direct=usual "
-                    f"{row['direct_equals_usual']}, split=masked {row['split_equals_masked']}, "
-                    f"strided=contiguous {row['strided_equals_contiguous']}, errors "
-                    + " ".join(f"{e:.1e}" for e in errors))
+            q, k, v, grad = timing.inputs(shape, torch.bfloat16, device)
+            opts = dict(causal=causal, **tiles)
+            base = grads(q, k, v, grad, **opts)
+            with launch.speedups(direct_launch=False):
+                usual = grads(q, k, v, grad, **opts)
+            with launch.speedups(causal_split=False):
+                masked = grads(q, k, v, grad, **opts)
+            strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
+            strided = grads(strided_q, k, v, grad, **opts)
+            same = lambda xs: all(torch.equal(a, b) for a, b in zip(base, xs))  # noqa
+            ref = [t.double().requires_grad_() for t in (q, k, v)]
+            out64 = attention_fp64(*ref, causal)
+            grads64 = torch.autograd.grad(out64, ref, grad.double())
+            errors = [relative_error(a, b) for a, b in zip(base, [out64, *grads64])]
+            row = dict(
+                shape=list(shape),
+                causal=causal,
+                tiles=tiles or "autotuned",
+                direct_equals_usual=same(usual),
+                split_equals_masked=same(masked),
+                strided_equals_contiguous=same(strided),
+                rel_err_out_dq_dk_dv=errors,
+            )
+            row["ok"] = (
+                row["direct_equals_usual"]
+                and row["split_equals_masked"]
+                and row["strided_equals_contiguous"]
+                and max(errors) < 2e-2
+            )
+            rows.append(row)
+            log(
+                f"check {shape} causal={causal} tiles={row['tiles']}: direct=usual "
+                f"{row['direct_equals_usual']}, split=masked {row['split_equals_masked']}, "
+                f"strided=contiguous {row['strided_equals_contiguous']}, errors "
+                + " ".join(f"{e:.1e}" for e in errors)
+            )
     return rows
 
 
@@ -251,13 +221,15 @@ def memory(small, budget):
             if not budget.allows(f"memory {mode} N={n}", 5):
                 break
             tensors = timing.inputs((batch, heads, n, d), torch.bfloat16, "cuda")
-            row = dict(n=n, batch=batch, heads=heads, d=d, mode=mode, causal=True,
-                       inputs_bytes=3 * tensors[0].nbytes)
+            row = dict(n=n, batch=batch, heads=heads, d=d, mode=mode, causal=True)
+            row["inputs_bytes"] = 3 * tensors[0].nbytes
             # the math backend holds several N×N fp32/bf16 tensors (scores, mask, softmax,
             # and in the backward their gradients): try it only where ~6 of them fit
             math_fits = 6 * batch * heads * n * n * 4 < 0.8 * free
-            for name, attn in (("book", runner(BOOK, causal=True)),
-                               ("math", runner("sdpa-math", causal=True))):
+            for name, attn in (
+                ("book", runner(BOOK, causal=True)),
+                ("math", runner("sdpa-math", causal=True)),
+            ):
                 if name == "math" and not math_fits:
                     row["math_peak_bytes"] = None
                     row["math_skipped"] = "the N×N tensors would not fit in GPU memory"
@@ -272,8 +244,8 @@ def memory(small, budget):
                 torch.cuda.empty_cache()
             rows.append(row)
             fmt = lambda b: "—" if b is None else f"{b / 2**20:9.1f} MiB"  # noqa: E731
-            log(f"memory {mode:7s} N={n:6d}: book {fmt(row.get('book_peak_bytes'))}, math "
-                f"{fmt(row.get('math_peak_bytes'))}")
+            peaks = ", ".join(f"{k} {fmt(row.get(f'{k}_peak_bytes'))}" for k in ("book", "math"))
+            log(f"memory {mode:7s} N={n:6d}: {peaks}")
             del tensors
             torch.cuda.empty_cache()
     return dict(rows=rows)
@@ -296,21 +268,27 @@ def speed(small, budget, rows, skipped, reserve=0):
                 for mode in ("fwd", "fwd+bwd"):
                     for name, impl in IMPLS.items():
                         if get(impl).kind == "sdpa" and not on_gpu():
-                            batch, heads, n, d = shape
-                            row = dict(impl=name, dtype=dtype_name, causal=causal, batch=batch,
-                                       heads=heads, n=n, d=d, mode=mode, ms=None, tflops=None,
-                                       fraction_of_peak=None,
-                                       error=f"{NO_GPU}: SDPA's CUDA backends cannot run")
+                            row = timing.row_of(name, shape, dtype_name, causal, mode)
+                            row.update(ms=None, tflops=None, fraction_of_peak=None)
+                            row["error"] = f"{NO_GPU}: SDPA's CUDA backends cannot run"
                         else:
-                            row = timing.speed_row(name, runner(impl, causal=causal), tensors,
-                                                   shape, dtype_name, causal, mode,
-                                                   peak=PEAK_TFLOPS, **TIMING)
+                            row = timing.speed_row(
+                                name,
+                                runner(impl, causal=causal),
+                                tensors,
+                                shape,
+                                dtype_name,
+                                causal,
+                                mode,
+                                peak=PEAK_TFLOPS,
+                                **TIMING,
+                            )
                         rows.append(row)
                         log(_show(row))
                 del tensors
                 if on_gpu():
                     torch.cuda.empty_cache()
-            yield            # let the caller save after each (dtype, causal) block
+            yield  # let the caller save after each (dtype, causal) block
 
 
 # --- 4. ablation ----------------------------------------------------------------------
@@ -325,8 +303,17 @@ def ablation(small, budget):
         for step_label, switches in ABLATION_STEPS:
             with launch.speedups(**switches):
                 for mode in ("fwd", "fwd+bwd"):
-                    row = timing.speed_row(label(BOOK), runner(BOOK, causal=True), tensors, shape,
-                                           "bf16", True, mode, peak=PEAK_TFLOPS, **TIMING)
+                    row = timing.speed_row(
+                        label(BOOK),
+                        runner(BOOK, causal=True),
+                        tensors,
+                        shape,
+                        "bf16",
+                        True,
+                        mode,
+                        peak=PEAK_TFLOPS,
+                        **TIMING,
+                    )
                     row.update(step=step_label, switches=switches)
                     rows.append(row)
                     log(f"ablation {step_label:16s} " + _show(row))
@@ -334,39 +321,27 @@ def ablation(small, budget):
     return rows
 
 
-# --- parallel compilation -------------------------------------------------------------
-def compile_jobs():
-    """Groups of kernel variants; each worker compiles (and tunes at a tiny size) one group.
-    The tiny inputs have the same specialisation as the real ones (every size and stride a
-    multiple of 16, the head count is not specialised), so the on-disk cache serves them."""
-    jobs = []
-    for dtype_name in DTYPES:
-        for causal in (True, False):
-            for d in (64, 128):
-                jobs.append(dict(dtype=dtype_name, causal=causal, d=d, stable=["off", "cross"],
-                                 switches={}))
-    jobs.append(dict(dtype="bf16", causal=None, d=64, stable=["off"], switches={},
-                     checks=True))                        # checks() at N = 1000, 64×32 tiles
-    for d in (64, 128):                                   # the ablation's other variants
-        for _, switches in (ABLATION_STEPS[0], ABLATION_STEPS[2]):
-            jobs.append(dict(dtype="bf16", causal=True, d=d, stable=["off"],
-                             switches=switches))
-    return jobs
-
-
 # --- main -----------------------------------------------------------------------------
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="folder for perf_*.json (default: "
-                        "results/, or a fresh temporary folder with --small)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for perf_*.json (default: results/, or a fresh temporary folder with --small)",
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU test)")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds of wall time")
-    parser.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
-                        help="parallel compile processes (0: compile on demand)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+        help="parallel compile processes (0: compile on demand)",
+    )
     args = parser.parse_args(argv)
     if not args.small and not on_gpu():
-        raise SystemExit("kernels.gpu.perf needs a CUDA GPU (or --small for a CPU test of its "
-                         "logic)")
+        raise SystemExit(
+            "kernels.gpu.perf needs a CUDA GPU (or --small for a CPU test of its logic)"
+        )
     if args.out:
         out_dir = Path(args.out)
     elif args.small:
@@ -375,24 +350,36 @@ def main(argv=None):
         out_dir = results.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     command = COMMAND + (" --small" if args.small else "")
-    budget = Budget(args.budget)
-    where = (f"GPU {torch.cuda.get_device_name(0)}" if on_gpu() else
-             "CPU, Triton interpreter (timings are NOT GPU figures)")
+    budget = timing.Budget(args.budget, log)
+    where = (
+        f"GPU {torch.cuda.get_device_name(0)}"
+        if on_gpu()
+        else "CPU, Triton interpreter (timings are NOT GPU figures)"
+    )
     log(f"{where}, torch {torch.__version__}; writing to {out_dir}")
-    meta = dict(peak_tflops=PEAK_TFLOPS, flops="forward 4·B·H·N²·D (two matmuls of 2·N²·D "
-                "per head), half when causal; forward+backward 3.5 × forward",
-                timing="triton.testing.do_bench median (warmup 10 ms, rep 50 ms), L2 "
-                       "flushed" if on_gpu() else "wall clock, median of 2 calls (CPU)",
-                small=args.small)
+    meta = dict(
+        peak_tflops=PEAK_TFLOPS,
+        flops="forward 4·B·H·N²·D (two matmuls of 2·N²·D "
+        "per head), half when causal; forward+backward 3.5 × forward",
+        timing="triton.testing.do_bench median (warmup 10 ms, rep 50 ms), L2 flushed"
+        if on_gpu()
+        else "wall clock, median of 2 calls (CPU)",
+        small=args.small,
+    )
 
     def save(name, data):
-        results.save(name, {**meta, **data, "budget_skipped": list(budget.skipped),
-                            "elapsed_s": budget.elapsed()}, command, directory=out_dir)
+        results.save(
+            name,
+            {**meta, **data, "budget_skipped": list(budget.skipped), "elapsed_s": budget.elapsed()},
+            command,
+            directory=out_dir,
+        )
 
     sections = {}
     try:
-        sections["compile"] = precompile(compile_jobs(), 0 if args.small else args.workers,
-                                         budget, log)
+        sections["compile"] = precompile(
+            compile_jobs(ABLATION_STEPS), 0 if args.small else args.workers, budget, log
+        )
         host = dict(compile=sections["compile"])
         host["checks"] = checks(args.small)
         host["all_checks_pass"] = all(row["ok"] for row in host["checks"])
@@ -406,8 +393,10 @@ def main(argv=None):
         for _ in speed(args.small, budget, rows, skipped, reserve=0 if args.small else 45):
             save("perf_speed", dict(rows=rows, skipped_groups=skipped))
         save("perf_speed", dict(rows=rows, skipped_groups=skipped))
-        save("perf_ablation", dict(steps=[label for label, _ in ABLATION_STEPS],
-                                   rows=ablation(args.small, budget)))
+        save(
+            "perf_ablation",
+            dict(steps=[label for label, _ in ABLATION_STEPS], rows=ablation(args.small, budget)),
+        )
     except Exception:
         log("FAILED:\n" + traceback.format_exc())
         save("perf_failure", dict(traceback=traceback.format_exc()[-4000:]))

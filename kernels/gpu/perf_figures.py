@@ -21,6 +21,7 @@ def plot_speed(rows, dtype="bf16", causal=True, peak=PEAK_TFLOPS):
     """TFLOP/s against N for every implementation: forward (left), forward + backward (right);
     the right axis reads the same numbers as a share of the dense bf16 peak."""
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.9), sharey=True, layout="constrained")
     handles = {}
     for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
@@ -28,17 +29,23 @@ def plot_speed(rows, dtype="bf16", causal=True, peak=PEAK_TFLOPS):
         ns = sorted({r["n"] for r in chosen})
         for impl in impls_in(chosen):
             pts = sorted((r["n"], r["tflops"]) for r in chosen if r["impl"] == impl)
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=impl, lw=1.6,
-                              ms=5, **STYLE.get(impl, {}))
+            (line,) = ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                label=impl,
+                lw=1.6,
+                ms=5,
+                **STYLE.get(impl, {}),
+            )
             handles[impl] = line
         if ns:
             log2_axis(ax, ns)
-        ax.set(xlabel="sequence length N", title="forward" if mode == "fwd" else
-               "forward + backward")
+        ax.set(
+            xlabel="sequence length N", title="forward" if mode == "fwd" else "forward + backward"
+        )
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel("TFLOP/s")
-    share = axes[1].secondary_yaxis("right", functions=(lambda x: x / peak,
-                                                       lambda f: f * peak))
+    share = axes[1].secondary_yaxis("right", functions=(lambda x: x / peak, lambda f: f * peak))
     share.set_ylabel("share of dense bf16 peak")
     fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=3)
     return fig
@@ -47,6 +54,7 @@ def plot_speed(rows, dtype="bf16", causal=True, peak=PEAK_TFLOPS):
 def plot_ablation(rows):
     """TFLOP/s of the book's kernel (bf16, causal, rule off) after each speed-up, per shape."""
     import matplotlib.pyplot as plt
+
     steps = list(dict.fromkeys(r["step"] for r in rows))
     shapes = list(dict.fromkeys((r["batch"], r["heads"], r["n"], r["d"]) for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6), sharey=True, layout="constrained")
@@ -56,11 +64,15 @@ def plot_ablation(rows):
         for i, step in enumerate(steps):
             values = []
             for shape in shapes:
-                hit = [r["tflops"] for r in rows if r["step"] == step and r["mode"] == mode
-                       and (r["batch"], r["heads"], r["n"], r["d"]) == shape]
+                hit = [
+                    r["tflops"]
+                    for r in rows
+                    if r["step"] == step
+                    and r["mode"] == mode
+                    and (r["batch"], r["heads"], r["n"], r["d"]) == shape
+                ]
                 values.append(hit[0] if hit and hit[0] else 0.0)
-            ax.bar(x + (i - (len(steps) - 1) / 2) * width, values, width, label=step,
-                   color=f"C{i}")
+            ax.bar(x + (i - (len(steps) - 1) / 2) * width, values, width, label=step, color=f"C{i}")
         ax.set_xticks(x, [f"N={s[2] // 1024}k\nD={s[3]}" for s in shapes])
         ax.set(title="forward" if mode == "fwd" else "forward + backward")
     axes[0].set_ylabel("TFLOP/s")
@@ -72,14 +84,16 @@ def plot_ablation(rows):
 def plot_memory(rows):
     """Peak allocated memory against N: the book's kernel and the math backend, log-log."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6), layout="constrained")
     for mode, ls in (("fwd", "-"), ("fwd+bwd", "--")):
         for name, color in (("book", "tab:blue"), ("math", "tab:red")):
             pts = [(r["n"], r.get(f"{name}_peak_bytes")) for r in rows if r["mode"] == mode]
-            pts = [(n, b / 2 ** 20) for n, b in pts if b]
+            pts = [(n, b / 2**20) for n, b in pts if b]
             if pts:
-                label = ("book's kernel" if name == "book" else "SDPA math") + \
-                        (", forward" if mode == "fwd" else ", fwd + bwd")
+                label = ("book's kernel" if name == "book" else "SDPA math") + (
+                    ", forward" if mode == "fwd" else ", fwd + bwd"
+                )
                 ax.plot(*zip(*pts), ls=ls, marker="o", ms=4, color=color, label=label)
     ns = sorted({r["n"] for r in rows})
     ax.set_yscale("log")
@@ -93,39 +107,59 @@ def plot_memory(rows):
 def plot_host(rows):
     """Host time to issue one call against the GPU time of its kernels, GPT-2 shape."""
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.4), sharey=True, layout="constrained")
     for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
         chosen = [r for r in rows if r["mode"] == mode]
         labels = [host_label(r) for r in chosen]
         y = np.arange(len(chosen))
-        ax.barh(y - 0.2, [r["host_us"] for r in chosen], 0.4, label="host (CPU) per call",
-                color="tab:orange")
-        ax.barh(y + 0.2, [r["kernel_us"] or 0 for r in chosen], 0.4,
-                label="GPU kernels per call", color="tab:blue")
+        ax.barh(
+            y - 0.2,
+            [r["host_us"] for r in chosen],
+            0.4,
+            label="host (CPU) per call",
+            color="tab:orange",
+        )
+        ax.barh(
+            y + 0.2,
+            [r["kernel_us"] or 0 for r in chosen],
+            0.4,
+            label="GPU kernels per call",
+            color="tab:blue",
+        )
         ax.set_yticks(y, labels)
-        ax.set(xlabel="µs per call", title="forward" if mode == "fwd" else
-               "forward + backward")
-    axes[0].invert_yaxis()                      # once: the two panels share the axis
+        ax.set(xlabel="µs per call", title="forward" if mode == "fwd" else "forward + backward")
+    axes[0].invert_yaxis()  # once: the two panels share the axis
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=2)
     return fig
 
 
-
 def plot_targets(target_rows):
     """The three speed ratios of issue 15 against N, one line per setting, with the target."""
     import matplotlib.pyplot as plt
+
     keys = ["fwd_vs_cudnn", "fb_vs_flash", "fb_vs_cudnn"]
     titles = ["fwd ÷ cuDNN", "fwd+bwd ÷ SDPA flash", "fwd+bwd ÷ cuDNN"]
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH_IN, 3.3), sharey=True, layout="constrained")
     for ax, key, title in zip(axes, keys, titles):
         ns = sorted({r["n"] for r in target_rows})
         for dtype, causal in SETTINGS:
-            pts = sorted((r["n"], r[key]) for r in target_rows if r["dtype"] == dtype
-                         and r["causal"] == causal and r[key] is not None)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3.5, lw=1.4,
-                    color="tab:blue" if dtype == "bf16" else "tab:red",
-                    ls="-" if causal else "--", label=setting(dtype, causal))
+            pts = sorted(
+                (r["n"], r[key])
+                for r in target_rows
+                if r["dtype"] == dtype and r["causal"] == causal and r[key] is not None
+            )
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                ms=3.5,
+                lw=1.4,
+                color="tab:blue" if dtype == "bf16" else "tab:red",
+                ls="-" if causal else "--",
+                label=setting(dtype, causal),
+            )
         ax.axhline(TARGET_TEXT[key][1], color="black", lw=1.2, ls=":", label="target")
         log2_axis(ax, ns)
         ax.set(title=title, xlabel="sequence length N")

@@ -17,54 +17,122 @@ import numpy as np
 
 from .. import timing
 from ..attention.registry import label, runner
-from .perf_figures import (log2_axis, plot_ablation, plot_host, plot_memory, plot_speed,
-                           plot_targets)
-from .records import (BOOK_CROSS, BOOK_OFF, EARLIER, HBM_TB_S, IMPL_ORDER, PEAK_TFLOPS, RECORDS,
-                      SETTINGS, STYLE, earlier_speed_rows, host_label, impls_in, is_gpu_record,
-                      load, select, setting, speed_rows)
+from .perf_figures import log2_axis, plot_ablation, plot_host, plot_memory, plot_speed, plot_targets
+from .records import (
+    BOOK_CROSS,
+    BOOK_OFF,
+    EARLIER,
+    HBM_TB_S,
+    IMPL_ORDER,
+    PEAK_TFLOPS,
+    RECORDS,
+    SETTINGS,
+    STYLE,
+    earlier_speed_rows,
+    host_label,
+    impls_in,
+    is_gpu_record,
+    load,
+    select,
+    setting,
+    speed_rows,
+)
 from .roofline import attainable_tflops, exp2_changes, intensity, p_bar, plot_roofline
-from .targets import (TARGET_TESTS, TARGET_TEXT, print_targets, print_targets_met, targets,
-                      targets_met)
+from .targets import (
+    TARGET_TESTS,
+    TARGET_TEXT,
+    print_targets,
+    print_targets_met,
+    targets,
+    targets_met,
+)
 
-__all__ = ["BOOK_CROSS", "BOOK_OFF", "EARLIER", "HBM_TB_S", "IMPL_ORDER", "PEAK_TFLOPS",
-           "RECORDS", "SETTINGS", "STYLE", "TARGET_TESTS", "TARGET_TEXT", "ablation_value",
-           "attainable_tflops", "bytes_per_score", "earlier_speed_rows", "exp2_changes",
-           "fp16_over_bf16", "growth_exponent", "host_label", "impls_in", "intensity",
-           "is_gpu_record", "live_benchmark", "load", "log2_axis", "p_bar", "plot_ablation",
-           "plot_host", "plot_memory", "plot_roofline", "plot_speed", "plot_targets",
-           "print_ablation", "print_host", "print_live", "print_memory", "print_shares",
-           "print_speed_table", "print_targets", "print_targets_met", "select", "setting",
-           "speed_rows", "speed_table", "targets", "targets_met"]
+__all__ = [
+    "BOOK_CROSS",
+    "BOOK_OFF",
+    "EARLIER",
+    "HBM_TB_S",
+    "IMPL_ORDER",
+    "PEAK_TFLOPS",
+    "RECORDS",
+    "SETTINGS",
+    "STYLE",
+    "TARGET_TESTS",
+    "TARGET_TEXT",
+    "ablation_value",
+    "attainable_tflops",
+    "bytes_per_score",
+    "earlier_speed_rows",
+    "exp2_changes",
+    "fp16_over_bf16",
+    "growth_exponent",
+    "host_label",
+    "impls_in",
+    "intensity",
+    "is_gpu_record",
+    "live_benchmark",
+    "load",
+    "log2_axis",
+    "p_bar",
+    "plot_ablation",
+    "plot_host",
+    "plot_memory",
+    "plot_roofline",
+    "plot_speed",
+    "plot_targets",
+    "print_ablation",
+    "print_host",
+    "print_live",
+    "print_memory",
+    "print_shares",
+    "print_speed_table",
+    "print_targets",
+    "print_targets_met",
+    "select",
+    "setting",
+    "speed_rows",
+    "speed_table",
+    "targets",
+    "targets_met",
+]
 
 
 def speed_table(rows, n, dtype="bf16", causal=True) -> list[tuple]:
     """(impl, fwd TFLOP/s, f+b TFLOP/s) at sequence length ``n``; None where not measured."""
     table = []
     for impl in impls_in(rows):
-        got = {r["mode"]: r["tflops"] for r in rows if r["impl"] == impl and r["n"] == n
-               and r["dtype"] == dtype and bool(r["causal"]) == causal and r.get("tflops")}
+        got = {
+            r["mode"]: r["tflops"]
+            for r in rows
+            if r["impl"] == impl
+            and r["n"] == n
+            and r["dtype"] == dtype
+            and bool(r["causal"]) == causal
+            and r.get("tflops")
+        }
         table.append((impl, got.get("fwd"), got.get("fwd+bwd")))
     return table
 
 
 def print_speed_table(rows, n, dtype="bf16", causal=True, peak=PEAK_TFLOPS):
     fmt = lambda x: f"{x:7.1f} {x / peak:5.1%}" if x else f"{'—':>13s}"  # noqa: E731
-    print(f"{'N = ' + format(n, ','):24s}{'forward':>15s}{'fwd + bwd':>15s}   [TFLOP/s, "
-          "share of peak]")
+    print(
+        f"{'N = ' + format(n, ','):24s}{'forward':>15s}{'fwd + bwd':>15s}   [TFLOP/s, "
+        "share of peak]"
+    )
     for impl, fwd, both in speed_table(rows, n, dtype, causal):
         print(f"  {impl:22s}{fmt(fwd):>15s}{fmt(both):>15s}")
 
 
 def _mib(nbytes) -> str:
-    return f"{nbytes / 2 ** 20:,.1f}" if nbytes else "—"
+    return f"{nbytes / 2**20:,.1f}" if nbytes else "—"
 
 
 def print_memory(rows):
     """Peak allocated memory [MiB] against N: the book's kernel and SDPA math, forward and
     forward + backward; a dash where the math backend was not run."""
     by = {(r["n"], r["mode"]): r for r in rows}
-    print(f"{'N':>7s}{'book fwd':>11s}{'math fwd':>11s}{'book f+b':>11s}{'math f+b':>11s}"
-          "   [MiB]")
+    print(f"{'N':>7s}{'book fwd':>11s}{'math fwd':>11s}{'book f+b':>11s}{'math f+b':>11s}   [MiB]")
     for n in sorted({r["n"] for r in rows}):
         cells = []
         for mode in ("fwd", "fwd+bwd"):
@@ -83,29 +151,35 @@ def growth_exponent(rows, name, mode) -> float:
 
 def bytes_per_score(rows, mode) -> float:
     """The math backend's peak bytes per score (B·H·N² of them) at its largest measured N."""
-    row = max((r for r in rows if r["mode"] == mode and r.get("math_peak_bytes")),
-              key=lambda r: r["n"])
+    row = max(
+        (r for r in rows if r["mode"] == mode and r.get("math_peak_bytes")), key=lambda r: r["n"]
+    )
     return row["math_peak_bytes"] / (row["batch"] * row["heads"] * row["n"] ** 2)
 
 
 def ablation_value(rows, step, n, mode):
     """TFLOP/s of the ablation row (``step``, sequence length ``n``, ``mode``)."""
-    return next(r["tflops"] for r in rows if r["step"] == step and r["n"] == n
-                and r["mode"] == mode)
+    return next(
+        r["tflops"] for r in rows if r["step"] == step and r["n"] == n and r["mode"] == mode
+    )
 
 
 def print_ablation(rows):
     """TFLOP/s after each speed-up (rows) at each shape, forward and forward + backward."""
     steps = list(dict.fromkeys(r["step"] for r in rows))
     shapes = list(dict.fromkeys((r["batch"], r["heads"], r["n"], r["d"]) for r in rows))
-    print(f"{'TFLOP/s':16s}" + "".join(f"{f'B{b} H{h} N{n} D{d}':>20s}"
-                                       for b, h, n, d in shapes))
+    print(f"{'TFLOP/s':16s}" + "".join(f"{f'B{b} H{h} N{n} D{d}':>20s}" for b, h, n, d in shapes))
     print(f"{'':16s}" + f"{'fwd':>11s}{'f+b':>9s}" * len(shapes))
     for step in steps:
-        cells = [ablation_value(rows, step, shape[2], mode) for shape in shapes
-                 for mode in ("fwd", "fwd+bwd")]
-        print(f"{step:16s}" + "".join(f"{c:{11 if i % 2 == 0 else 9}.1f}"
-                                      for i, c in enumerate(cells)))
+        cells = [
+            ablation_value(rows, step, shape[2], mode)
+            for shape in shapes
+            for mode in ("fwd", "fwd+bwd")
+        ]
+        print(
+            f"{step:16s}"
+            + "".join(f"{c:{11 if i % 2 == 0 else 9}.1f}" for i, c in enumerate(cells))
+        )
 
 
 def print_host(rows):
@@ -120,14 +194,19 @@ def print_host(rows):
 def print_shares(rows, n, mode="fwd+bwd", peak=PEAK_TFLOPS):
     """Share of the dense bf16 peak of every implementation at sequence length ``n``, in the
     four settings (bf16 / fp16, causal / no mask)."""
-    print(f"N = {n:,}, {'forward' if mode == 'fwd' else 'forward + backward'}: "
-          "share of the dense bf16 peak")
+    print(
+        f"N = {n:,}, {'forward' if mode == 'fwd' else 'forward + backward'}: "
+        "share of the dense bf16 peak"
+    )
     print(f"{'':24s}" + "".join(f"{setting(*s):>15s}" for s in SETTINGS))
     for impl in impls_in(rows):
         cells = []
         for dtype, causal in SETTINGS:
-            hit = [r["tflops"] for r in select(rows, dtype, causal, mode)
-                   if r["impl"] == impl and r["n"] == n]
+            hit = [
+                r["tflops"]
+                for r in select(rows, dtype, causal, mode)
+                if r["impl"] == impl and r["n"] == n
+            ]
             cells.append(f"{hit[0] / peak:15.1%}" if hit else f"{'—':>15s}")
         print(f"  {impl:22s}" + "".join(cells))
 
@@ -135,13 +214,21 @@ def print_shares(rows, n, mode="fwd+bwd", peak=PEAK_TFLOPS):
 def fp16_over_bf16(rows, min_n=0) -> dict:
     """{impl: (lowest, highest)} of fp16 TFLOP/s over bf16 TFLOP/s, same mask, N and mode,
     over the lengths from ``min_n`` on."""
-    bf16 = {(r["impl"], bool(r["causal"]), r["n"], r["mode"]): r["tflops"] for r in rows
-            if r["dtype"] == "bf16"}
+    bf16 = {
+        (r["impl"], bool(r["causal"]), r["n"], r["mode"]): r["tflops"]
+        for r in rows
+        if r["dtype"] == "bf16"
+    }
     out = {}
     for impl in impls_in(rows):
-        ratios = [r["tflops"] / bf16[key] for r in rows
-                  if r["impl"] == impl and r["dtype"] == "fp16" and r["n"] >= min_n
-                  and (key := (impl, bool(r["causal"]), r["n"], r["mode"])) in bf16]
+        ratios = [
+            r["tflops"] / bf16[key]
+            for r in rows
+            if r["impl"] == impl
+            and r["dtype"] == "fp16"
+            and r["n"] >= min_n
+            and (key := (impl, bool(r["causal"]), r["n"], r["mode"])) in bf16
+        ]
         if ratios:
             out[impl] = (min(ratios), max(ratios))
     return out
@@ -150,8 +237,11 @@ def fp16_over_bf16(rows, min_n=0) -> dict:
 def print_live(rows, peak=PEAK_TFLOPS):
     """The rows of :func:`live_benchmark`."""
     for r in rows:
-        shown = (f"{r['tflops']:7.1f} TFLOP/s {r['tflops'] / peak:6.1%} of {peak:.0f}"
-                 if r.get("tflops") else r.get("error", "not measured"))
+        shown = (
+            f"{r['tflops']:7.1f} TFLOP/s {r['tflops'] / peak:6.1%} of {peak:.0f}"
+            if r.get("tflops")
+            else r.get("error", "not measured")
+        )
         mode = "fwd" if r["mode"] == "fwd" else "fwd + bwd"
         print(f"  {r['impl']:22s}{mode:11s}{shown}")
 
@@ -168,7 +258,18 @@ def live_benchmark(shape=(4, 16, 2048, 64), causal=True):
     rows = []
     for name in ("sdpa-flash", "triton", "triton/cross"):
         for mode in ("fwd", "fwd+bwd"):
-            rows.append(timing.speed_row(label(name), runner(name, causal=causal), tensors, shape,
-                                         "bf16", causal, mode, peak=PEAK_TFLOPS, warmup=10,
-                                         rep=50))
+            rows.append(
+                timing.speed_row(
+                    label(name),
+                    runner(name, causal=causal),
+                    tensors,
+                    shape,
+                    "bf16",
+                    causal,
+                    mode,
+                    peak=PEAK_TFLOPS,
+                    warmup=10,
+                    rep=50,
+                )
+            )
     return rows

@@ -1,25 +1,21 @@
 """Compile every kernel variant of a measurement before anything is timed, in parallel worker
 processes that fill Triton's on-disk cache: ``python -m kernels.gpu.precompile JOB`` runs one
-group (a JSON dict of :func:`kernels.gpu.perf.compile_jobs`), :func:`precompile` runs them all.
+group (a JSON dict of :func:`compile_jobs`), :func:`precompile` runs them all.
 """
 
 from __future__ import annotations
 
-from kernels import env
+import json
+import os
+import subprocess
+import sys
+import time
 
-env.configure_triton()  # the interpreter switch, before anything imports triton
+import torch
 
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-from kernels.attention import flash_attention, launch  # noqa: E402
-from kernels.env import REPO_ROOT  # noqa: E402
-from kernels.timing import inputs, on_gpu  # noqa: E402
+from kernels.attention import flash_attention, launch
+from kernels.env import REPO_ROOT
+from kernels.timing import inputs, on_gpu
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NO_GPU = "no CUDA GPU (Triton interpreter on the CPU)"
@@ -32,9 +28,30 @@ def grads(q, k, v, grad, **options):
     return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
 
 
+def compile_jobs(ablation_steps):
+    """Groups of kernel variants; each worker compiles (and tunes at a tiny size) one group.
+    The tiny inputs have the same specialisation as the real ones (every size and stride a
+    multiple of 16, the head count is not specialised), so the on-disk cache serves them.
+    ``ablation_steps``: :data:`kernels.gpu.perf.ABLATION_STEPS`."""
+    jobs = []
+    for dtype_name in DTYPES:
+        for causal in (True, False):
+            for d in (64, 128):
+                jobs.append(
+                    dict(dtype=dtype_name, causal=causal, d=d, stable=["off", "cross"], switches={})
+                )
+    jobs.append(
+        dict(dtype="bf16", causal=None, d=64, stable=["off"], switches={}, checks=True)
+    )  # checks() at N = 1000, 64×32 tiles
+    for d in (64, 128):  # the ablation's other variants
+        for _, switches in (ablation_steps[0], ablation_steps[2]):
+            jobs.append(dict(dtype="bf16", causal=True, d=d, stable=["off"], switches=switches))
+    return jobs
+
+
 def run_job(job):
     """Compile (and tune at a tiny size) one group of variants (a dict of
-    :func:`kernels.gpu.perf.compile_jobs`)."""
+    :func:`compile_jobs`)."""
     if job.get("checks"):
         for causal in (True, False):
             q, k, v, grad = inputs((2, 3, 1000, 64), torch.bfloat16, "cuda")
@@ -65,10 +82,14 @@ def precompile(jobs, workers, budget, log=print):
     while pending or running:
         while pending and len(running) < workers:
             index, job = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, "-m", "kernels.gpu.precompile",
-                                     json.dumps(job)], cwd=REPO_ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kernels.gpu.precompile", json.dumps(job)],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             running.append((index, proc))
         time.sleep(0.5)
         for index, proc in list(running):
@@ -76,20 +97,21 @@ def precompile(jobs, workers, budget, log=print):
                 text = proc.stdout.read()
                 outcome[index] = dict(returncode=proc.returncode, tail=text[-400:])
                 running.remove((index, proc))
-        if budget.left() < 300 and running:        # never let compilation eat the run
+        if budget.left() < 300 and running:  # never let compilation eat the run
             for index, proc in running:
                 proc.kill()
                 outcome[index] = dict(returncode=None, tail="killed: budget")
             running = []
             pending = []
     failed = [jobs[i] for i, o in outcome.items() if o["returncode"] != 0]
-    log(f"precompiled {len(jobs)} variant groups in {time.time() - start:.0f} s with "
-        f"{workers} workers; {len(failed)} failed")
-    for i, o in outcome.items():
+    log(
+        f"precompiled {len(jobs)} variant groups in {time.time() - start:.0f} s with "
+        f"{workers} workers; {len(failed)} failed"
+    )
+    for o in outcome.values():
         if o["returncode"] != 0:
             print(o["tail"], flush=True)
-    return dict(groups=len(jobs), workers=workers, seconds=time.time() - start,
-                failed=failed)
+    return dict(groups=len(jobs), workers=workers, seconds=time.time() - start, failed=failed)
 
 
 def main(argv=None):

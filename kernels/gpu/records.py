@@ -16,11 +16,18 @@ PEAK_TFLOPS = 790.0  # dense bf16 matmul on an H100/H200: the ceiling of every s
 HBM_TB_S = 3.35  # H100 SXM5 80 GB HBM3 bandwidth, NVIDIA's datasheet (TB/s)
 RECORDS = ("host", "speed", "memory", "ablation")
 IMPL_ORDER = [label(name) for name in group("perf-legend")]
-STYLE = dict(zip(IMPL_ORDER, (dict(color="tab:purple", marker="s"),
-                              dict(color="tab:orange", marker="o"),
-                              dict(color="tab:gray", marker="v"),
-                              dict(color="tab:blue", marker="D"),
-                              dict(color="tab:green", marker="^"))))
+STYLE = dict(
+    zip(
+        IMPL_ORDER,
+        (
+            dict(color="tab:purple", marker="s"),
+            dict(color="tab:orange", marker="o"),
+            dict(color="tab:gray", marker="v"),
+            dict(color="tab:blue", marker="D"),
+            dict(color="tab:green", marker="^"),
+        ),
+    )
+)
 EARLIER = {stored: label(name) for name, stored in FLASH_BENCH.items()}
 BOOK_OFF, BOOK_CROSS = label("triton"), label("triton/cross")
 SETTINGS = [("bf16", True), ("bf16", False), ("fp16", True), ("fp16", False)]
@@ -51,8 +58,11 @@ def earlier_speed_rows(directory=None) -> tuple[list, dict]:
     for r in record["data"]:
         if r.get("tflops") is None or r["impl"] not in EARLIER:
             continue
-        rows.append(dict(r, impl=EARLIER[r["impl"]], dtype="bf16",
-                         fraction_of_peak=r["tflops"] / PEAK_TFLOPS))
+        rows.append(
+            dict(
+                r, impl=EARLIER[r["impl"]], dtype="bf16", fraction_of_peak=r["tflops"] / PEAK_TFLOPS
+            )
+        )
     return rows, record
 
 
@@ -61,14 +71,19 @@ def speed_rows(record) -> list:
 
 
 def select(rows, dtype, causal, mode):
-    return [r for r in rows if r["dtype"] == dtype and bool(r["causal"]) == causal
-            and r["mode"] == mode and r.get("tflops")]
+    return [
+        r
+        for r in rows
+        if r["dtype"] == dtype
+        and bool(r["causal"]) == causal
+        and r["mode"] == mode
+        and r.get("tflops")
+    ]
 
 
 def impls_in(rows) -> list:
     seen = {r["impl"] for r in rows}
     return [name for name in IMPL_ORDER if name in seen]
-
 
 
 def setting(dtype, causal) -> str:

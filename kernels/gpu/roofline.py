@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from ..attention.reference import default_scale
 from ..tools.style import WIDTH_IN
 from .records import HBM_TB_S, PEAK_TFLOPS
 
@@ -36,15 +37,26 @@ def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
     (FLOP/byte and TFLOP/s may be numbers or lists; the style dict is optional). TFLOP/s None:
     the model's ceiling at those intensities, drawn as open markers on the roof."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.4), layout="constrained")
     xs = np.logspace(0.5, 4.3, 200)
-    ax.plot(xs, [attainable_tflops(x, peak, bandwidth_tb_s) for x in xs], color="black",
-            lw=1.5, label=f"roof: min({peak:.0f} TFLOP/s, {bandwidth_tb_s:.2f} TB/s × "
-                          "intensity)")
+    ax.plot(
+        xs,
+        [attainable_tflops(x, peak, bandwidth_tb_s) for x in xs],
+        color="black",
+        lw=1.5,
+        label=f"roof: min({peak:.0f} TFLOP/s, {bandwidth_tb_s:.2f} TB/s × intensity)",
+    )
     ridge = peak / bandwidth_tb_s
     ax.axvline(ridge, color="gray", ls=":", lw=1)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, 14), fontsize=9, color="gray",
-                xytext=(4, 0), textcoords="offset points")
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, 14),
+        fontsize=9,
+        color="gray",
+        xytext=(4, 0),
+        textcoords="offset points",
+    )
     for i, entry in enumerate(series):
         label, x, y = entry[:3]
         style = dict(color=f"C{i}", marker="*", ms=11)
@@ -56,8 +68,13 @@ def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
             style.update(mfc="none", mew=1.5)
             line = "none"
         ax.plot(x, np.atleast_1d(y), ls=line, lw=1, label=label, **style)
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP per byte of HBM]",
-           ylabel="TFLOP/s", ylim=(10, peak * 1.6))
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity [FLOP per byte of HBM]",
+        ylabel="TFLOP/s",
+        ylim=(10, peak * 1.6),
+    )
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2)
     return fig
 
@@ -85,12 +102,13 @@ def exp2_changes(rows=256, keys=256, d=64, seed=0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(rows, d, generator=gen).bfloat16().float()
     k = torch.randn(keys, d, generator=gen).bfloat16().float()
-    s = q @ k.T                                   # bf16 products, fp32 sums (as the MMA)
-    scale = 1.0 / math.sqrt(d)
+    s = q @ k.T  # bf16 products, fp32 sums (as the MMA)
+    scale = default_scale(d)
     p_exp, p_exp2 = p_bar(s, scale, False), p_bar(s, scale, True)
     differ = (p_exp.view(torch.int32) != p_exp2.view(torch.int32)).double().mean().item()
     low_a, low_b = p_exp.bfloat16(), p_exp2.bfloat16()
     flips = (low_a.view(torch.int16) != low_b.view(torch.int16)).double().mean().item()
     rel = ((p_exp2.double() - p_exp.double()).abs() / p_exp.double()).max().item()
-    return dict(values=rows * keys, fp32_changed=differ, bf16_changed=flips,
-                max_relative_change=rel)
+    return dict(
+        values=rows * keys, fp32_changed=differ, bf16_changed=flips, max_relative_change=rel
+    )

@@ -1,24 +1,66 @@
 """The rounding lab: attention rows with tied maxima built exactly, and the bias each
 implementation gives them (the bias chapters).
 
-* :mod:`.cases`            the construction: :class:`Case`, :func:`build`, the fp64 :func:`reference`
-* :mod:`.implementations`  :func:`run` one implementation on a built case, :func:`measure` its bias
+* :mod:`.cases`            the construction: :class:`Case`, :func:`build`, the fp64
+  :func:`reference`
+* :mod:`.implementations`  :func:`run` one implementation (named in
+  :mod:`kernels.attention.registry`) on a built case, :func:`measure` its bias
 * :mod:`.sweep`            the sweep over ties, gaps and V, and what it finds
-* :mod:`.interactive`      :func:`lab`, one function of the sliders, and its widget
+* :mod:`.explorer`         :func:`lab`, one function of the sliders, and its widget
 * :mod:`.figures`          the lab's plots
 * :mod:`.gpu`              the GPU sweep (``python -m kernels.lab.gpu``)
 * :mod:`.exercises`        the checks of the exercises of chapters 5 and 6
 """
-from .cases import (EXP_ROUNDS_TO_ONE, PLACEMENTS, V_FAMILIES, Built, Case, VDist, build,
-                    reference, residual_in_ulps, small_lab_case)
+
+from .cases import (
+    EXP_ROUNDS_TO_ONE,
+    PLACEMENTS,
+    V_FAMILIES,
+    Built,
+    Case,
+    VDist,
+    build,
+    reference,
+    residual_in_ulps,
+    small_lab_case,
+)
+from .explorer import (
+    LabResult,
+    lab,
+    lab_text,
+    largest_rm_rounding_to_one,
+    p_bar_of_tied,
+    running_error,
+    show,
+    widget,
+)
 from .figures import FA2_FAMILY, PAPER_FAMILY, plot_lab
-from .implementations import (EMULATED, GPU_ONLY, IMPLEMENTATIONS, fa2_fused_accumulation,
-                              measure, parse_impl, run)
-from .interactive import (LabResult, lab, lab_text, largest_rm_rounding_to_one, p_bar_of_tied,
-                          running_error, show, widget)
-from .sweep import (SWEEP_GAPS, SWEEP_IMPLS, SWEEP_TIES, SWEEP_V, compare_devices,
-                    compare_settings, describe_cells, fixed_offset_bias, print_compare,
-                    save_cpu_sweep, sweep, sweep_cases, sweep_config, sweep_findings,
-                    sweep_table, underflow_scan)
+from .implementations import (
+    EMULATED,
+    GPU_ONLY,
+    IMPLEMENTATIONS,
+    fa2_fused_accumulation,
+    measure,
+    parse_impl,
+    run,
+)
+from .sweep import (
+    SWEEP_GAPS,
+    SWEEP_IMPLS,
+    SWEEP_TIES,
+    SWEEP_V,
+    compare_devices,
+    compare_settings,
+    describe_cells,
+    fixed_offset_bias,
+    print_compare,
+    save_cpu_sweep,
+    sweep,
+    sweep_cases,
+    sweep_config,
+    sweep_findings,
+    sweep_table,
+    underflow_scan,
+)
 
 __all__ = [n for n in dir() if not n.startswith("_")]

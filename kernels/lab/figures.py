@@ -1,5 +1,6 @@
 """The lab's figure: one lab result (:class:`LabResult`, what :func:`kernels.lab.lab` returns), its
 panels stacked (error histogram, running error of Ō, Σδ)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,12 +12,12 @@ import numpy as np
 class LabResult:
     params: dict
     stats: dict
-    errors: np.ndarray               # finite errors in ulps (flattened)
+    errors: np.ndarray  # finite errors in ulps (flattened)
     counts: dict
     messages: list
     residual_ulps: float
     running: dict | None
-    delta_diff: np.ndarray | None    # per row (token) δ_lp − δ_hp
+    delta_diff: np.ndarray | None  # per row (token) δ_lp − δ_hp
     delta_sum: float
 
 
@@ -42,13 +43,23 @@ def _panel_running(ax, result):
         ones = r["p_is_one"]
         ax.plot(ones, e[ones], "rv", ms=6, label="P̄ = 1")
         if r.get("final_output_error") is not None:
-            ax.plot([e.size - 1], [r["final_output_error"] / r["unit"]], "k*", ms=9,
-                    label="(O_lp − O_hp)·ℓ: after the last rounding")
+            ax.plot(
+                [e.size - 1],
+                [r["final_output_error"] / r["unit"]],
+                "k*",
+                ms=9,
+                label="(O_lp − O_hp)·ℓ: after the last rounding",
+            )
         ax.legend()
         ax.set_title(f"running error of Ō, row 0, column {r['column']}")
     else:
-        ax.text(0.5, 0.5, "running sum shown for\nemulated paths only", ha="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "running sum shown for\nemulated paths only",
+            ha="center",
+            transform=ax.transAxes,
+        )
     ax.set_xlabel("key position t")
     ax.set_ylabel("Ō_lp(t) − Ō_hp(t)  [ulp of final Ō]")
 
@@ -68,6 +79,7 @@ def plot_lab(result: LabResult, fig=None, panels=tuple(PANELS)):
     """The lab's panels, stacked so each stays legible at page width: the error histogram, the
     running error of Ō (the paper's Fig. 6c) and the cumulative Σ(δ_lp − δ_hp)."""
     import matplotlib.pyplot as plt
+
     if fig is None:
         fig = plt.figure(figsize=(6.8, 3.3 * len(panels)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(panels), 1))
@@ -77,5 +89,10 @@ def plot_lab(result: LabResult, fig=None, panels=tuple(PANELS)):
 
 
 FA2_FAMILY = ("ideal", "fa2/off", "fa2/tile", "fa2/cross")
-PAPER_FAMILY = ("paper/off", "paper/tile", "paper/cross", "paper-untiled/off", "paper-untiled/cross")
-
+PAPER_FAMILY = (
+    "paper/off",
+    "paper/tile",
+    "paper/cross",
+    "paper-untiled/off",
+    "paper-untiled/cross",
+)

@@ -2,10 +2,12 @@
 O, the worst case on the GPU, and the time each costs. Records come from
 :func:`kernels.lab.fixes.measure_fixes` (CPU), ``results/bias_sources_gpu.json`` and
 ``results/fix_speed.json``."""
+
 from __future__ import annotations
 
 import numpy as np
 
+from ..attention.registry import FIX_SPEED
 from .fixes import FIXES
 
 
@@ -13,8 +15,12 @@ def _bars(ax, cases, keys, value, labels):
     width = 0.8 / len(cases)
     y = np.arange(len(keys))
     for i, case in enumerate(cases):
-        ax.barh(y + (i - (len(cases) - 1) / 2) * width, [value(case, k) for k in keys], width,
-                label=labels[i])
+        ax.barh(
+            y + (i - (len(cases) - 1) / 2) * width,
+            [value(case, k) for k in keys],
+            width,
+            label=labels[i],
+        )
     ax.set_yticks(y, [FIXES[k].label for k in keys])
     ax.invert_yaxis()
 
@@ -28,6 +34,7 @@ def _legend_below(fig, ax, **kw):
 def plot_delta_bias(records, keys=tuple(FIXES)):
     """Mean error of δ per fix and case, with the ideal δ of a stored-bf16 O as a dashed tick."""
     import matplotlib.pyplot as plt
+
     cases = list(dict.fromkeys(r["case"] for r in records))
     by = {(r["case"], r["fix"]): r for r in records}
     fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
@@ -45,6 +52,7 @@ def plot_delta_bias(records, keys=tuple(FIXES)):
 def plot_output_cost(records, keys=tuple(FIXES)):
     """Share of outputs equal to the ideal bf16(O_exact), per fix and case."""
     import matplotlib.pyplot as plt
+
     cases = list(dict.fromkeys(r["case"] for r in records))
     by = {(r["case"], r["fix"]): r for r in records}
     fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
@@ -57,6 +65,7 @@ def plot_output_cost(records, keys=tuple(FIXES)):
 def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
     """Worst |error| of O per fix in the book's Triton kernel on the GPU, log scale."""
     import matplotlib.pyplot as plt
+
     rows = {r["impl"]: r for r in bias_records if (r["ties"], r["vmax"], r["vrest"]) == setting}
     fig, ax = plt.subplots(figsize=(6.8, 4.2), layout="constrained")
     worst = [rows[f"triton/{k}"]["out"]["worst"] for k in keys]
@@ -65,8 +74,11 @@ def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
     ax.axvline(rows["ideal"]["out"]["worst"], color="gray", ls="--", label="ideal: 0.5 ulp")
     ax.set_yticks(y, [FIXES[k].label for k in keys])
     ax.invert_yaxis()
-    ax.set(xscale="log", xlabel="worst |O − O_exact| over 4,096 rows [ulp], H100",
-           title=f"k = {setting[0]}, tied V ≈ {setting[1]:+g}, other V ≈ {setting[2]:+g}")
+    ax.set(
+        xscale="log",
+        xlabel="worst |O − O_exact| over 4,096 rows [ulp], H100",
+        title=f"k = {setting[0]}, tied V ≈ {setting[1]:+g}, other V ≈ {setting[2]:+g}",
+    )
     ax.legend(loc="lower right")
     return fig
 
@@ -77,18 +89,22 @@ def speed_table(rows, n=4096, mode="fwd+bwd"):
 
 
 def plot_fix_speed(rows, n=4096):
-    """Forward+backward TFLOP/s of the book's kernel with each fix, SDPA flash and cuDNN as lines."""
+    """Forward+backward TFLOP/s of the book's kernel with each fix; SDPA flash and cuDNN as
+    lines."""
     import matplotlib.pyplot as plt
+
     table = speed_table(rows, n)
     mine = {k: v for k, v in table.items() if not k.startswith("SDPA")}
     fig, ax = plt.subplots(figsize=(6.8, 3.8), layout="constrained")
     y = np.arange(len(mine))
     ax.barh(y, list(mine.values()), color="tab:blue")
-    for name, style in (("SDPA flash", "--"), ("SDPA cudnn", ":")):
+    for name, style in zip(FIX_SPEED.values(), ("--", ":")):  # SDPA flash, SDPA cudnn
         ax.axvline(table[name], color="black", ls=style, label=f"{name}: {table[name]:.0f}")
     ax.set_yticks(y, list(mine))
     ax.invert_yaxis()
-    ax.set(xlabel=f"forward + backward [TFLOP/s], causal, B·H = 64, N = {n:,}, d = 64",
-           title="what each fix costs in the book's kernel (H100)")
+    ax.set(
+        xlabel=f"forward + backward [TFLOP/s], causal, B·H = 64, N = {n:,}, d = 64",
+        title="what each fix costs in the book's kernel (H100)",
+    )
     _legend_below(fig, ax)
     return fig

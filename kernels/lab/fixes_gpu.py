@@ -11,6 +11,7 @@
 Inputs are built on the CPU from fixed seeds and moved to the GPU, so every machine sees the same
 numbers. ``--small`` runs a tiny version on the CPU (Triton interpreter) to test the script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,21 +31,36 @@ from .cases import Case, VDist, build, reference
 from .fixes import CAP, FIXES, delta_stats, output_stats, upstream_gradient
 from .implementations import run
 
-SETTINGS = [(2, -1.0, 0.0), (4, -1.0, 0.0), (2, -1.0, -1.0), (4, -1.0, -1.0), (1, -1.0, 0.0),
-            (2, 0.0, -1.0)]   # (ties, vmax, vrest), as in the chapters' tables
+SETTINGS = [
+    (2, -1.0, 0.0),
+    (4, -1.0, 0.0),
+    (2, -1.0, -1.0),
+    (4, -1.0, -1.0),
+    (1, -1.0, 0.0),
+    (2, 0.0, -1.0),
+]  # (ties, vmax, vrest), as in the chapters' tables
 SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 SPEED_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64)]
-SPEED_VARIANTS = {"FA2 (book kernel)": {}, "β rule per tile": dict(stable="tile"),
-                  "β rule across tiles": dict(stable="cross"),
-                  "β rule, offset capped": dict(stable="cross", offset_cap=CAP),
-                  "β rule, ℓ from rounded P̄": dict(stable="cross", ell_rounded=True),
-                  "δ from rowsum(dP ∘ P)": dict(delta_source="dp"),
-                  "δ from an fp32 O": dict(delta_source="o_fp32")}
+SPEED_VARIANTS = {
+    "FA2 (book kernel)": {},
+    "β rule per tile": dict(stable="tile"),
+    "β rule across tiles": dict(stable="cross"),
+    "β rule, offset capped": dict(stable="cross", offset_cap=CAP),
+    "β rule, ℓ from rounded P̄": dict(stable="cross", ell_rounded=True),
+    "δ from rowsum(dP ∘ P)": dict(delta_source="dp"),
+    "δ from an fp32 O": dict(delta_source="o_fp32"),
+}
 
 
 def case_for(ties, vmax, vrest, small=False) -> Case:
-    case = Case(n_keys=1024, ties=ties, gap=15.6, batch=64, v_tied=VDist("normal", vmax, 0.3),
-                v_rest=VDist("normal", vrest, 0.3))
+    case = Case(
+        n_keys=1024,
+        ties=ties,
+        gap=15.6,
+        batch=64,
+        v_tied=VDist("normal", vmax, 0.3),
+        v_rest=VDist("normal", vrest, 0.3),
+    )
     return replace(case, n_keys=128, batch=2, head_dim=16, block_n=32) if small else case
 
 
@@ -61,10 +77,11 @@ def _triton_rows(built, d_out, block_n):
         opts = dict(common, **fix.forward)
         out = flash_attention(q, k, v, **opts).squeeze(1).float()
         if fix.delta in ("o_fp32", "dp"):
-            delta = backward_pass(q, k, v, d_out.unsqueeze(1).to(torch.bfloat16),
-                                  delta_source=fix.delta, **opts).delta.squeeze(1)
+            delta = backward_pass(
+                q, k, v, d_out.unsqueeze(1).to(torch.bfloat16), delta_source=fix.delta, **opts
+            ).delta.squeeze(1)
         elif fix.delta == "o_hilo":
-            o32 = _fp32_output(q, k, v, opts).squeeze(1)     # O_hi + O_lo carries O to ~2^-16
+            o32 = _fp32_output(q, k, v, opts).squeeze(1)  # O_hi + O_lo carries O to ~2^-16
             o_hi = round_to(o32, torch.bfloat16)
             o_lo = round_to(o32 - o_hi, torch.bfloat16)
             delta = (d_out.float() * o_hi).sum(-1) + (d_out.float() * o_lo).sum(-1)
@@ -77,6 +94,7 @@ def _triton_rows(built, d_out, block_n):
 def _fp32_output(q, k, v, opts):
     """The kernel's O before its final rounding (the forward pass with round_out=False)."""
     from ..attention.flash_fwd import flash_forward
+
     out, _, _ = flash_forward(q, k, v, round_out=False, **opts)
     return out.float()
 
@@ -97,14 +115,22 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
         rows = {name: (out, (d_out.float() * out).sum(-1)) for name, out in outputs.items()}
         rows.update(_triton_rows(built, d_out, case.block_n))
         for name, (out, delta) in rows.items():
-            records.append(dict(ties=ties, vmax=vmax, vrest=vrest, gap=case.gap, impl=name,
-                                out=output_stats(out.double(), o_exact),
-                                delta=delta_stats(delta.double(), delta_exact)))
+            records.append(
+                dict(
+                    ties=ties,
+                    vmax=vmax,
+                    vrest=vrest,
+                    gap=case.gap,
+                    impl=name,
+                    out=output_stats(out.double(), o_exact),
+                    delta=delta_stats(delta.double(), delta_exact),
+                )
+            )
     return records
 
 
 def fix_speed() -> list[dict]:
-    from ..attention.registry import label, runner
+    from ..attention.registry import FIX_SPEED, runner
     from ..timing import measure_speed
 
     rows = []
@@ -112,11 +138,10 @@ def fix_speed() -> list[dict]:
         for mode in ("fwd", "fwd+bwd"):
             for name, opts in SPEED_VARIANTS.items():
                 if mode == "fwd" and "delta_source" in opts:
-                    continue   # the δ source changes only the backward pass
-                rows.append(measure_speed(name, runner("triton", causal=True, **opts), shape,
-                                          mode))
-            for sdpa in ("sdpa-flash", "sdpa-cudnn"):
-                rows.append(measure_speed(label(sdpa), runner(sdpa, causal=True), shape, mode))
+                    continue  # the δ source changes only the backward pass
+                rows.append(measure_speed(name, runner("triton", causal=True, **opts), shape, mode))
+            for sdpa, stored in FIX_SPEED.items():
+                rows.append(measure_speed(stored, runner(sdpa, causal=True), shape, mode))
             print(f"speed {shape} {mode} done", flush=True)
     return rows
 
@@ -135,8 +160,12 @@ def main(argv=None):
         return
     start = time.time()
     records = bias_sources(args.small, device)
-    results.save("bias_sources_gpu", {"records": records, "device": device,
-                                      "seconds": time.time() - start}, command, out_dir)
+    results.save(
+        "bias_sources_gpu",
+        {"records": records, "device": device, "seconds": time.time() - start},
+        command,
+        out_dir,
+    )
     print(f"bias sources: {len(records)} records in {time.time() - start:.0f} s", flush=True)
     if device == "cuda":
         start = time.time()

@@ -2,17 +2,20 @@
 
 One helper per operation, shared by the emulator, the lab and the GPT-2 code:
 
-* :func:`round_to`         nearest value of a torch dtype (ties to even), keeping the tensor's dtype;
+* :func:`round_to`         nearest value of a torch dtype (ties to even), keeping the tensor's
+  dtype;
 * :func:`round_mantissa`   fp32 rounded to k explicit mantissa bits (k = 7 is bf16), ties to even;
 * :func:`round_mantissa_stochastic`  the same width, rounded stochastically (unbiased);
 * :func:`ulp`              spacing of the format's numbers in the binade of x;
 * :func:`error_in_ulps`    (low − exact) / ulp(low): the unit every bias in the book is quoted in;
 * :func:`next_below`       the largest bf16 strictly below x;
 * :func:`ulp_distance`     how many representable numbers lie between two tensors (exact).
+* :func:`work_dtype`       the dtype arithmetic on low-precision values is done in (fp32, or fp64).
 
 torch's casts round to nearest-even on every device, so these give the same bits on a CPU and a
 GPU. (Triton's interpreter does not: see :mod:`.triton_rounding`.)
 """
+
 from __future__ import annotations
 
 import math
@@ -22,6 +25,11 @@ import torch
 # explicit fraction bits and smallest normal exponent of each low-precision dtype
 _FRACTION_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
 _EMIN = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126}
+
+
+def work_dtype(low: torch.dtype) -> torch.dtype:
+    """The dtype arithmetic on ``low`` values is done in: fp64 for fp64, fp32 for the rest."""
+    return torch.float64 if low == torch.float64 else torch.float32
 
 
 def round_to(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
@@ -84,8 +92,9 @@ def ulp(x: torch.Tensor, low: torch.dtype = torch.bfloat16) -> torch.Tensor:
     return torch.where(ax > 0, spacing, torch.full_like(spacing, math.nan))
 
 
-def error_in_ulps(o_lp: torch.Tensor, o_hp: torch.Tensor,
-                  low: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def error_in_ulps(
+    o_lp: torch.Tensor, o_hp: torch.Tensor, low: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """(O_lp − O_hp) / ulp(O_lp) in fp64; O_hp's binade where O_lp = 0; 0 where both are 0.
 
     Non-finite O_lp gives NaN (counted separately by the callers). A correctly rounded result is
@@ -101,9 +110,9 @@ def error_in_ulps(o_lp: torch.Tensor, o_hp: torch.Tensor,
 def next_below(x: torch.Tensor) -> torch.Tensor:
     """The largest bf16 number strictly below each (bf16, finite) value of ``x``."""
     bits = x.to(torch.bfloat16).view(torch.int16).to(torch.int32)
-    positive = bits >= 0                              # sign bit clear (includes +0)
+    positive = bits >= 0  # sign bit clear (includes +0)
     below = torch.where(positive, bits - 1, bits + 1)
-    below = torch.where(bits == 0, torch.full_like(bits, -32767), below)       # 0x8001: -tiny
+    below = torch.where(bits == 0, torch.full_like(bits, -32767), below)  # 0x8001: -tiny
     below = torch.where(bits == -32768, torch.full_like(bits, -32767), below)  # -0 -> -tiny
     return below.to(torch.int16).view(torch.bfloat16).to(x.dtype)
 
@@ -116,8 +125,12 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
-    ints = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-            torch.float64: torch.int64}
+    ints = {
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+    }
     if a.dtype not in ints:
         raise TypeError(f"ulp_distance needs a floating dtype, got {a.dtype}")
     if torch.isnan(a).any() or torch.isnan(b).any():

@@ -5,6 +5,7 @@ dtype and head dim (causal and not), lengths that are not tile multiples; δ its
 from an fp32 O it is far more accurate than from the stored bf16 O (the paper's point); every
 gradient element written; strided inputs.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,19 +13,18 @@ import torch
 
 import kernels  # noqa: F401
 from kernels import flash_attention
-from kernels.env import native_bf16
 from kernels.attention.flash_bwd import flash_backward
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.launch import use_explicit
 from kernels.attention.options import AttentionOptions
 from kernels.attention.reference import attention_fp64, relative_error
+from kernels.env import native_bf16
 
 ON_GPU = native_bf16()
 DEVICE = "cuda" if ON_GPU else "cpu"
 # fixed tiles: several key tiles even at CPU sizes, and no per-test autotuning on a GPU
 BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else dict(block_m=32, block_n=32)
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 5e-5,
-             torch.float64: 1e-11}
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 5e-5, torch.float64: 1e-11}
 
 
 def leaf(*shape, dtype):
@@ -47,20 +47,32 @@ def grads_vs_fp64(n, d, dtype, causal, delta_source, batch=1, heads=2, **kw):
     return relative_error(out.detach(), ref.detach()), errors
 
 
-CASES = [(torch.bfloat16, 64, False, "o"), (torch.bfloat16, 32, True, "dp"),
-         (torch.bfloat16, 16, True, "o_fp32"), (torch.float16, 128, True, "o"),
-         (torch.float16, 16, False, "dp"), (torch.float32, 32, False, "o_fp32"),
-         (torch.float32, 128, True, "dp"), (torch.float64, 64, True, "o"),
-         (torch.float64, 16, False, "o_fp32"), (torch.bfloat16, 128, False, "dp"),
-         (torch.float32, 64, True, "o"), (torch.float64, 32, False, "dp"),
-         (torch.float16, 32, False, "o_fp32"), (torch.float16, 64, True, "dp"),
-         (torch.bfloat16, 16, False, "o"), (torch.float32, 16, True, "o_fp32"),
-         (torch.float64, 128, False, "o")]
+CASES = [
+    (torch.bfloat16, 64, False, "o"),
+    (torch.bfloat16, 32, True, "dp"),
+    (torch.bfloat16, 16, True, "o_fp32"),
+    (torch.float16, 128, True, "o"),
+    (torch.float16, 16, False, "dp"),
+    (torch.float32, 32, False, "o_fp32"),
+    (torch.float32, 128, True, "dp"),
+    (torch.float64, 64, True, "o"),
+    (torch.float64, 16, False, "o_fp32"),
+    (torch.bfloat16, 128, False, "dp"),
+    (torch.float32, 64, True, "o"),
+    (torch.float64, 32, False, "dp"),
+    (torch.float16, 32, False, "o_fp32"),
+    (torch.float16, 64, True, "dp"),
+    (torch.bfloat16, 16, False, "o"),
+    (torch.float32, 16, True, "o_fp32"),
+    (torch.float64, 128, False, "o"),
+]
 
 
-@pytest.mark.parametrize("dtype,head_dim,causal,delta_source", CASES,
-                         ids=[f"{str(c[0])[6:]}-d{c[1]}-{'causal' if c[2] else 'full'}-{c[3]}"
-                              for c in CASES])
+@pytest.mark.parametrize(
+    "dtype,head_dim,causal,delta_source",
+    CASES,
+    ids=[f"{str(c[0])[6:]}-d{c[1]}-{'causal' if c[2] else 'full'}-{c[3]}" for c in CASES],
+)
 def test_gradients_match_fp64(dtype, head_dim, causal, delta_source):
     n = 197 if ON_GPU else 37
     fwd_err, errors = grads_vs_fp64(n, head_dim, dtype, causal, delta_source)
@@ -97,8 +109,9 @@ def test_delta_from_dp_or_fp32_o_is_more_accurate():
     errors = {}
     for source in ("o", "dp", "o_fp32"):
         opts = AttentionOptions(causal=True, delta_source=source, **BLOCKS)
-        *_, delta = flash_backward(q, k, v, out, grad_out, lse, opts, explicit=use_explicit(None),
-                                   out_fp32=out32)
+        *_, delta = flash_backward(
+            q, k, v, out, grad_out, lse, opts, explicit=use_explicit(None), out_fp32=out32
+        )
         assert not torch.isnan(delta).any()
         errors[source] = relative_error(delta, exact)
     assert errors["dp"] < errors["o"] / 4, errors
@@ -121,5 +134,5 @@ def test_strided_inputs_and_gradients():
     grad_t = torch.randn(1, 2, 32, 33, device=DEVICE).bfloat16().transpose(-1, -2)
     again = [t.detach().requires_grad_() for t in (q, k, v)]
     flash_attention(*again, causal=True, block_m=16, block_n=16).backward(grad_t)
-    for a, b in zip(again, dense):
+    for a in again:
         assert not torch.isnan(a.grad).any()

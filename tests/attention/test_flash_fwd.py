@@ -2,8 +2,8 @@
 
 * accuracy against the fp64 golden output for every dtype, head dim, causal/non-causal and
   sequence lengths that are not multiples of the tile;
-* the numerics contract: the kernel against the emulator (kernels.attention.emulator) in both numerics
-  modes and all three offset rules;
+* the numerics contract: the kernel against the emulator (kernels.attention.emulator) in both
+  numerics modes and all three offset rules;
 * the offset fix: the stabilised output stays close to the plain one, and the largest P̄ of a
   row with tied maxima is < 1 — also when the tie is split across two key tiles ("cross"),
   where the paper's per-tile rule ("tile") misses it and max P̄ stays exactly 1;
@@ -12,6 +12,7 @@
 Inputs are fresh random numbers on every run. On the CPU the kernel runs in the Triton
 interpreter at small sizes; kernels.gpu.check runs this file natively on a GPU at larger ones.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,18 +20,17 @@ import torch
 
 import kernels  # noqa: F401
 from kernels.attention import emulator as emulate
-from kernels.env import native_bf16
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.options import SUPPORTED_HEAD_DIMS
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
+from kernels.env import native_bf16
 from kernels.numerics.rounding import ulp_distance
 
 ON_GPU = native_bf16()
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 # ‖out − ref‖/‖ref‖ allowed: a few units of each format's rounding error (2^-9 for bf16).
-TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5,
-             torch.float64: 1e-12}
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5, torch.float64: 1e-12}
 # Fixed tiles: several key tiles even at CPU sizes, and on a GPU no autotuning per test case
 # (the autotuned default is exercised by kernels.gpu.check).
 BLOCKS = dict(block_m=64, block_n=32) if ON_GPU else dict(block_m=32, block_n=32)
@@ -42,24 +42,36 @@ def randn(*shape, dtype=torch.bfloat16):
 
 def qkv(batch, heads, n, d, dtype, n_k=None):
     n_k = n if n_k is None else n_k
-    return randn(batch, heads, n, d, dtype=dtype), randn(batch, heads, n_k, d, dtype=dtype), \
-        randn(batch, heads, n_k, d, dtype=dtype)
+    return (
+        randn(batch, heads, n, d, dtype=dtype),
+        randn(batch, heads, n_k, d, dtype=dtype),
+        randn(batch, heads, n_k, d, dtype=dtype),
+    )
 
 
 # Every dtype meets every head dim once, causal and not; lengths are not multiples of 32.
-ACCURACY_CASES = [(dtype, d, causal, n)
-                  for i, dtype in enumerate(DTYPES)
-                  for j, d in enumerate(SUPPORTED_HEAD_DIMS)
-                  for causal, n in ((False, 37 + 8 * ((i + j) % 3)), (True, 61))
-                  if (i + j) % 2 == 0 or d in (16, 32)]
-ACCURACY_CASES += [(dtype, d, causal, 61) for dtype in DTYPES for d in (64, 128)
-                   for causal in (False, True) if (dtype, d, causal, 61) not in ACCURACY_CASES
-                   and not any(c[:3] == (dtype, d, causal) for c in ACCURACY_CASES)]
+ACCURACY_CASES = [
+    (dtype, d, causal, n)
+    for i, dtype in enumerate(DTYPES)
+    for j, d in enumerate(SUPPORTED_HEAD_DIMS)
+    for causal, n in ((False, 37 + 8 * ((i + j) % 3)), (True, 61))
+    if (i + j) % 2 == 0 or d in (16, 32)
+]
+ACCURACY_CASES += [
+    (dtype, d, causal, 61)
+    for dtype in DTYPES
+    for d in (64, 128)
+    for causal in (False, True)
+    if (dtype, d, causal, 61) not in ACCURACY_CASES
+    and not any(c[:3] == (dtype, d, causal) for c in ACCURACY_CASES)
+]
 
 
-@pytest.mark.parametrize("dtype,head_dim,causal,n", ACCURACY_CASES,
-                         ids=[f"{str(c[0])[6:]}-d{c[1]}-{'causal' if c[2] else 'full'}-n{c[3]}"
-                              for c in ACCURACY_CASES])
+@pytest.mark.parametrize(
+    "dtype,head_dim,causal,n",
+    ACCURACY_CASES,
+    ids=[f"{str(c[0])[6:]}-d{c[1]}-{'causal' if c[2] else 'full'}-n{c[3]}" for c in ACCURACY_CASES],
+)
 def test_forward_matches_fp64(dtype, head_dim, causal, n):
     n = n * 5 if ON_GPU else n
     q, k, v = qkv(1, 2, n, head_dim, dtype)
@@ -101,11 +113,29 @@ def test_block_sizes_do_not_change_the_math():
 
 # --- the numerics contract --------------------------------------------------------------
 def compare_with_emulator(q, k, v, *, causal, numerics, stable, block_n, block_m=32, beta=2.0):
-    out, lse, offset = flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable,
-                                     beta=beta, block_m=block_m, block_n=block_n,
-                                     return_offset=True)
-    emu = emulate.flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable,
-                                beta=beta, low=q.dtype, block_n=block_n)
+    out, lse, offset = flash_forward(
+        q,
+        k,
+        v,
+        causal=causal,
+        numerics=numerics,
+        stable=stable,
+        beta=beta,
+        block_m=block_m,
+        block_n=block_n,
+        return_offset=True,
+    )
+    emu = emulate.flash_forward(
+        q,
+        k,
+        v,
+        causal=causal,
+        numerics=numerics,
+        stable=stable,
+        beta=beta,
+        low=q.dtype,
+        block_n=block_n,
+    )
     return out, (lse - emu.lse).abs().max().item(), offset, emu
 
 
@@ -119,11 +149,13 @@ def assert_close_to_emulator(out, emu_out, min_identical, paper):
     assert identical >= min_identical, f"only {identical:.4f} of the outputs are bit-identical"
     row_scale = emu_out.float().abs().amax(-1, keepdim=True)
     gap = (out.float() - emu_out.float()).abs()
-    allowed = (2.0 if paper else 1.0) * 2.0 ** -mantissa * row_scale
+    allowed = (2.0 if paper else 1.0) * 2.0**-mantissa * row_scale
     explained = (ulps <= 1) | (gap <= allowed)
     worst = (gap / row_scale).max().item()
-    assert explained.all(), (f"{(~explained).sum().item()} entries differ by more; worst "
-                             f"|diff| = {worst:.3g} of the row's largest output")
+    assert explained.all(), (
+        f"{(~explained).sum().item()} entries differ by more; worst "
+        f"|diff| = {worst:.3g} of the row's largest output"
+    )
     return ulps
 
 
@@ -145,9 +177,9 @@ def test_kernel_follows_the_emulator(numerics, stable, causal):
         # then moves that row's offset to 0 (kernel: masked keys are never ties). A positive
         # score on the diagonal (k_i = q_i) keeps every row maximum > 0, where that is a no-op.
         k = q.clone()
-    out, lse_diff, offset, emu = compare_with_emulator(q, k, v, causal=causal,
-                                                       numerics=numerics, stable=stable,
-                                                       block_n=16)
+    out, lse_diff, offset, emu = compare_with_emulator(
+        q, k, v, causal=causal, numerics=numerics, stable=stable, block_n=16
+    )
     assert_close_to_emulator(out, emu.out, 0.99, numerics == "paper")
     assert lse_diff < 1e-5
     assert (offset - emu.row_offset).abs().max().item() < 1e-5
@@ -156,8 +188,9 @@ def test_kernel_follows_the_emulator(numerics, stable, causal):
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
 def test_kernel_follows_the_emulator_fp16(numerics):
     q, k, v = qkv(1, 2, 45, 64, torch.float16)
-    out, lse_diff, _, emu = compare_with_emulator(q, k, v, causal=True, numerics=numerics,
-                                                  stable="cross", block_n=32)
+    out, lse_diff, _, emu = compare_with_emulator(
+        q, k, v, causal=True, numerics=numerics, stable="cross", block_n=32
+    )
     assert_close_to_emulator(out, emu.out, 0.98, numerics == "paper")
     assert lse_diff < 1e-5
 
@@ -167,8 +200,9 @@ def test_tile_rule_ignores_fully_masked_tiles():
     # right offset; the kernel must not treat the masked keys of later tiles as a tie.
     q, k, v = qkv(1, 1, 40, 16, torch.bfloat16)
     k[0, 0, 0] = -q[0, 0, 0]
-    _, _, offset = flash_forward(q, k, v, causal=True, stable="tile", block_m=16, block_n=16,
-                                 return_offset=True)
+    _, _, offset = flash_forward(
+        q, k, v, causal=True, stable="tile", block_m=16, block_n=16, return_offset=True
+    )
     s00 = (q[0, 0, 0].float() @ k[0, 0, 0].float()).item() * 0.25
     assert s00 < 0 and offset[0, 0, 0].item() == pytest.approx(s00, rel=1e-6)
 
@@ -182,8 +216,8 @@ def tied_problem(first, second, n=64, d=32):
     q[..., 0] = 1.0
     k = torch.randint(-1, 2, (1, 1, n, d), device=DEVICE).float()
     v = torch.randn(1, 1, n, d, device=DEVICE)
-    q[0, 0, :] = q[0, 0, :1]          # one query direction for every row ...
-    k[0, 0, first] = 2 * q[0, 0, 0]   # ... and two identical keys twice as long: the maxima
+    q[0, 0, :] = q[0, 0, :1]  # one query direction for every row ...
+    k[0, 0, first] = 2 * q[0, 0, 0]  # ... and two identical keys twice as long: the maxima
     k[0, 0, second] = 2 * q[0, 0, 0]
     return (t.to(torch.bfloat16) for t in (q, k, v))
 
@@ -196,17 +230,20 @@ def max_p_bar(q, k, offset, scale):
 
 @pytest.mark.parametrize("where", ["same tile", "two tiles"])
 def test_offset_fix_pushes_max_p_bar_below_one(where):
-    first, second = (3, 9) if where == "same tile" else (15, 16)   # block_n = 16
+    first, second = (3, 9) if where == "same tile" else (15, 16)  # block_n = 16
     q, k, v = tied_problem(first, second)
     scale = 0.125
-    plain, _, off_plain = flash_forward(q, k, v, scale=scale, block_m=16, block_n=16,
-                                        return_offset=True)
-    assert (max_p_bar(q, k, off_plain, scale) == 1).all()       # plain FA2: the max is 1
-    cross, _, off_cross = flash_forward(q, k, v, scale=scale, stable="cross", block_m=16,
-                                        block_n=16, return_offset=True)
-    tile, _, off_tile = flash_forward(q, k, v, scale=scale, stable="tile", block_m=16,
-                                      block_n=16, return_offset=True)
-    assert (max_p_bar(q, k, off_cross, scale) < 1).all()        # cross always sees the tie
+    plain, _, off_plain = flash_forward(
+        q, k, v, scale=scale, block_m=16, block_n=16, return_offset=True
+    )
+    assert (max_p_bar(q, k, off_plain, scale) == 1).all()  # plain FA2: the max is 1
+    cross, _, off_cross = flash_forward(
+        q, k, v, scale=scale, stable="cross", block_m=16, block_n=16, return_offset=True
+    )
+    tile, _, off_tile = flash_forward(
+        q, k, v, scale=scale, stable="tile", block_m=16, block_n=16, return_offset=True
+    )
+    assert (max_p_bar(q, k, off_cross, scale) < 1).all()  # cross always sees the tie
     if where == "same tile":
         assert (max_p_bar(q, k, off_tile, scale) < 1).all()
     else:
@@ -223,8 +260,7 @@ def test_offset_fix_pushes_max_p_bar_below_one(where):
 def test_stabilised_forward_stays_close_to_plain(stable, causal):
     q, k, v = qkv(1, 2, 53, 64, torch.bfloat16)
     plain, lse_plain, _ = flash_forward(q, k, v, causal=causal, **BLOCKS)
-    fixed, lse_fixed, _ = flash_forward(q, k, v, causal=causal, stable=stable, beta=4.0,
-                                        **BLOCKS)
+    fixed, lse_fixed, _ = flash_forward(q, k, v, causal=causal, stable=stable, beta=4.0, **BLOCKS)
     ref = attention_fp64(q, k, v, causal)
     assert relative_error(fixed, ref) < TOLERANCE[torch.bfloat16]
     assert relative_error(fixed, plain) < 1e-2
@@ -238,8 +274,9 @@ def test_every_element_is_written(n, block):
     # flash_forward fills O, L and the offsets with NaN before the launch
     q, k, v = qkv(2, 1, n, 16, torch.bfloat16)
     for causal in (False, True):
-        out, lse, offset = flash_forward(q, k, v, causal=causal, block_m=block, block_n=16,
-                                         return_offset=True, stable="cross")
+        out, lse, offset = flash_forward(
+            q, k, v, causal=causal, block_m=block, block_n=16, return_offset=True, stable="cross"
+        )
         assert not torch.isnan(out).any() and not torch.isnan(lse).any()
         assert not torch.isnan(offset).any()
 
@@ -252,8 +289,9 @@ def test_strided_inputs_give_the_same_result():
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
     for causal in (False, True):
         strided, _, _ = flash_forward(q, k, v, causal=causal, block_m=32, block_n=16)
-        dense, _, _ = flash_forward(q.contiguous(), k.contiguous(), v.contiguous(),
-                                    causal=causal, block_m=32, block_n=16)
+        dense, _, _ = flash_forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, block_m=32, block_n=16
+        )
         assert torch.equal(strided, dense)
 
 
@@ -261,4 +299,4 @@ def test_scale_is_used():
     q, k, v = qkv(1, 1, 20, 16, torch.float64)
     out, _, _ = flash_forward(q, k, v, scale=0.3)
     assert relative_error(out, attention_fp64(q, k, v, scale=0.3)) < 1e-12
-    assert relative_error(out, attention_fp64(q, k, v)) > 1e-3   # default 1/sqrt(16) differs
+    assert relative_error(out, attention_fp64(q, k, v)) > 1e-3  # default 1/sqrt(16) differs

@@ -12,7 +12,7 @@ from kernels.attention.reference import attention_fp64, standard_attention
 
 
 def test_every_group_names_registered_implementations():
-    for key, names in registry.GROUPS.items():
+    for names in registry.GROUPS.values():
         for name in names:
             registry.parse(name)  # raises on an unknown name or rule
     assert registry.group("gpt2") == ("sdpa", "math32", "triton", "paper")
@@ -21,11 +21,21 @@ def test_every_group_names_registered_implementations():
 def test_labels_are_the_stored_ones():
     """results/perf_*.json rows and chapter 10 use these words: they must not change."""
     assert [registry.label(n) for n in registry.group("perf")] == [
-        "SDPA flash", "SDPA cuDNN", "SDPA efficient", "book, rule off", "book, cross-tile rule"]
+        "SDPA flash",
+        "SDPA cuDNN",
+        "SDPA efficient",
+        "book, rule off",
+        "book, cross-tile rule",
+    ]
     assert registry.get("sdpa_flash").name == "sdpa-flash"  # chapter 8's stored spelling
     assert registry.short("triton/cross") == "Triton/cross"
+    assert list(registry.FIX_SPEED.values()) == ["SDPA flash", "SDPA cudnn"]
     assert set(registry.FLASH_BENCH.values()) == {
-        "ours (stable off)", "ours (stable cross)", "SDPA flash", "SDPA cuDNN"}
+        "ours (stable off)",
+        "ours (stable cross)",
+        "SDPA flash",
+        "SDPA cuDNN",
+    }
 
 
 def test_unknown_names_say_what_there_is():
@@ -44,12 +54,27 @@ def test_run_is_the_function_it_names():
     assert torch.equal(registry.run("triton", q, k, v, opts), flash_attention(q, k, v, opts))
     cross = flash_attention(q, k, v, opts.replace(stable="cross"))
     assert torch.equal(registry.run("triton/cross", q, k, v, opts), cross)
-    assert torch.equal(registry.run("paper", q, k, v, opts),
-                       emulator.flash_forward(q, k, v, opts.replace(numerics="paper")).out)
+    assert torch.equal(
+        registry.run("paper", q, k, v, opts),
+        emulator.flash_forward(q, k, v, opts.replace(numerics="paper")).out,
+    )
     untiled = emulator.flash_forward(q, k, v, opts.replace(block_n=40)).out
     assert torch.equal(registry.run("fa2-untiled", q, k, v, opts), untiled)
     assert torch.equal(registry.run("fp64", q, k, v, opts), attention_fp64(q, k, v, True))
-    assert torch.equal(registry.run("torch_math", q, k, v, opts),
-                       standard_attention(q, k, v, True))
+    assert torch.equal(registry.run("torch_math", q, k, v, opts), standard_attention(q, k, v, True))
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert torch.equal(registry.run("sdpa", q, k, v, opts), sdpa)
+
+
+def test_one_place_for_backends_and_switches():
+    """SDPA's backends are mapped only here, and the speed-up switches are changed and
+    restored only through launch.speedups()."""
+    from pathlib import Path
+
+    package = Path(kernels.__file__).parent
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if path.name != "registry.py":
+            assert "SDPBackend" not in text, f"{path}: name SDPA backends in the registry"
+        if path.name != "launch.py":
+            assert "SPEEDUPS.update" not in text, f"{path}: use launch.speedups(...)"

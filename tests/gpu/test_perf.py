@@ -8,6 +8,7 @@
 * ``python -m kernels.gpu.perf --small`` runs end to end on the CPU and records why the GPU-only
   parts were skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,23 @@ import torch
 import kernels  # noqa: F401
 from kernels import results
 from kernels.env import native_bf16
-from kernels.gpu import perf, perf_report as pr
+from kernels.gpu import perf
+from kernels.gpu import perf_report as pr
 from kernels.tools import style
 
 matplotlib.use("Agg")
 ON_GPU = native_bf16()
-PROVENANCE = dict(gpu="Synthetic GPU (test)", gpu_count=1, torch="x", triton="y", cuda="z",
-                  python="3", host="test", date="2026-01-01T00:00:00+00:00",
-                  command="made by tests/gpu/test_perf.py")
+PROVENANCE = dict(
+    gpu="Synthetic GPU (test)",
+    gpu_count=1,
+    torch="x",
+    triton="y",
+    cuda="z",
+    python="3",
+    host="test",
+    date="2026-01-01T00:00:00+00:00",
+    command="made by tests/gpu/test_perf.py",
+)
 
 
 def synthetic_speed_rows():
@@ -38,42 +48,116 @@ def synthetic_speed_rows():
                 for mode in ("fwd", "fwd+bwd"):
                     for j, impl in enumerate(perf.IMPLS):
                         tflops = 100.0 + 40 * i + 10 * j + (20 if mode == "fwd" else 0)
-                        rows.append(dict(impl=impl, dtype=dtype, causal=causal, batch=b,
-                                         heads=h, n=n, d=d, mode=mode, ms=1.0, tflops=tflops,
-                                         fraction_of_peak=tflops / pr.PEAK_TFLOPS))
-    rows.append(dict(rows[0], impl="SDPA cuDNN", n=512, ms=None, tflops=None,
-                     fraction_of_peak=None, error="RuntimeError: not available"))
+                        rows.append(
+                            dict(
+                                impl=impl,
+                                dtype=dtype,
+                                causal=causal,
+                                batch=b,
+                                heads=h,
+                                n=n,
+                                d=d,
+                                mode=mode,
+                                ms=1.0,
+                                tflops=tflops,
+                                fraction_of_peak=tflops / pr.PEAK_TFLOPS,
+                            )
+                        )
+    rows.append(
+        dict(
+            rows[0],
+            impl="SDPA cuDNN",
+            n=512,
+            ms=None,
+            tflops=None,
+            fraction_of_peak=None,
+            error="RuntimeError: not available",
+        )
+    )
     return rows
 
 
 def write(directory, name, data, provenance=PROVENANCE):
-    (directory / f"perf_{name}.json").write_text(json.dumps(dict(provenance=provenance,
-                                                                 data=data)))
+    (directory / f"perf_{name}.json").write_text(json.dumps(dict(provenance=provenance, data=data)))
 
 
 @pytest.fixture
 def synthetic(tmp_path):
     speed = dict(rows=synthetic_speed_rows(), skipped_groups=[])
-    host = dict(ceilings=dict(matmul_tflops=780.0, copy_gb_per_s=3000.0),
-                rows=[dict(impl="book, rule off", direct_launch=d, mode=m, shape=[8, 12, 1024, 64],
-                           host_us=h, wall_us=max(h, 250.0), kernel_us=k,
-                           kernels={"_flash_fwd_kernel": 60.0}, cpu_ops_profiled={})
-                      for d, h in ((False, 500.0), (True, 90.0))
-                      for m, k in (("fwd", 60.0), ("fwd+bwd", 260.0))]
-                + [dict(impl="SDPA flash", direct_launch=None, mode=m, shape=[8, 12, 1024, 64],
-                        host_us=40.0, wall_us=200.0, kernel_us=180.0, kernels={},
-                        cpu_ops_profiled={}) for m in ("fwd", "fwd+bwd")])
-    memory = dict(rows=[dict(n=n, mode=m, batch=1, heads=16, d=64, causal=True,
-                             book_peak_bytes=n * 2048 * (1 if m == "fwd" else 4),
-                             math_peak_bytes=None if n > 8192 else n * n * 64)
-                        for m in ("fwd", "fwd+bwd") for n in perf.MEMORY_NS])
-    ablation = dict(steps=[s for s, _ in perf.ABLATION_STEPS],
-                    rows=[dict(impl="book, rule off", step=s, batch=b, heads=h, n=n, d=d,
-                               mode=m, dtype="bf16", causal=True, tflops=50.0 + 30 * i)
-                          for i, (s, _) in enumerate(perf.ABLATION_STEPS)
-                          for b, h, n, d in perf.ABLATION_SHAPES for m in ("fwd", "fwd+bwd")])
-    for name, data in (("speed", speed), ("host", host), ("memory", memory),
-                       ("ablation", ablation)):
+    host = dict(
+        ceilings=dict(matmul_tflops=780.0, copy_gb_per_s=3000.0),
+        rows=[
+            dict(
+                impl="book, rule off",
+                direct_launch=d,
+                mode=m,
+                shape=[8, 12, 1024, 64],
+                host_us=h,
+                wall_us=max(h, 250.0),
+                kernel_us=k,
+                kernels={"_flash_fwd_kernel": 60.0},
+                cpu_ops_profiled={},
+            )
+            for d, h in ((False, 500.0), (True, 90.0))
+            for m, k in (("fwd", 60.0), ("fwd+bwd", 260.0))
+        ]
+        + [
+            dict(
+                impl="SDPA flash",
+                direct_launch=None,
+                mode=m,
+                shape=[8, 12, 1024, 64],
+                host_us=40.0,
+                wall_us=200.0,
+                kernel_us=180.0,
+                kernels={},
+                cpu_ops_profiled={},
+            )
+            for m in ("fwd", "fwd+bwd")
+        ],
+    )
+    memory = dict(
+        rows=[
+            dict(
+                n=n,
+                mode=m,
+                batch=1,
+                heads=16,
+                d=64,
+                causal=True,
+                book_peak_bytes=n * 2048 * (1 if m == "fwd" else 4),
+                math_peak_bytes=None if n > 8192 else n * n * 64,
+            )
+            for m in ("fwd", "fwd+bwd")
+            for n in perf.MEMORY_NS
+        ]
+    )
+    ablation = dict(
+        steps=[s for s, _ in perf.ABLATION_STEPS],
+        rows=[
+            dict(
+                impl="book, rule off",
+                step=s,
+                batch=b,
+                heads=h,
+                n=n,
+                d=d,
+                mode=m,
+                dtype="bf16",
+                causal=True,
+                tflops=50.0 + 30 * i,
+            )
+            for i, (s, _) in enumerate(perf.ABLATION_STEPS)
+            for b, h, n, d in perf.ABLATION_SHAPES
+            for m in ("fwd", "fwd+bwd")
+        ],
+    )
+    for name, data in (
+        ("speed", speed),
+        ("host", host),
+        ("memory", memory),
+        ("ablation", ablation),
+    ):
         write(tmp_path, name, data)
     return tmp_path
 
@@ -86,6 +170,7 @@ def assert_legible(fig):
 
 def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):
     import matplotlib.pyplot as plt
+
     style.apply()
     found = pr.load(synthetic)
     assert all(found[name] is not None for name in pr.RECORDS)
@@ -98,12 +183,15 @@ def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):
     for ax in fig.axes[:2]:
         for line in ax.get_lines():
             assert list(line.get_xdata()) == [s[2] for s in perf.SHAPES]
-    for figure in (pr.plot_ablation(found["ablation"]["data"]["rows"]),
-                   pr.plot_memory(found["memory"]["data"]["rows"]),
-                   pr.plot_host(found["host"]["data"]["rows"]),
-                   pr.plot_targets(pr.targets(rows)),
-                   pr.plot_roofline([("fused", [512.0, 2048.0], None),
-                                     ("measured", 512.0, 300.0, dict(color="tab:red"))])):
+    for figure in (
+        pr.plot_ablation(found["ablation"]["data"]["rows"]),
+        pr.plot_memory(found["memory"]["data"]["rows"]),
+        pr.plot_host(found["host"]["data"]["rows"]),
+        pr.plot_targets(pr.targets(rows)),
+        pr.plot_roofline(
+            [("fused", [512.0, 2048.0], None), ("measured", 512.0, 300.0, dict(color="tab:red"))]
+        ),
+    ):
         assert_legible(figure)
     plt.close("all")
     pr.print_speed_table(rows, 1024)
@@ -145,8 +233,8 @@ def test_targets_are_the_issue_ratios(capsys):
 
 
 def test_roofline_model():
-    assert pr.intensity(4096, 128) == pytest.approx(2048.0)   # N/2 for bf16
-    assert pr.intensity(4096, 64, "math") < 64 / 2            # at most D/2
+    assert pr.intensity(4096, 128) == pytest.approx(2048.0)  # N/2 for bf16
+    assert pr.intensity(4096, 64, "math") < 64 / 2  # at most D/2
     assert pr.attainable_tflops(1e6) == pr.PEAK_TFLOPS
     assert pr.attainable_tflops(10.0) == pytest.approx(10 * pr.HBM_TB_S)
     with pytest.raises(ValueError, match="impl must be"):
@@ -190,8 +278,7 @@ def test_small_run_end_to_end(tmp_path):
     out = perf.main(["--small", "--out", str(tmp_path)])
     assert out == tmp_path
     files = {p.name for p in tmp_path.iterdir()}
-    assert {"perf_host.json", "perf_speed.json", "perf_memory.json",
-            "perf_ablation.json"} <= files
+    assert {"perf_host.json", "perf_speed.json", "perf_memory.json", "perf_ablation.json"} <= files
     host = results.load("perf_host", directory=tmp_path)
     assert host["provenance"]["gpu"] is None and host["data"]["small"]
     assert host["data"]["all_checks_pass"]

@@ -1,5 +1,6 @@
 """Chapter 10's exercise checks (kernels.gpu.exercises): a blank and a plausible wrong answer
 fail, the solution passes."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,11 +12,12 @@ from kernels.gpu.roofline import intensity
 
 def test_exercise_checks_accept_only_the_solution():
     from kernels.checking import WrongAnswer
+
     for check in (ex.check_flop_per_byte, ex.check_stream_tflops, ex.check_bit_changes):
         with pytest.raises(WrongAnswer, match="no answer yet"):
             check(None)
     with pytest.raises(WrongAnswer, match="no answer yet"):
-        ex.check_flop_per_byte(lambda n, d, s, fused: None)      # a blank body
+        ex.check_flop_per_byte(lambda n, d, s, fused: None)  # a blank body
     model = lambda n, d, s, fused: intensity(n, d, "fused" if fused else "math", s)  # noqa
     ex.check_flop_per_byte(model, thorough=True)
     with pytest.raises(WrongAnswer, match="values, not bytes"):
@@ -39,6 +41,7 @@ def test_which_changes_move_bits():
     ex.check_bit_changes({"tile shape", "exp2"})
     ex.check_bit_changes(["exp2", "tile shape"])
     from kernels.checking import WrongAnswer
+
     for wrong in ({"exp2"}, set(ex.CHANGES), set(), "tile shape"):
         with pytest.raises(WrongAnswer):
             ex.check_bit_changes(wrong)

@@ -1,8 +1,10 @@
-"""kernels.numerics.triton_rounding: the Triton bf16 round-to-nearest-even helper against torch's own cast.
+"""kernels.numerics.triton_rounding: the Triton bf16 round-to-nearest-even helper against torch's
+own cast.
 
 Runs in the interpreter on the CPU and natively on a GPU (gpu_check runs it there too, where
 both the explicit helper and the hardware cast are checked).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +33,7 @@ def same_as_torch(x, explicit):
 def test_random_bit_patterns_round_like_torch(explicit):
     # every fp32 bit pattern is fair game: normals, subnormals, infinities, NaNs
     n = 2_000_000 if DEVICE == "cuda" else 200_000
-    bits = torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device=DEVICE)
+    bits = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device=DEVICE)
     x = bits.view(torch.float32)
     ok = same_as_torch(x, explicit)
     assert ok.all(), f"{(~ok).sum().item()} of {n} values differ, e.g. {x[~ok][:4].tolist()}"
@@ -53,15 +55,31 @@ def test_ties_go_to_even(explicit):
 @pytest.mark.parametrize("explicit", PATHS)
 def test_special_values(explicit):
     big = torch.finfo(torch.float32).max
-    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), big, -big, 1e-40,
-                      -1e-45, 3.3895314e38, 1.0 + 2**-8, 1.0 + 3 * 2**-8], device=DEVICE)
+    x = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            big,
+            -big,
+            1e-40,
+            -1e-45,
+            3.3895314e38,
+            1.0 + 2**-8,
+            1.0 + 3 * 2**-8,
+        ],
+        device=DEVICE,
+    )
     got = round_tensor(x, explicit=explicit)
     assert torch.isnan(got[4])
-    assert torch.equal(got[[0, 1, 2, 3, 5, 6]].cpu(),
-                       torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("inf"),
-                                     -float("inf")]))
+    assert torch.equal(
+        got[[0, 1, 2, 3, 5, 6]].cpu(),
+        torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("inf"), -float("inf")]),
+    )
     assert torch.signbit(got[1]) and not torch.signbit(got[0])
-    assert got[10].item() == 1.0 and got[11].item() == 1.0 + 4 * 2**-8   # ties to even
+    assert got[10].item() == 1.0 and got[11].item() == 1.0 + 4 * 2**-8  # ties to even
     assert same_as_torch(x, explicit).all()
 
 

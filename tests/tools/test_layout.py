@@ -53,12 +53,18 @@ def _imports(path: Path) -> set[Path]:
             else:
                 module = node.module or ""
             # "from x import y": y may be a submodule of x, else a name in x
-            names = [f"{module}.{alias.name}" if _module_file(f"{module}.{alias.name}") else module
-                     for alias in node.names]
+            names = [
+                f"{module}.{alias.name}" if _module_file(f"{module}.{alias.name}") else module
+                for alias in node.names
+            ]
         else:
             continue
         for name in names:
-            if name.split(".")[0] == "kernels" and (target := _module_file(name)) and target != path:
+            if (
+                name.split(".")[0] == "kernels"
+                and (target := _module_file(name))
+                and target != path
+            ):
                 found.add(target)
     return found
 
@@ -152,3 +158,32 @@ def test_the_graph_is_read():
     assert PACKAGE / "results.py" in graph[PACKAGE / "gpu" / "perf.py"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert layers({"a": {"b"}, "b": set()}) == {"a": 2, "b": 1}
+
+
+def test_the_package_docstring_draws_the_layers_as_they_are():
+    """Each numbered layer of kernels/__init__.py's docstring names the rooms on that layer."""
+    import re
+
+    import kernels
+
+    found = layers(room_graph())
+    drawn: dict[str, int] = {}
+    layer = None
+    for line in kernels.__doc__.splitlines():
+        start = re.match(r"(\d+)\. ", line)
+        if start:
+            layer = int(start.group(1))
+        elif not line.startswith("   "):
+            layer = None if not line.strip() or not line.startswith(" ") else layer
+        if layer is None:
+            continue
+        for name in re.findall(r":mod:`kernels\.(\w+)", line):
+            path = PACKAGE / name
+            drawn[f"kernels/{name}/" if path.is_dir() else f"kernels/{name}.py"] = layer
+    assert drawn, "no numbered layers found in the package docstring"
+    wrong = {
+        room: (layer, found.get(room)) for room, layer in drawn.items() if found.get(room) != layer
+    }
+    assert not wrong, f"drawn on another layer than they are (drawn, actual): {wrong}"
+    missing = set(found) - set(drawn) - {"kernels/__init__.py"}
+    assert not missing, f"rooms the docstring does not draw: {sorted(missing)}"

@@ -26,6 +26,5 @@ def _ruff() -> list[str]:
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
 def test_ruff_finds_nothing(command):
-    done = subprocess.run([*_ruff(), *command, *TARGETS], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run([*_ruff(), *command, *TARGETS], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"ruff {' '.join(command)}:\n{done.stdout[-6000:]}{done.stderr}"

@@ -1,0 +1,191 @@
+"""The figures of chapters 3 and 4 (the forward and backward kernels), as chapters 6-10 have
+theirs: each function draws one figure from numbers the chapter computed or loaded, and returns
+it (the chapter calls ``plt.show()``).
+
+* :func:`plot_online_stats`      the running max and sum of one row, tile by tile (ch. 3)
+* :func:`plot_error_bars`        relative errors of the kernel and naive attention (ch. 3, 4)
+* :func:`plot_measured_memory`   peak memory against N measured on this machine (ch. 3)
+* :func:`plot_stored_memory`     the stored GPU peak memory, forward and backward (ch. 3)
+* :func:`plot_stored_speed`      the stored GPU TFLOP/s per shape (ch. 3)
+* :func:`plot_stored_backward`   the stored GPU errors of dQ, dK, dV by δ source (ch. 4)
+* :func:`plot_delta_gap`         δ_lp − δ_hp per row and its running sum (ch. 4)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GRADS = ("dq", "dk", "dv")
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_online_stats(trace, row):
+    """``trace`` of :func:`kernels.attention.tiling.online_attention` (tile, m, ℓ per key tile)
+    for query row ``row``: the running max (steps) and the running sum (dashed, right axis)."""
+    tiles, ms, ells = zip(*trace)
+    fig, ax = _plt().subplots()
+    ax.step(tiles, ms, where="post", marker="o", label="running max $m$")
+    ax.set_xlabel("key tile $j$ (32 keys each)")
+    ax.set_ylabel("running max $m$")
+    ax2 = ax.twinx()
+    ax2.plot(tiles, ells, "s--", color="tab:orange", label=r"running sum $\ell$")
+    ax2.set_ylabel(r"running sum $\ell$ (relative to the current $m$)")
+    ax.set_title(f"online softmax statistics of query row {row} (key 200 is large)")
+    fig.legend(loc="center left", bbox_to_anchor=(0.12, 0.55))
+    return fig
+
+
+def plot_error_bars(labels, series, ylabel, title, figsize=(6.8, 3.6), legend=None, tight=False):
+    """Bars of relative errors on a log axis, one group per label: ``series`` is
+    ``{name: values}`` (one to a few), drawn side by side in each group. ``legend``: keyword
+    arguments of the legend (None: the default place). ``figsize`` None: the style's size;
+    ``tight``: ``tight_layout`` (a legend beside the axes)."""
+    fig, ax = _plt().subplots(figsize=figsize)
+    x = np.arange(len(labels))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, list(values), width, label=name)
+    ax.set_yscale("log")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(**(legend or {}))
+    if tight:
+        fig.tight_layout()
+    return fig
+
+
+def plot_measured_memory(memory, sizes, element_bytes, title, head_dim=64):
+    """``memory``: {implementation: {N: peak bytes}} measured on this machine; with the two
+    reference lines 2N² elements (S and P) and 2Nd elements."""
+    fig, ax = _plt().subplots()
+    for (name, by_n), marker in zip(memory.items(), "osD"):
+        ax.loglog(list(by_n), list(by_n.values()), marker=marker, label=name)
+    n0 = np.array(sizes, dtype=float)
+    ax.loglog(n0, 2 * element_bytes * n0**2, "k:", label=r"$2N^2$ elements ($S$ and $P$)")
+    ax.loglog(n0, 2 * element_bytes * head_dim * n0, "k--", alpha=0.5, label=r"$2Nd$ elements")
+    ax.set_xlabel(f"sequence length N (1 head, d = {head_dim})")
+    ax.set_ylabel("peak memory beyond the inputs (bytes)")
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.set_title(title)
+    ax.legend(fontsize=9)
+    return fig
+
+
+def plot_stored_memory(rows):
+    """The rows of ``results/flash_memory.json``: peak GPU memory of naive attention and the
+    flash kernel against N, forward (solid) and forward + backward (dashed)."""
+    fig, ax = _plt().subplots()
+    for mode, style in [("fwd", "-"), ("fwd+bwd", "--")]:
+        rows_m = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["n"])
+        for key, marker, color, name in [
+            ("naive_peak_bytes", "o", "tab:blue", "naive"),
+            ("flash_peak_bytes", "D", "tab:green", "Triton flash"),
+        ]:
+            pts = [(r["n"], r[key]) for r in rows_m if r[key] is not None]
+            ax.loglog(*zip(*pts), style, marker=marker, color=color, label=f"{name}, {mode}")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("peak GPU memory beyond the inputs (bytes)")
+    first = rows[0]
+    ax.set_title(f"stored GPU measurement: B={first['batch']} H={first['heads']} d={first['d']}")
+    ax.legend(fontsize=9)
+    return fig
+
+
+def shape_of(row) -> tuple:
+    return row["batch"], row["heads"], row["n"], row["d"]
+
+
+def plot_stored_speed(rows):
+    """The rows of ``results/flash_bench.json`` that were timed: TFLOP/s of each
+    implementation per shape, forward (left) and forward + backward (right)."""
+    shapes = sorted({shape_of(r) for r in rows}, key=lambda s: s[2])
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    tflops = {(r["impl"], r["mode"], shape_of(r)): r["tflops"] for r in rows}
+    fig, axes = _plt().subplots(1, 2, figsize=(6.8, 3.6), sharey=True)
+    width = 0.8 / len(impls)
+    for ax, mode in zip(axes, ["fwd", "fwd+bwd"]):
+        for i, impl in enumerate(impls):
+            tf = [tflops.get((impl, mode, s), np.nan) for s in shapes]
+            ax.bar(
+                np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width, tf, width, label=impl
+            )
+        ax.set_xticks(np.arange(len(shapes)), [f"B{b} H{h}\nN{n} d{d}" for b, h, n, d in shapes])
+        ax.set_title(f"{mode}, bf16, causal")
+        ax.set_xlabel("shape")
+    axes[0].set_ylabel("TFLOP/s")
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="lower center",
+        ncols=2,
+        bbox_to_anchor=(0.5, -0.02),
+    )
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    return fig
+
+
+def plot_stored_backward(bwd):
+    """The backward rows of ``results/gpu_check.json``: relative errors of dQ, dK, dV against
+    fp64 autograd for each δ source, and SDPA flash's on the same inputs, one panel per d."""
+    plt = _plt()
+    dims = sorted({r["d"] for r in bwd})
+    fig, axes = plt.subplots(1, len(dims), figsize=(6.8, 3.4), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, d in zip(axes, dims):
+        rows_d = [r for r in bwd if r["d"] == d]
+        x = np.arange(3)
+        for i, r in enumerate(rows_d):
+            ax.bar(
+                x + (i - 1.5) * 0.2,
+                [r[g]["rel_err_native"] for g in GRADS],
+                0.2,
+                label=f'ours, delta_source="{r["delta_source"]}"',
+            )
+        ax.bar(
+            x + 1.5 * 0.2,
+            [rows_d[0][g]["rel_err_sdpa_flash"] for g in GRADS],
+            0.2,
+            color="k",
+            alpha=0.6,
+            label="SDPA flash",
+        )
+        ax.set_xticks(x, ["dQ", "dK", "dV"])
+        ax.set_ylim(0.002, None)
+        ax.set_title(f"d = {d}")
+    axes[0].set_ylabel("relative error vs fp64 autograd")
+    plt.tight_layout()
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="upper center",
+        ncol=2,
+        fontsize=9,
+        bbox_to_anchor=(0.5, 1.16),
+    )
+    return fig
+
+
+def plot_delta_gap(gap):
+    """(δ_lp − δ_hp) per query row (left) and its running sum, the coefficient of the paper's
+    Eq. (3) (right)."""
+    plt = _plt()
+    gap = np.asarray(gap)  # a CPU array or tensor
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.4))
+    rows_t = np.arange(len(gap))
+    ax1.plot(rows_t, gap, ".", markersize=4)
+    ax1.axhline(0, color="k", linewidth=0.8)
+    ax1.set_xlabel("query row T")
+    ax1.set_ylabel(r"$(\delta_{lp} - \delta_{hp})[T]$")
+    ax1.set_title("δ error per row (bf16 O vs fp32 O)")
+    ax2.plot(rows_t, np.cumsum(gap), color="tab:red")
+    ax2.axhline(0, color="k", linewidth=0.8)
+    ax2.set_xlabel("query row T")
+    ax2.set_ylabel(r"$\sum_{t \leq T} (\delta_{lp} - \delta_{hp})[t]$")
+    ax2.set_title("running sum: the coefficient of Eq. (3)")
+    plt.tight_layout()
+    return fig

@@ -1,0 +1,46 @@
+"""The figures of chapters 3 and 4 (kernels.attention.figures) draw from the stored records and
+from small live numbers, legibly and within the site's text column."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+
+import kernels  # noqa: F401
+from kernels import results
+from kernels.attention import figures, tiling
+from kernels.tools import style
+
+matplotlib.use("Agg")
+
+
+def assert_legible(fig):
+    import matplotlib.pyplot as plt
+
+    fig.canvas.draw()
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
+    plt.close(fig)
+
+
+def test_figures_from_stored_records():
+    style.apply()
+    assert_legible(figures.plot_stored_memory(results.load("flash_memory")["data"]))
+    bench = [r for r in results.load("flash_bench")["data"] if r.get("tflops")]
+    assert_legible(figures.plot_stored_speed(bench))
+    check = results.load("gpu_check")["data"]["explicit_vs_native"]
+    assert_legible(figures.plot_stored_backward([r for r in check if r["pass_"] == "bwd"]))
+
+
+def test_figures_from_live_numbers():
+    import torch
+
+    style.apply()
+    q, k, v = (torch.randn(1, 1, 128, 16, dtype=torch.float64) for _ in range(3))
+    _, _, trace = tiling.online_attention(q, k, v, block_m=64, block_n=32, trace_row=5)
+    assert_legible(figures.plot_online_stats(trace, row=5))
+    series = {"kernel": [1e-3, 2e-3], "naive": [3e-3, 1e-2]}
+    assert_legible(figures.plot_error_bars(["a", "b"], series, "relative error", "title"))
+    memory = {"naive": {128: 1e5, 256: 4e5}, "flash": {128: 2e3, 256: 4e3}}
+    assert_legible(figures.plot_measured_memory(memory, [128, 256], 4, "measured"))
+    assert_legible(figures.plot_delta_gap(np.linspace(-1e-3, 1e-3, 64)))
