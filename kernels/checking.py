@@ -148,6 +148,9 @@ GENERIC_MODULES = {"kernels", "importlib", "sys", "os", "subprocess", "builtins"
                    "ctypes", "pickle", "marshal", "runpy", "multiprocessing", "threading",
                    "signal", "socket", "shutil", "pathlib", "types", "unittest", "pytest",
                    "nbgrader", "nbformat", "nbclient", "IPython"}
+# attributes through which a library's module reaches others (torch.sys.modules[...])
+GENERIC_ATTRIBUTES = {"modules", "import_module", "reload", "f_globals", "f_back", "gi_frame",
+                      "cr_frame", "tb_frame", "func_globals", "system", "popen", "spawn"}
 GENERIC_NAMES = {"__import__", "exec", "eval", "compile", "globals", "locals", "vars", "getattr",
                  "setattr", "delattr", "open", "breakpoint", "__builtins__", "get_ipython",
                  "input"}
@@ -273,6 +276,8 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("__"):
                 refuse(node, f".{node.attr}", "answers may not reach around the language")
+            if node.attr in GENERIC_MODULES or node.attr in GENERIC_ATTRIBUTES:
+                refuse(node, ast.unparse(node), "answers may not reach around the language")
             root = _root(node.value)
             if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
                 refuse(node, f"ex.{node.attr}", "answers may use only the checks' constants "

@@ -43,6 +43,9 @@ def test_the_books_solutions_and_blanks_pass_the_scan(number):
      "import kernels.lab.exercises"),
     ("5.1", "mirror = getattr(ex, '_mirror_sign')()", "getattr"),
     ("7.1", "minutes = (lambda s: s).__globals__", ".__globals__"),
+    ("2.1", "launch_grid = torch.sys.modules['kernels.triton_exercises']._launch_grid_expected",
+     "torch.sys"),
+    ("3.3", "key_tiles = np.os.system", "np.os"),
     ("4.1", "def dk_gap(p, q, a, b, al):\n    q.requires_grad_()\n    q.sum().backward()",
      "q.sum().backward"),
 ])
