@@ -12,8 +12,16 @@ import math
 
 import torch
 
-from ..checking import (call, correct, fail, fresh_generator, fresh_rng, need_function,
-                        need_names)
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    need_function,
+    need_names,
+)
 from ..env import interpreting
 from . import reference, tiling
 from .autograd import backward_pass
@@ -30,12 +38,6 @@ def _is_int(x) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Exercise 3.1
 # ----------------------------------------------------------------------------------------------
-def merge_reference(o_a, lse_a, o_b, lse_b):
-    lse = torch.logaddexp(lse_a, lse_b)
-    return (torch.exp(lse_a - lse).unsqueeze(-1) * o_a
-            + torch.exp(lse_b - lse).unsqueeze(-1) * o_b), lse
-
-
 def _merge_case(gen, rng):
     """Two halves of a fresh attention problem, as the split-key programs return them, with
     every row's scores shifted by up to ±3,000: e^L overflows (or underflows to 0) in fp64."""
@@ -60,6 +62,7 @@ def check_merge(fn, thorough: bool = False) -> None:
     """Exercise 3.1: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial results of
     the online softmax over disjoint halves of the keys. Fresh problems whose L reach ±3,000."""
     need_function(fn, "merge")
+    forbid(fn, "3.1")
     gen, rng = fresh_generator(), fresh_rng()
     trials = 8 if thorough else 2
     for _ in range(trials):
@@ -99,6 +102,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 
     Fresh shapes with n at least 8 d (the regime where attention's memory matters)."""
     need_function(fn, "peak_bytes")
+    forbid(fn, "3.2")
     rng = fresh_rng()
     trials = 6 if thorough else 3
     for _ in range(trials):
@@ -125,7 +129,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 3.3
 # ----------------------------------------------------------------------------------------------
-def key_tiles_reference(i: int, block_m: int, block_n: int, n: int) -> int:
+def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
     """Key tiles query tile ``i`` visits in the causal forward kernel (N_Q = N_K = n)."""
     hi = min((i + 1) * block_m, n)          # keys after the tile's last query are skipped
     return -(-hi // block_n)
@@ -135,6 +139,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
     """Exercise 3.3: ``fn(i, block_m, block_n, n) -> tiles``, the number of key tiles the causal
     forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and lengths."""
     need_function(fn, "key_tiles")
+    forbid(fn, "3.3")
     rng = fresh_rng()
     trials = 400 if thorough else 40
     for trial in range(trials):
@@ -146,7 +151,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
         got = call(fn, "key_tiles", i, block_m, block_n, n)
         if not _is_int(got):
             fail(f"key_tiles should return an int, got {type(got).__name__}")
-        want = key_tiles_reference(i, block_m, block_n, n)
+        want = _key_tiles_expected(i, block_m, block_n, n)
         if got != want:
             if got == want - 1:
                 fail("one tile short: the tile that holds the diagonal (and any partly "
@@ -165,7 +170,7 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 4.1
 # ----------------------------------------------------------------------------------------------
-def dk_gap_reference(p, q, delta_lp, delta_hp, alpha):
+def _dk_gap_expected(p, q, delta_lp, delta_hp, alpha):
     return alpha * p.transpose(-1, -2) @ ((delta_lp - delta_hp).unsqueeze(-1) * q)
 
 
@@ -175,6 +180,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
     Fresh P (rows: queries, columns: keys, fewer keys than queries so that a transpose cannot be
     missed), Q, two δ's and α."""
     need_function(fn, "dk_gap")
+    forbid(fn, "4.1")
     gen, rng = fresh_generator(), fresh_rng()
     trials = 6 if thorough else 2
     for _ in range(trials):
@@ -188,7 +194,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         delta_hp = torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         delta_lp = delta_hp + 0.01 * torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         alpha = 1 / math.sqrt(d)
-        want = dk_gap_reference(p, q, delta_lp, delta_hp, alpha)
+        want = _dk_gap_expected(p, q, delta_lp, delta_hp, alpha)
         got = call(fn, "dk_gap", p.clone(), q.clone(), delta_lp.clone(), delta_hp.clone(), alpha)
         if not isinstance(got, torch.Tensor):
             fail(f"dk_gap should return a tensor, got {type(got).__name__}")
@@ -219,7 +225,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
 GRADIENTS = ("dQ", "dK", "dV")
 
 
-def changed_reference(gen=None) -> set[str]:
+def _changed_expected(gen=None) -> set[str]:
     """Run the book's backward kernels twice on fresh inputs, once with O in fp32 and once with
     the same O rounded to bf16 (only δ differs), and name the gradients that differ."""
     gen = gen or fresh_generator()
@@ -235,7 +241,7 @@ def check_changed(answer) -> None:
     """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
     when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
     given = need_names(answer, "changed", GRADIENTS, '{"dQ"}')
-    want = changed_reference()
+    want = _changed_expected()
     if given == want:
         return correct(f"{sorted(want)} change, the rest stay bit-identical")
     if given - want:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..checking import WrongAnswer, fresh_rng, need
+from ..checking import WrongAnswer, forbid, fresh_rng, need, need_function
 from .implementations import expected_record_count
 
 TILES = 32
@@ -44,7 +44,8 @@ def check_w1(fn, thorough: bool = False) -> None:
     pairs)."""
     from scipy.stats import wasserstein_distance
 
-    need(fn, "w1", "a function (a, b) -> float")
+    need_function(fn, "w1")
+    forbid(fn, "8.2")
     rng = fresh_rng()
     cases = 20 if thorough else 3
     for _ in range(cases):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function
+from ..checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
 from .report import departure
 
 PAPER_TOKENS = 6_600 * 524_288          # the paper's run before it failed: steps × tokens/step
@@ -25,7 +25,7 @@ def _number(x, name: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # Exercise 7.1
 # ----------------------------------------------------------------------------------------------
-def minutes_reference(steps_per_s: float) -> float:
+def _minutes_expected(steps_per_s: float) -> float:
     return PAPER_TOKENS / OUR_TOKENS_PER_STEP / steps_per_s / 60
 
 
@@ -33,10 +33,11 @@ def check_minutes(fn, thorough: bool = False) -> None:
     """Exercise 7.1: ``fn(steps_per_s) -> minutes`` our model needs to see as many tokens as the
     paper's did before it failed, within 1%, for fresh speeds."""
     need_function(fn, "minutes")
+    forbid(fn, "7.1")
     speeds = fresh_rng().uniform(5.0, 200.0, 100 if thorough else 10)
     for speed in speeds.tolist():
         got = _number(call(fn, "minutes", speed), "minutes")
-        want = minutes_reference(speed)
+        want = _minutes_expected(speed)
         if abs(got - want) <= 0.01 * want:
             continue
         if abs(got - 60 * want) <= 0.01 * 60 * want:
@@ -51,7 +52,7 @@ def check_minutes(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 7.2
 # ----------------------------------------------------------------------------------------------
-def tie_counts(row) -> tuple[int, int]:
+def _tie_counts(row) -> tuple[int, int]:
     """(entries with P̄ = exp(S − max S) == 1.0 in bf16, entries exactly equal to the maximum)."""
     row = torch.as_tensor(row, dtype=torch.float32)
     p_bar = torch.exp(row - row.max()).bfloat16()
@@ -83,6 +84,7 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
     scores: how many entries get P̄ = exp(S − max S) equal to 1.0 once rounded to BF16 (the FA2
     count), and how many equal the maximum exactly. Fresh rows with ties and near ties."""
     need_function(fn, "tie_counts")
+    forbid(fn, "7.2")
     gen, rng = fresh_generator(), fresh_rng()
     rows = _tie_rows(gen, rng, 200 if thorough else 30)
     for row in rows:
@@ -91,7 +93,7 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
             ones, tied = (int(v) for v in got)
         except (TypeError, ValueError):
             fail(f"tie_counts should return a pair of counts, got {got!r}")
-        want_ones, want_tied = tie_counts(row)
+        want_ones, want_tied = _tie_counts(row)
         if tied != want_tied:
             fail("the second count is wrong on a row with near ties: which entries are "
                  "*exactly* equal to the largest score?")
@@ -107,7 +109,7 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 7.3
 # ----------------------------------------------------------------------------------------------
-def departure_reference(steps, failing, control, ratio: float):
+def _departure_expected(steps, failing, control, ratio: float):
     return departure(steps, failing, steps, control, ratio, 1)
 
 
@@ -135,11 +137,12 @@ def check_departure(fn, thorough: bool = False) -> None:
     which ``failing / control`` stays above ``ratio`` at every later step (None if it does not
     end above it). Fresh series with excursions above the ratio that come back."""
     need_function(fn, "departure_step")
+    forbid(fn, "7.3")
     rng = fresh_rng()
     kinds = ["for good", "never", "always"] * (10 if thorough else 2)
     for kind in kinds:
         steps, failing, control, ratio = _series(rng, kind)
-        want = departure_reference(steps, failing, control, ratio)
+        want = _departure_expected(steps, failing, control, ratio)
         try:
             got = fn(steps.copy(), failing.copy(), control.copy(), ratio)
         except Exception as exc:

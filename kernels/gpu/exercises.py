@@ -12,7 +12,16 @@ import math
 import numpy as np
 
 from ..attention.reference import default_scale
-from ..checking import call, correct, fail, fresh_generator, fresh_rng, need_function, need_names
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    need_function,
+    need_names,
+)
 from .roofline import intensity, p_bar
 
 
@@ -32,6 +41,7 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
     attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
     formats and both implementations."""
     need_function(fn, "flop_per_byte")
+    forbid(fn, "10.1")
     rng = fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
@@ -65,7 +75,7 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
 
 
 # Exercise 10.2 -------------------------------------------------------------------------
-def stream_tflops(flops, host_us, kernel_us) -> float:
+def _stream_tflops_expected(flops, host_us, kernel_us) -> float:
     """TFLOP/s of a long stream of identical calls: the CPU issues the next call while the
     GPU runs the previous one, so the slower of the two sets the pace."""
     return flops / max(host_us, kernel_us) * 1e-6
@@ -76,6 +86,7 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
     that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
     µs of GPU time; fresh calls, host-bound and GPU-bound."""
     need_function(fn, "stream_tflops")
+    forbid(fn, "10.2")
     rng = fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
@@ -84,7 +95,7 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
         slow = max(slow, 1.3 * fast)
         host_us, kernel_us = (slow, fast) if i % 2 else (fast, slow)
         got = _number(call(fn, "stream_tflops", flops, host_us, kernel_us), "stream_tflops")
-        want = stream_tflops(flops, host_us, kernel_us)
+        want = _stream_tflops_expected(flops, host_us, kernel_us)
         if _close(got, want, 1e-3):
             continue
         bound = "host-bound" if host_us > kernel_us else "GPU-bound"
@@ -123,7 +134,7 @@ def _exp2_output(q, k, v, fold: bool):
     return out.bfloat16()
 
 
-def bit_changes(gen=None, rng=None) -> set:
+def _bit_changes_expected(gen=None, rng=None) -> set:
     """Which of :data:`CHANGES` change a bit of O on fresh bf16 inputs: the book's kernel with
     its direct launches or its causal split switched off, with 64-key instead of 32-key tiles
     (what an autotuner may choose between), and the exp2 rewrite (in PyTorch, one tile per
@@ -164,7 +175,7 @@ def check_bit_changes(answer) -> None:
     """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
     the kernel's output. The check makes each change on fresh inputs and compares bits."""
     given = need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
-    want = bit_changes()
+    want = _bit_changes_expected()
     if given == want:
         return correct(
             f"{len(want)} of the {len(CHANGES)} change bits of O on fresh inputs, the others none"

@@ -14,8 +14,17 @@ import numpy as np
 import torch
 
 from ..attention.emulator import offset_rule
-from ..checking import (call, correct, fail, fresh_generator, fresh_rng, fresh_seed, need,
-                        need_function)
+from ..checking import (
+    call,
+    correct,
+    fail,
+    forbid,
+    fresh_generator,
+    fresh_rng,
+    fresh_seed,
+    need,
+    need_function,
+)
 from ..numerics.formats import round_to as round_np
 from .cases import EXP_ROUNDS_TO_ONE, VDist, small_lab_case
 from .implementations import measure
@@ -31,7 +40,7 @@ def _number(answer, name: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # Exercise 5.1
 # ----------------------------------------------------------------------------------------------
-def mirror_sign(seed: int | None = None) -> int:
+def _mirror_sign(seed: int | None = None) -> int:
     """Sign of the ideal's mean error with tied V ~ N(+1, 0.3), other V ~ N(0, 0.3), k = 2,
     gap 16, on rows built from ``seed`` (fresh if None); 0 if within 4 standard errors of 0."""
     case = small_lab_case(ties=2, gap=16.0, v_tied=VDist("normal", 1.0, 0.3),
@@ -46,7 +55,7 @@ def check_mirror(answer) -> None:
     need(answer, "mirror", "+1, -1 or 0")
     if isinstance(answer, bool) or answer not in (1, -1, 0):
         fail(f"mirror should be +1, -1 or 0, got {answer!r}")
-    if answer == mirror_sign():
+    if answer == _mirror_sign():
         return correct("the measurement on fresh rows has that sign")
     fail("not that one: in which direction do the other tokens nudge an output that sits on a "
          "midpoint, and where does the nudged value round to?")
@@ -66,7 +75,7 @@ def _bf16_pairs(rng: np.random.Generator, n: int):
     return va, vb, pull
 
 
-def ideal_error_reference(va, vb, pull):
+def _ideal_error_expected(va, vb, pull):
     """Error of bf16(O) - O in ulps of (va + vb)/2 when O = (va + vb)/2 moved a tiny step
     (a thousandth of an ulp) in the direction ``pull``: what the other tokens do to O."""
     va, vb, pull = (np.asarray(t, dtype=np.float64) for t in (va, vb, pull))
@@ -83,9 +92,10 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
     pull O = (va + vb)/2 by a tiny amount in the direction ``pull`` (±1). Predict bf16(O) - O
     in ulps of O. Fresh pairs."""
     need_function(fn, "ideal_error")
+    forbid(fn, "5.2")
     rng = fresh_rng()
     va, vb, pull = _bf16_pairs(rng, 2000 if thorough else 200)
-    want = ideal_error_reference(va, vb, pull)
+    want = _ideal_error_expected(va, vb, pull)
     got = call(fn, "ideal_error", va.copy(), vb.copy(), pull.copy())
     got = np.asarray(got, dtype=np.float64)
     if got.shape != want.shape:
@@ -109,7 +119,7 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 6.1
 # ----------------------------------------------------------------------------------------------
-def window_reference(beta: float) -> float:
+def _window_expected(beta: float) -> float:
     """Largest tied row maximum r_m for which e^(-(β-1) r_m) still rounds to 1.0 in BF16."""
     return EXP_ROUNDS_TO_ONE / (beta - 1.0)
 
@@ -117,11 +127,12 @@ def window_reference(beta: float) -> float:
 def check_window(fn, thorough: bool = False) -> None:
     """Exercise 6.1: ``fn(beta) -> r_max`` within 0.5%, for fresh β between 1.01 and 8."""
     need_function(fn, "r_max")
+    forbid(fn, "6.1")
     rng = fresh_rng()
     betas = np.exp(rng.uniform(math.log(1.01), math.log(8.0), 200 if thorough else 20))
     for beta in betas.tolist():
         got = _number(call(fn, "r_max", beta), "r_max(beta)")
-        want = window_reference(beta)
+        want = _window_expected(beta)
         if abs(got - want) <= 5e-3 * want:
             continue
         if got <= 0:
@@ -139,14 +150,11 @@ def check_window(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 6.2
 # ----------------------------------------------------------------------------------------------
-def delta_dp_reference(p, d_p):
-    return (p * d_p).sum(-1)
-
-
 def check_delta_dp(fn, thorough: bool = False) -> None:
     """Exercise 6.2: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO Vᵀ, shaped
     (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden test)."""
     need_function(fn, "delta_dp")
+    forbid(fn, "6.2")
     gen, rng = fresh_generator(), fresh_rng()
     shapes = [(int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
     if thorough:
@@ -173,7 +181,7 @@ def check_delta_dp(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 6.3
 # ----------------------------------------------------------------------------------------------
-def offset_reference(scores, beta: float, eps: float):
+def _offset_expected(scores, beta: float, eps: float):
     """Algorithm 3's m for each row of ``scores`` (no rounding)."""
     rm = scores.amax(-1)
     rs = (scores >= (rm - eps).unsqueeze(-1)).sum(-1).to(scores.dtype)
@@ -212,11 +220,12 @@ def check_offset(fn, thorough: bool = False) -> None:
     ``scores``. Fresh rows: the maximum positive or negative, alone, tied exactly, tied within
     ε, or with a second score just outside ε."""
     need_function(fn, "offset")
+    forbid(fn, "6.3")
     gen, rng = fresh_generator(), fresh_rng()
     for _ in range(5 if thorough else 1):
         beta, eps = float(rng.uniform(1.5, 8.0)), float(10 ** rng.uniform(-4, -2))
         scores, kinds, rm = _offset_rows(gen, rng, 60, eps)
-        want = offset_reference(scores, beta, eps)
+        want = _offset_expected(scores, beta, eps)
         got = call(fn, "offset", scores.clone(), beta, eps)
         if not isinstance(got, torch.Tensor):
             fail(f"offset should return a tensor, got {type(got).__name__}")

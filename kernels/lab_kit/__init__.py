@@ -4,12 +4,17 @@ One command, ``python -m kernels.lab_kit build``, turns every chapter into an nb
 assignment: the chapter notebook in ``book/`` is the only source; the student version (answers
 blank, checks kept, hidden tests held back, folded solutions removed) and the autograder
 (nbgrader's course directory with the hidden tests and points) are generated into the
-git-ignored ``_build/lab/``. ``python -m kernels.lab_kit grade <folder>`` grades submissions.
+git-ignored ``_build/lab/``. ``python -m kernels.lab_kit grade <folder>`` grades submissions:
+every answer in a fresh process of its own, the checks in the grader's.
 The instructor's page of the book (``book/instructor.md``) says how to use it.
 
 * :mod:`.notebook`  what a chapter's exercise cells look like (tags), their per-chapter
   numbers, and the nbgrader source notebook made from a chapter
 * :mod:`.course`    the nbgrader course: :func:`build`, :func:`grade`, the student setup cell
+* :mod:`.grading`   grading a folder of submissions: scores, CSVs, feedback pages
+* :mod:`.isolate`   a student's answer in a worker process; values cross as plain data
+  (what an answer may not do is :func:`kernels.checking.scan`, which the checks use too)
+* :mod:`.text`      the chapters' Markdown made readable in Jupyter and Colab, for students
 """
 from .course import DEFAULT_OUT, build, grade, student_setup
 from .notebook import Exercise, chapter_number, clear_solution, exercises, student_source

@@ -8,14 +8,13 @@
   the hidden tests and the points). Together these are the autograder.
 * ``student/``  the student notebooks, one per chapter, ready to hand out.
 
-``grade`` copies submitted notebooks into ``course/submitted/<student>/chNN/``, runs
-``nbgrader autograde`` (which puts the locked cells and the hidden tests back, executes the
-notebook top to bottom and scores every check cell: 1 point if it runs without an error) and
-writes ``grades.csv``.
+``grade`` (:mod:`.grading`) takes the answer cells' source from each submitted notebook, runs
+every answer in a fresh process of its own and the chapter's checks and held-back tests, from
+the autograder's copy of the chapter, against it; it writes ``grades.csv``, ``exercises.csv``
+and a feedback page per student and chapter.
 """
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import subprocess
@@ -24,11 +23,11 @@ from pathlib import Path
 
 from ..env import REPO_ROOT
 from ..tools import booktools
-from . import notebook
+from . import grading, notebook
 
 DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
-CODE_STUB = "# your code here"
+CODE_STUB, TEXT_STUB = notebook.CODE_STUB, notebook.TEXT_STUB
 
 CONFIG = '''\
 # Made by `python -m kernels.lab_kit build`; regenerated on every build, do not edit.
@@ -40,6 +39,8 @@ c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = {course_id!r}
 # the book's answer cells mark their solutions with nbgrader's default delimiters
 c.ClearSolutions.code_stub = {{"python": {stub!r}}}
+# an explanation cell (graded by hand) holds the rubric in the book: the student sees a prompt
+c.ClearSolutions.text_stub = {text_stub!r}
 # the folded solution's prose and demonstrations leave with nbconvert's tag remover
 c.TagRemovePreprocessor.enabled = True
 c.TagRemovePreprocessor.remove_cell_tags = {{"remove-from-student"}}
@@ -54,9 +55,11 @@ HEADER = """\
 **Lab version** of a chapter of *Why low-precision flash attention fails*, made by
 `python -m kernels.lab_kit build` from the book's notebook{commit}.
 The answer cells under the exercises are blank: write your answer there, then run the check
-cell below it, which says what is wrong until the answer is right. Leave the check cells as
-they are: when your notebook is graded, they and tests held back for grading run again on
-fresh random inputs."""
+cell below it, which says what is wrong until the answer is right. When your notebook is
+graded, only your answer cells (with any code cells you add above them) are read: each answer
+runs on its own, in a fresh Python process, against the checks and further tests held back for
+grading, on fresh random inputs. So an answer must stand on its own; it may use the checks'
+module `ex` only for its upper-case constants, and patching anything scores 0."""
 
 
 def repo_commit() -> str:
@@ -108,6 +111,9 @@ def assignment(path) -> str:
 def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     """Run an nbgrader command in the course directory, with the book's package importable."""
     env = dict(os.environ)
+    # nbgrader runs tools of its own (alembic, for the gradebook) found on PATH: the ones next
+    # to this Python come first, so a virtual environment need not be activated
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)
     result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
@@ -149,7 +155,7 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
     url, branch = booktools.repository()
     setup = student_setup(url, ref or branch)
     course.joinpath("nbgrader_config.py").write_text(CONFIG.format(
-        root=str(course), course_id=COURSE_ID, stub=CODE_STUB))
+        root=str(course), course_id=COURSE_ID, stub=CODE_STUB, text_stub=TEXT_STUB))
     commit = repo_commit()
     notebook.write(course / "header.ipynb", _header_notebook(commit))
     built = []
@@ -168,18 +174,18 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
         _nbgrader(course, "generate_assignment", name, "--force")
         released = course / "release" / name / path.name
         shutil.copy2(released, student / path.name)
-        built.append((path.name, len(found), sum(2 if e.hidden is not None else 1
-                                                 for e in found)))
+        built.append((path.name, len(found), sum(grading.points(e.name) for e in found),
+                      notebook.EXPLAIN_POINTS * sum(e.explain is not None for e in found)))
     (out / "README.md").write_text(_readme(built, commit))
     if not quiet:
-        for name, n_ex, points in built:
-            print(f"{name}: {n_ex} exercises, {points} points")
+        for name, n_ex, points, by_hand in built:
+            print(f"{name}: {n_ex} exercises, {points:g} points autograded, {by_hand:g} by hand")
         print(f"student notebooks: {student}\nautograder (nbgrader course): {course}")
     return out
 
 
 def _readme(built, commit: str) -> str:
-    rows = "\n".join(f"| {name} | {n} | {p} |" for name, n, p in built)
+    rows = "\n".join(f"| {name} | {n} | {p:g} | {h:g} |" for name, n, p, h in built)
     made = f" at commit {commit}" if commit else ""
     return f"""# The lab kit (generated; do not edit, do not commit)
 
@@ -190,72 +196,35 @@ Made by `python -m kernels.lab_kit build` from the book's chapters{made}.
   `gradebook.db` the hidden tests and points).
 
 Grade a folder of submissions (`<folder>/<student>/<chapter notebook>.ipynb`) with
-`python -m kernels.lab_kit grade <folder>`; it writes `grades.csv` here.
+`python -m kernels.lab_kit grade <folder>`; it writes `grades.csv`, `exercises.csv`,
+`explanations.csv` (to grade by hand) and `feedback/` here.
 
-| notebook | exercises | points |
-|---|---|---|
+| notebook | exercises | points autograded | points graded by hand |
+|---|---|---|---|
 {rows}
 """
 
 
-def _chapter_of(path: Path, nb: dict) -> int | None:
-    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``),
-    or else from a two-digit prefix in its file name."""
-    for cell in nb.get("cells", []):
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-        if grade_id.startswith("ex") and "_" in grade_id:
-            return int(grade_id[2:grade_id.index("_")])
-    digits = "".join(ch for ch in path.name[:2] if ch.isdigit())
-    return int(digits) if len(digits) == 2 else None
-
-
 def grade(submissions, out=DEFAULT_OUT, quiet: bool = False) -> list[dict]:
-    """Autograde every notebook under ``submissions/<student>/``; returns one row per
-    (student, chapter) with the score and the maximum, and writes ``out/grades.csv``."""
-    out, submissions = Path(out).resolve(), Path(submissions).resolve()
-    course = out / "course"
-    if not (course / "gradebook.db").is_file():
-        raise FileNotFoundError(f"no autograder in {course}: run python -m kernels.lab_kit build "
-                                "first")
-    sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
-    todo = {}
-    for path in sorted(submissions.glob("*/*.ipynb")):
-        student = path.parent.name
-        chapter = _chapter_of(path, notebook.load(path))
-        if chapter not in sources:
-            raise ValueError(f"{path}: not a notebook of this lab (chapters "
-                             f"{sorted(sources)})")
-        source_path = sources[chapter]
-        target = course / "submitted" / student / source_path.parent.name / source_path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
-        todo.setdefault(source_path.parent.name, set()).add(student)
-    if not todo:
-        raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
-    for name, students in sorted(todo.items()):
-        for who in sorted(students):
-            _nbgrader(course, "autograde", name, "--student", who, "--force")
-    rows = _scores(course, todo)
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", "assignment", "score", "max_score"])
-        writer.writeheader()
-        writer.writerows(rows)
+    """Grade every notebook under ``submissions/<student>/`` (see :mod:`.grading`); returns one
+    row per (student, chapter) with the score and the maximum, as written to ``grades.csv``."""
+    return grading.grade(submissions, out, quiet=quiet)
+
+
+def hide_solutions(book=REPO_ROOT / "book", quiet: bool = False) -> list[Path]:
+    """Edit the chapters in ``book`` in place for a course website without solutions
+    (:func:`notebook.without_solutions`); run it in a clone made for the course, then build the
+    site there. Returns the chapters changed."""
+    changed = []
+    for path in sorted(Path(book).glob("[0-9][0-9]_*.ipynb")):
+        nb = notebook.load(path)
+        if not notebook.in_lab_format(nb):
+            continue
+        new = notebook.without_solutions(nb)
+        if new != nb:
+            notebook.write(path, new)
+            changed.append(path)
     if not quiet:
-        for r in rows:
-            print(f"{r['student']:20s} {r['assignment']}: {r['score']:g} / {r['max_score']:g}")
-        print(f"grades: {out / 'grades.csv'}; feedback: nbgrader generate_feedback in {course}")
-    return rows
-
-
-def _scores(course: Path, todo: dict) -> list[dict]:
-    from nbgrader.api import Gradebook
-    rows = []
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        for name, students in sorted(todo.items()):
-            for who in sorted(students):
-                sub = gb.find_submission(name, who)
-                rows.append({"student": who, "assignment": name, "score": float(sub.score),
-                             "max_score": float(sub.max_score)})
-    return rows
+        print(f"{len(changed)} chapters now hide their solutions; build the site with "
+              "jupyter-book build .")
+    return changed

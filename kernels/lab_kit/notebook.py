@@ -9,6 +9,9 @@ A chapter marks its exercise cells with tags; nothing else is needed to make a l
 ``hidden-check``         tests held back for grading between ``### BEGIN HIDDEN TESTS`` and
                          ``### END HIDDEN TESTS`` (autograded, 1 point; removed from the site
                          with ``remove-cell``)
+``explain``              a markdown cell for the reader's explanation, graded by hand
+                         (:data:`EXPLAIN_POINTS`); in the book it holds the rubric and is
+                         removed from the site with ``remove-cell``; blank in the lab version
 ``remove-from-student``  the folded solution's prose, its fences and demonstration cells
 
 Exercises are numbered per chapter ("Exercise 2.1"), in the order of their ``{exercise}``
@@ -23,12 +26,32 @@ import json
 import re
 from pathlib import Path
 
+from . import text as text_module
+
 DIRECTIVE = re.compile(r"```\{exercise\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
 OPTION = re.compile(r"^:(\w+):\s*(.*)$")
-ROLES = ("exercise-setup", "answer", "check", "hidden-check")
+ROLES = ("exercise-setup", "answer", "check", "hidden-check", "explain")
 REMOVE_TAG = "remove-from-student"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+# points per exercise: what it takes, not how many checks it has (the Triton kernel of 2.2 is
+# worth five times the unit conversion of 7.1)
+POINTS = {"1.1": 1, "1.2": 3, "1.3": 2, "2.1": 2, "2.2": 5, "3.1": 4, "3.2": 2, "3.3": 2,
+          "4.1": 3, "4.2": 1, "5.1": 1, "5.2": 3, "6.1": 2, "6.2": 2, "6.3": 3, "7.1": 1,
+          "7.2": 2, "7.3": 3, "8.1": 1, "8.2": 2, "9.1": 2, "9.2": 2, "10.1": 2, "10.2": 2,
+          "10.3": 1}
+DEFAULT_POINTS = 2
+EXPLAIN_POINTS = 1      # an explanation (a cell tagged ``explain``), graded by hand
+CODE_STUB = "# your code here"
+TEXT_STUB = ("**Your explanation** (a sentence or two, graded by hand): write it here, in place "
+             "of this line.")
+
+
+def points(name: str) -> float:
+    """The points exercise ``name`` ("2.2") is worth; its check and its held-back tests (if
+    any) share them evenly."""
+    return float(POINTS.get(name, DEFAULT_POINTS))
 
 
 def source(cell) -> str:
@@ -60,6 +83,7 @@ class Exercise:
     answer: int | None = None
     check: int | None = None
     hidden: int | None = None
+    explain: int | None = None
     removed: list[int] = dataclasses.field(default_factory=list)
 
     @property
@@ -89,7 +113,8 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
             setup = i
         if REMOVE_TAG in t and found:
             found[-1].removed.append(i)
-        for role, attr in (("answer", "answer"), ("check", "check"), ("hidden-check", "hidden")):
+        for role, attr in (("answer", "answer"), ("check", "check"), ("hidden-check", "hidden"),
+                           ("explain", "explain")):
             if role in t:
                 if not found:
                     raise ValueError(f"{Path(path).name}: cell {i} is tagged {role!r} before "
@@ -115,6 +140,10 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
         if BEGIN_SOLUTION not in answer or END_SOLUTION not in answer:
             raise ValueError(f"{where}: the answer cell marks its solution with "
                              f"{BEGIN_SOLUTION!r} and {END_SOLUTION!r}")
+        if ex.explain is not None and (nb["cells"][ex.explain]["cell_type"] != "markdown"
+                                       or not ex.answer < ex.explain):
+            raise ValueError(f"{where}: the cell tagged 'explain' is a markdown cell after the "
+                             "answer cell")
         if ex.hidden is not None:
             hidden = source(nb["cells"][ex.hidden])
             if BEGIN_HIDDEN not in hidden or END_HIDDEN not in hidden:
@@ -188,17 +217,25 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
     setup, found = exercises(out, path)
     if setup is not None:
         cells[setup]["metadata"]["nbgrader"] = _nbgrader("exercise-setup", locked=True)
+    tasks = {ex.task for ex in found}
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            cell["source"] = text_module.for_students(cell["source"], exercise=i in tasks)
     for ex in found:
         task = cells[ex.task]
         task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"],
                                        count=1)
         cells[ex.answer]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-answer",
                                                              solution=True)
+        share = points(ex.name) / (2 if ex.hidden is not None else 1)
         cells[ex.check]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-check", grade=True,
-                                                            locked=True, points=1)
+                                                            locked=True, points=share)
         if ex.hidden is not None:
             cells[ex.hidden]["metadata"]["nbgrader"] = _nbgrader(
-                f"{ex.grade_id}-hidden", grade=True, locked=True, points=1)
+                f"{ex.grade_id}-hidden", grade=True, locked=True, points=share)
+        if ex.explain is not None:
+            cells[ex.explain]["metadata"]["nbgrader"] = _nbgrader(
+                f"{ex.grade_id}-explain", solution=True, grade=True, points=EXPLAIN_POINTS)
     return out
 
 
@@ -208,3 +245,25 @@ def load(path) -> dict:
 
 def write(path, nb: dict) -> None:
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+COURSE_INTRO = ("In this course's version of the book the solutions are not shown: write your "
+                "answers in the lab notebooks.")
+
+
+def without_solutions(nb: dict) -> dict:
+    """The chapter for a course website without solutions: every cell tagged
+    ``remove-from-student``, ``answer`` or ``explain`` also gets ``remove-cell``, so MyST-NB
+    leaves it off the page while the notebook still executes (each check still prints
+    ``correct``); the Exercises intro no longer speaks of folded solutions."""
+    out = copy.deepcopy(nb)
+    for cell in out["cells"]:
+        cell_tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if {REMOVE_TAG, "answer", "explain"} & set(cell_tags) and "remove-cell" not in cell_tags:
+            cell_tags.append("remove-cell")
+        if cell["cell_type"] == "markdown":
+            text = source(cell)
+            changed = text_module.BOOK_INTRO.sub(COURSE_INTRO, text)
+            if changed != text:
+                cell["source"] = changed
+    return out

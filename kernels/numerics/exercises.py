@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ..checking import call, correct, fail, fresh_rng, need, need_function
+from ..checking import call, correct, fail, forbid, fresh_rng, need, need_function
 from .addition import add_trace
 from .formats import get_format
 
@@ -36,7 +36,7 @@ def _is_int(x) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Exercise 1.1
 # ----------------------------------------------------------------------------------------------
-def binade_count(e: int) -> int:
+def _binade_count(e: int) -> int:
     """How many BF16 values lie in [2^e, 2^(e+1)), counted over all 65,536 bit patterns."""
     v = _all_values("bf16")
     return int(np.count_nonzero((v >= 2.0 ** e) & (v < 2.0 ** (e + 1))))
@@ -51,7 +51,7 @@ def check_binade_count(answer) -> None:
     if not _is_int(answer):
         fail(f"n_per_binade should be an int, got {type(answer).__name__}")
     e = int(fresh_rng().integers(-126, 128))
-    want = binade_count(e)
+    want = _binade_count(e)
     if answer == want:
         return correct(f"every normal binade holds {answer} BF16 values (checked in [2^{e}, "
                        f"2^{e + 1}))")
@@ -107,7 +107,7 @@ def _patterns(rng: np.random.Generator, per_kind: int) -> dict[str, np.ndarray]:
     }
 
 
-def round_bits_reference(patterns: np.ndarray) -> np.ndarray:
+def _round_bits_expected(patterns: np.ndarray) -> np.ndarray:
     """BF16 patterns (uint16) of FP32 patterns (uint32) by the library's cast: RNE, once."""
     values = np.asarray(patterns, dtype=np.uint32).view(np.float32)
     return values.astype(ml_dtypes.bfloat16).view(np.uint16)
@@ -119,10 +119,11 @@ def check_round_bits(fn, thorough: bool = False) -> None:
     carries into the exponent, subnormals, negatives. ``thorough`` (the grader's hidden test)
     tries ten times as many."""
     need_function(fn, "round_bits_to_bf16")
+    forbid(fn, "1.2")
     rng = fresh_rng()
     kinds = _patterns(rng, 400 if thorough else 40)
     for kind, patterns in kinds.items():
-        want = round_bits_reference(patterns)
+        want = _round_bits_expected(patterns)
         for pattern, w in zip(patterns.tolist(), want.tolist()):
             got = call(fn, "round_bits_to_bf16", pattern)
             if not _is_int(got):
@@ -141,7 +142,7 @@ def check_round_bits(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 1.3
 # ----------------------------------------------------------------------------------------------
-def rounds_away_reference() -> set[int]:
+def _rounds_away_expected() -> set[int]:
     """Indices of :data:`EXERCISE_SUMS` whose BF16 sum grows in magnitude (traced exactly)."""
     return {i for i, (acc, b) in enumerate(EXERCISE_SUMS)
             if add_trace(acc, b, "bf16", a_fmt="fp32").rounded_up}
@@ -159,7 +160,7 @@ def check_rounds_away(answer) -> None:
         fail(f"rounds_away should be a set of indices (ints), got {answer!r}")
     if not given <= set(range(len(EXERCISE_SUMS))):
         fail(f"the indices go from 0 to {len(EXERCISE_SUMS) - 1}")
-    want = rounds_away_reference()
+    want = _rounds_away_expected()
     if given == want:
         return correct(f"{sorted(given)} round away from zero")
     ties = {i for i, (acc, b) in enumerate(EXERCISE_SUMS)

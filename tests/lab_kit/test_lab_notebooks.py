@@ -27,6 +27,11 @@ def test_every_chapter_ends_with_two_to_four_exercises(number):
     # at least one exercise asks for a function or kernel, one has hidden tests
     answers = [notebook.source(nb["cells"][ex.answer]) for ex in found]
     assert any("def " in a for a in answers) and any(ex.hidden is not None for ex in found)
+    # an exercise answered with a value, not a function, asks for an explanation too
+    for ex, answer in zip(found, answers):
+        if "def " not in answer:
+            assert ex.explain is not None, f"{path.name}: exercise {ex.name} has no explain cell"
+            assert "remove-cell" in notebook.tags(nb["cells"][ex.explain])
     # everything after the exercises' setup belongs to the exercise section: no stray cells
     last = max(max(i for i in (ex.answer, ex.check, ex.hidden, *ex.removed) if i is not None)
                for ex in found)
@@ -58,6 +63,7 @@ def test_student_source_numbers_exercises_and_derives_nbgrader_metadata():
     assert meta["ex2_1-answer"]["solution"] and not meta["ex2_1-answer"]["grade"]
     assert meta["ex2_1-check"]["grade"] and meta["ex2_1-check"]["points"] == 1
     assert meta["ex2_2-hidden"]["grade"] and meta["exercise-setup"]["locked"]
+    assert meta["ex2_1-check"]["points"] + meta["ex2_1-hidden"]["points"] == 2
     # the book's notebook itself is untouched
     assert notebook.load(path) == nb
 
@@ -86,3 +92,25 @@ def test_chapter_numbers_come_from_the_file_name():
     assert notebook.chapter_number("book/07_gpt2_failure.ipynb") == 7
     with pytest.raises(ValueError, match="two digits"):
         notebook.chapter_number("book/appendix_gpt2_search.ipynb")
+
+
+def test_a_failed_check_shows_one_line_in_jupyter_and_still_fails_the_cell():
+    """In a Jupyter kernel a WrongAnswer prints its message alone, no traceback into the checks'
+    code, and the cell still counts as failed (a notebook run stops there)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from kernels.env import REPO_ROOT
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+                    f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                    "from kernels.numerics import exercises as ex"),
+                nbformat.v4.new_code_cell("ex.check_binade_count(None)"),
+                nbformat.v4.new_code_cell("1 / 0")]
+    nbclient.NotebookClient(nb, timeout=120, allow_errors=True).execute()
+    [error] = nb.cells[1].outputs
+    assert error["ename"] == "WrongAnswer" and len(error["traceback"]) == 1
+    assert error["traceback"][0].startswith("WrongAnswer: no answer yet")
+    assert len(nb.cells[2].outputs[0]["traceback"]) > 1          # other errors: as before
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="no answer yet"):
+        nbclient.NotebookClient(nb, timeout=120).execute()

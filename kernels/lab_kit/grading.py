@@ -1,0 +1,428 @@
+"""Grading submissions: every graded check in a fresh process, bad files skipped and named.
+
+For each submitted notebook the grader finds the chapter (by its cells' nbgrader ids, or the
+two-digit prefix of its file name) and, for each exercise of that chapter:
+
+1. takes the **source** of the student's answer cell (and of any code cell the student added
+   before it) from the submitted file: nothing else of the submission is used, so a deleted or
+   edited check cell, or a deleted held-back test, changes nothing;
+2. scans it (:func:`kernels.checking.scan`): an answer that imports the grader, patches a module,
+   calls a checks' function or a library call that does the exercise's work scores 0, and
+   the feedback names the call;
+3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
+   held-back tests, from the autograder's copy of the chapter, in the grader's own process
+   against it.
+
+An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
+tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
+student and exercise, with the message of the first failed check) grow as each student is
+graded; ``explanations.csv`` collects the explanations that are graded by hand (cells tagged
+``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
+and what did not.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+import re
+import time
+import types
+from pathlib import Path
+
+from .. import checking as scan
+from ..checking import WrongAnswer
+from . import isolate, notebook
+from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
+
+GRADES = ["student", "assignment", "score", "max_score", "by_hand_max"]
+EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
+EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one exercise is graded: the answer's variable, the check's name, and the calls
+    (keyword arguments) it is graded with: the check's own, then the held-back tests'."""
+    name: str
+    grade_id: str
+    variable: str
+    check: str
+    parts: list
+    points: float
+    explain: bool = False
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    score: float
+    max_score: float
+    passed: list
+    message: str = ""
+    explanation: str | None = None      # the text of the explanation cell, graded by hand
+
+
+def _ex_call(text: str, where: str):
+    """(check name, variable, keyword arguments) of the one ``ex.check_x(variable, ...)`` call in
+    a check cell's code."""
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "ex"
+                and node.args and isinstance(node.args[0], ast.Name)):
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            return node.func.attr, node.args[0].id, kwargs
+    raise ValueError(f"{where}: no call ex.check_...(answer) in the check cell")
+
+
+def _hidden_code(text: str) -> str:
+    start, end = text.find(notebook.BEGIN_HIDDEN), text.find(notebook.END_HIDDEN)
+    return text[start + len(notebook.BEGIN_HIDDEN):end]
+
+
+def chapter_imports(cells) -> tuple[list[str], set[str]]:
+    """What the chapter's code cells before its exercises import, as the student's kernel has
+    it: (the import statements of other packages, to run before an answer; the names bound to
+    the book's package, which answers may not use)."""
+    statements, package = [], set()
+    for cell in cells:
+        if cell.get("cell_type") != "code" or "setup" in notebook.tags(cell):
+            continue
+        try:
+            tree = ast.parse(notebook.source(cell))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            bound = {(a.asname or a.name).split(".")[0] for a in node.names}
+            if any(n.split(".")[0] == "kernels" for n in names):
+                package |= bound
+            else:
+                statements.append(ast.unparse(node))
+    return statements, package
+
+
+@dataclasses.dataclass
+class Chapter:
+    """A chapter of the autograder: its exercise setup (after the imports of its earlier
+    cells), its plans, the ids of the release's cells (to tell the cells a student added), the
+    checks' module, and the names an answer may not rebind or use."""
+    assignment: str
+    setup: str
+    plans: list
+    template_ids: set
+    checks: types.ModuleType
+    module_names: tuple
+    preamble: str = ""
+    package_names: tuple = ()
+    locked: dict = dataclasses.field(default_factory=dict)      # grade id: the release's source
+    answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
+
+    @classmethod
+    def load(cls, source_path: Path, release_path: Path | None = None):
+        """The chapter from the autograder's source notebook (its cells' nbgrader ids)."""
+        nb = notebook.load(source_path)
+        cells = {_grade_id(c): notebook.source(c) for c in nb["cells"] if _grade_id(c)}
+        names = [gid[:-len("-answer")] for gid in cells if gid.endswith("-answer")]
+        plans = []
+        for grade_id in names:
+            name = grade_id[2:].replace("_", ".")
+            where = f"{source_path.name}: exercise {name}"
+            check, variable, kwargs = _ex_call(cells[f"{grade_id}-check"], where)
+            parts = [("check", kwargs)]
+            if f"{grade_id}-hidden" in cells:
+                hidden = _ex_call(_hidden_code(cells[f"{grade_id}-hidden"]), where)
+                parts.append(("held-back tests", hidden[2]))
+            plans.append(Plan(name, grade_id, variable, check, parts, points(name),
+                              f"{grade_id}-explain" in cells))
+        setup_code = cells["exercise-setup"]
+        setup_at = next(i for i, c in enumerate(nb["cells"]) if _grade_id(c) == "exercise-setup")
+        statements, package = chapter_imports(nb["cells"][:setup_at])
+        namespace = {"__name__": "__grader__"}
+        exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
+        names = {k for k, v in namespace.items() if isinstance(v, types.ModuleType)}
+        for statement in statements:
+            for node in ast.walk(ast.parse(statement)):
+                if isinstance(node, ast.Import):
+                    names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        release = notebook.load(release_path) if release_path and release_path.is_file() else nb
+        ids = {c.get("id") for c in release["cells"]}
+        meta = [(c, c.get("metadata", {}).get("nbgrader", {})) for c in release["cells"]]
+        locked = {m["grade_id"]: notebook.source(c) for c, m in meta if m.get("locked")}
+        answer_ids = {m["grade_id"]: c.get("id") for c, m in meta
+                      if m.get("grade_id", "").endswith("-answer")}
+        return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
+                   namespace["ex"], tuple(sorted(names)), "\n".join(statements),
+                   tuple(sorted(package - set(namespace))), locked, answer_ids)
+
+
+def _grade_id(cell) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+
+
+def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
+    """The source of the student's answer to ``plan``: the code cells the student added since
+    the previous answer cell (in order), then the answer cell; None if the answer cell is gone."""
+    cells = nb.get("cells", [])
+    answers = {_grade_id(c): i for i, c in enumerate(cells)
+               if _grade_id(c).endswith("-answer")}
+    at = answers.get(f"{plan.grade_id}-answer")
+    if at is None and not answers:          # no nbgrader metadata at all (an app dropped it)
+        wanted = chapter.answer_ids.get(f"{plan.grade_id}-answer")
+        by_id = [i for i, c in enumerate(cells) if wanted and c.get("id") == wanted]
+        if by_id:
+            at = by_id[0]
+        else:
+            return _answer_by_its_check(chapter, cells, plan)
+    if at is None:
+        return None
+    # the window: after the previous answer cell, or after the exercise setup (never the
+    # chapter's own cells, even if a notebook app renamed their ids)
+    marks = [i for gid, i in answers.items() if i < at]
+    marks += [i for i, c in enumerate(cells[:at]) if _grade_id(c) == "exercise-setup"]
+    start = max(marks) + 1 if marks else at
+    added = [notebook.source(c) for c in cells[start:at]
+             if c.get("cell_type") == "code" and c.get("id") not in chapter.template_ids
+             and not _grade_id(c)]
+    return "\n\n".join([*added, notebook.source(cells[at])])
+
+
+def _answer_by_its_check(chapter: Chapter, cells: list, plan: Plan) -> str | None:
+    """The answer of a notebook without nbgrader's metadata: the code cells between the locked
+    cell before it (the exercise setup, or the previous exercise's check or held-back test) and
+    its own check cell, both found by their text."""
+    check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
+    locked = {text.strip() for text in chapter.locked.values()}
+    code = [(i, notebook.source(c)) for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+    at = next((i for i, text in code if check and text.strip() == check), None)
+    if at is None:
+        return None
+    start = max([i for i, text in code if i < at and text.strip() in locked], default=at)
+    window = [text for i, text in code if start < i < at and text.strip() not in locked]
+    return "\n\n".join(window) if window else None
+
+
+def _run_check(check, target, kwargs) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            check(target, **kwargs)
+    except WrongAnswer as exc:
+        return False, str(exc)
+    except isolate.AnswerDied:
+        raise
+    except Exception as exc:                               # noqa: BLE001  a broken answer
+        return False, f"the check could not use the answer ({type(exc).__name__}: {exc})"
+    text = out.getvalue()
+    return text.startswith("correct"), text.strip().splitlines()[0] if text.strip() else ""
+
+
+def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
+                   scanning: bool = True) -> Result:
+    """Score one answer: 0 with a note if it is missing or forbidden, else the share of
+    ``plan.points`` that its checks pass, each run against the answer in a fresh process."""
+    fail = Result(plan.name, 0.0, plan.points, [False] * len(plan.parts))
+    if source is None:
+        fail.message = "the answer cell is missing from the notebook (deleted?): 0 points"
+        return fail
+    if scanning:
+        try:
+            scan.scan(source, plan.name, chapter.module_names, chapter.package_names)
+        except scan.Forbidden as exc:
+            fail.message = str(exc)
+            return fail
+    check = getattr(chapter.checks, plan.check)
+    passed, messages = [], []
+    try:
+        with isolate.Answer(chapter.setup, source, plan.variable,
+                            isolate.GUARDS.get(plan.check), preamble=chapter.preamble) as answer:
+            if answer.error is not None:
+                fail.message = f"the answer cell raised {answer.error}"
+                return fail
+            target = answer.function if answer.function is not None else answer.value
+            for label, kwargs in plan.parts:
+                ok, message = _run_check(check, target, kwargs)
+                passed.append(ok)
+                if not ok:
+                    messages.append(f"{label}: {message}")
+    except isolate.AnswerDied as exc:
+        passed += [False] * (len(plan.parts) - len(passed))
+        messages.append(str(exc))
+    except Exception as exc:                               # noqa: BLE001  whatever the answer did
+        passed += [False] * (len(plan.parts) - len(passed))
+        messages.append(f"the answer could not be graded ({type(exc).__name__}: {exc})"[:300])
+    score = plan.points * sum(passed) / len(plan.parts)
+    return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
+
+
+def explanation(nb: dict, plan: Plan, chapter: Chapter | None = None) -> str:
+    """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt); in a
+    notebook without nbgrader's metadata, the markdown written between the answer and the
+    check (found by its text)."""
+    cells = nb.get("cells", [])
+    stub = notebook.TEXT_STUB.strip()
+    for cell in cells:
+        if _grade_id(cell) == f"{plan.grade_id}-explain":
+            text = notebook.source(cell).strip()
+            return "" if text == stub else text
+    if chapter is None or any(_grade_id(c) for c in cells):
+        return ""
+    check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
+    at = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
+               and check and notebook.source(c).strip() == check), None)
+    said = []
+    for cell in reversed(cells[:at] if at is not None else []):
+        if cell.get("cell_type") == "code":
+            break
+        text = notebook.source(cell).strip()
+        if text and text != stub:
+            said.insert(0, text)
+    return "\n\n".join(said)
+
+
+def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:
+    results = []
+    for plan in chapter.plans:
+        result = grade_exercise(chapter, plan, answer_source(chapter, nb, plan), scanning)
+        if plan.explain:
+            result.explanation = explanation(nb, plan, chapter)
+        results.append(result)
+    return results
+
+
+def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None:
+    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``);
+    else from the text of its locked cells (the exercise setup, the checks), which ``chapters``
+    know; else from a two-digit number in its file name (``Copy of 03_flash_forward.ipynb``)."""
+    cells = [c for c in nb.get("cells", []) if isinstance(c, dict)] if isinstance(nb, dict) else []
+    for cell in cells:
+        grade_id = _grade_id(cell)
+        if grade_id.startswith("ex") and "_" in grade_id and grade_id[2:grade_id.index("_")
+                                                                    ].isdigit():
+            return int(grade_id[2:grade_id.index("_")])
+    texts = {notebook.source(c).strip() for c in cells if c.get("cell_type") == "code"}
+    matches = {n: len(texts & {t.strip() for t in ch.locked.values()} - {""})
+               for n, ch in (chapters or {}).items()}
+    if matches and max(matches.values()) >= 2:
+        return max(matches, key=matches.get)
+    found = re.search(r"(?<!\d)(\d\d)_", path.name)
+    return int(found.group(1)) if found else None
+
+
+def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path) -> str:
+    score, best = sum(r.score for r in results), sum(r.max_score for r in results)
+    lines = [f"# {chapter.assignment}, {student}: {score:g} / {best:g}", "",
+             f"Graded from `{path.name}`.", ""]
+    for r in results:
+        verdict = "all checks pass" if all(r.passed) and not r.message else r.message
+        lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
+        if r.explanation is not None:
+            said = "graded by hand" if r.explanation else "no explanation written: 0 points"
+            lines.append(f"- Exercise {r.name}, explanation: {said} "
+                         f"({notebook.EXPLAIN_POINTS:g} point)")
+    return "\n".join(lines) + "\n"
+
+
+def _writer(path: Path, fields):
+    f = open(path, "w", newline="")
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    f.flush()
+    return f, writer
+
+
+def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[dict]:
+    """Grade every ``submissions/<student>/*.ipynb`` against the autograder in ``out/course``.
+
+    Writes ``out/grades.csv`` and ``out/exercises.csv`` a student at a time and
+    ``out/feedback/<student>/chNN.md``; a file that cannot be read, or is no notebook of this
+    lab, is skipped and named, and grading goes on. Returns the rows of ``grades.csv``."""
+    out, submissions = Path(out).resolve(), Path(submissions).resolve()
+    course = out / "course"
+    sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
+    if not sources:
+        raise FileNotFoundError(f"no autograder in {course}: run python -m kernels.lab_kit build "
+                                "first")
+    if not submissions.is_dir():
+        raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
+    say = (lambda *a: None) if quiet else print
+    chapters = {n: Chapter.load(p, course / "release" / p.parent.name / p.name)
+                for n, p in sources.items()}
+    isolate.preload(line for c in chapters.values() for line in c.preamble.splitlines())
+    rows, skipped = [], []
+    for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
+        skipped.append((stray, "not in a <student>/ folder"))
+    grades_f, grades = _writer(out / "grades.csv", GRADES)
+    ex_f, per_exercise = _writer(out / "exercises.csv", EXERCISES)
+    why_f, explained = _writer(out / "explanations.csv", EXPLANATIONS)
+    try:
+        for folder in sorted(p for p in submissions.iterdir() if p.is_dir()):
+            student, started, done = folder.name, time.perf_counter(), set()
+            student_rows = []
+            for path in sorted(folder.glob("*.ipynb")):
+                try:
+                    nb = json.loads(path.read_text(encoding="utf-8"))
+                    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+                        raise ValueError("no cells")
+                except (ValueError, UnicodeDecodeError, OSError) as exc:
+                    skipped.append((path, f"not a readable notebook ({type(exc).__name__}; "
+                                          "a truncated upload?)"))
+                    continue
+                number = chapter_of(path, nb, chapters)
+                if number not in sources:
+                    skipped.append((path, f"not a notebook of this lab (chapters "
+                                          f"{sorted(sources)})"))
+                    continue
+                if number in done:
+                    skipped.append((path, f"a second notebook for chapter {number}"))
+                    continue
+                done.add(number)
+                chapter = chapters[number]
+                try:
+                    results = grade_notebook(chapter, nb, scanning)
+                except Exception as exc:                   # noqa: BLE001  a malformed notebook
+                    skipped.append((path, f"could not be graded ({type(exc).__name__}: {exc})"))
+                    continue
+                row = {"student": student, "assignment": chapter.assignment,
+                       "score": sum(r.score for r in results),
+                       "max_score": sum(r.max_score for r in results),
+                       "by_hand_max": notebook.EXPLAIN_POINTS * sum(
+                           r.explanation is not None for r in results)}
+                student_rows.append(row)
+                for r in results:
+                    per_exercise.writerow({"student": student, "assignment": chapter.assignment,
+                                           "exercise": r.name, "score": r.score,
+                                           "max_score": r.max_score, "message": r.message})
+                    if r.explanation is not None:
+                        explained.writerow({"student": student,
+                                            "assignment": chapter.assignment, "exercise": r.name,
+                                            "max_score": notebook.EXPLAIN_POINTS,
+                                            "explanation": r.explanation})
+                feedback = out / "feedback" / student / f"{chapter.assignment}.md"
+                feedback.parent.mkdir(parents=True, exist_ok=True)
+                feedback.write_text(_feedback(student, chapter, results, path))
+            grades.writerows(student_rows)
+            for f in (grades_f, ex_f, why_f):
+                f.flush()
+            rows += student_rows
+            seconds = time.perf_counter() - started
+            for r in student_rows:
+                say(f"{student:20s} {r['assignment']}: {r['score']:g} / {r['max_score']:g}")
+            if student_rows:
+                say(f"{student:20s} graded in {seconds:.1f} s")
+    finally:
+        for f in (grades_f, ex_f, why_f):
+            f.close()
+    for path, why in skipped:
+        print(f"skipped {path.relative_to(submissions)}: {why}")
+    if not rows and not skipped:
+        raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
+    say(f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; to grade by "
+        f"hand: {out / 'explanations.csv'}; feedback: {out / 'feedback'}")
+    return rows
