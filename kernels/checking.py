@@ -20,6 +20,7 @@ A check (one per exercise, in the chapters' ``exercises.py`` modules) follows fo
 The autograder (:mod:`kernels.lab_kit.grading`) runs the same checks, in its own process, against
 the answer running in a fresh process of its own: an answer cannot patch them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,8 +32,22 @@ import textwrap
 
 import numpy as np
 
-__all__ = ["WrongAnswer", "fresh_seed", "fresh_rng", "fresh_generator", "need", "need_function",
-           "need_names", "call", "fail", "correct", "Forbidden", "scan", "forbid", "FORBIDDEN"]
+__all__ = [
+    "WrongAnswer",
+    "fresh_seed",
+    "fresh_rng",
+    "fresh_generator",
+    "need",
+    "need_function",
+    "need_names",
+    "call",
+    "fail",
+    "correct",
+    "Forbidden",
+    "scan",
+    "forbid",
+    "FORBIDDEN",
+]
 
 
 class WrongAnswer(AssertionError):
@@ -51,6 +66,7 @@ def fresh_rng() -> np.random.Generator:
 def fresh_generator(device="cpu"):
     """A torch generator seeded from :func:`fresh_seed` (the global torch seed is untouched)."""
     import torch
+
     return torch.Generator(device=device).manual_seed(fresh_seed())
 
 
@@ -63,7 +79,7 @@ def _one_line(shell, etype, value, tb, tb_offset=None):
 
 
 def _short_errors_in_ipython() -> None:
-    ipython = sys.modules.get("IPython")             # None where a runner blocks IPython
+    ipython = sys.modules.get("IPython")  # None where a runner blocks IPython
     shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
     if shell is not None and hasattr(shell, "set_custom_exc"):
         shell.set_custom_exc((WrongAnswer,), _one_line)
@@ -144,26 +160,97 @@ def correct(text: str) -> None:
 # notebook already, not only when graded.
 
 # modules an answer never needs, and names that reach around the language
-GENERIC_MODULES = {"kernels", "importlib", "sys", "os", "subprocess", "builtins", "inspect", "gc",
-                   "ctypes", "pickle", "marshal", "runpy", "multiprocessing", "threading",
-                   "signal", "socket", "shutil", "pathlib", "types", "unittest", "pytest",
-                   "nbgrader", "nbformat", "nbclient", "IPython"}
+GENERIC_MODULES = {
+    "kernels",
+    "importlib",
+    "sys",
+    "os",
+    "subprocess",
+    "builtins",
+    "inspect",
+    "gc",
+    "ctypes",
+    "pickle",
+    "marshal",
+    "runpy",
+    "multiprocessing",
+    "threading",
+    "signal",
+    "socket",
+    "shutil",
+    "pathlib",
+    "types",
+    "unittest",
+    "pytest",
+    "nbgrader",
+    "nbformat",
+    "nbclient",
+    "IPython",
+}
 # attributes through which a library's module reaches others (torch.sys.modules[...])
-GENERIC_ATTRIBUTES = {"modules", "import_module", "reload", "f_globals", "f_back", "gi_frame",
-                      "cr_frame", "tb_frame", "func_globals", "system", "popen", "spawn"}
-GENERIC_NAMES = {"__import__", "exec", "eval", "compile", "globals", "locals", "vars", "getattr",
-                 "setattr", "delattr", "open", "breakpoint", "__builtins__", "get_ipython",
-                 "input"}
+GENERIC_ATTRIBUTES = {
+    "modules",
+    "import_module",
+    "reload",
+    "f_globals",
+    "f_back",
+    "gi_frame",
+    "cr_frame",
+    "tb_frame",
+    "func_globals",
+    "system",
+    "popen",
+    "spawn",
+}
+GENERIC_NAMES = {
+    "__import__",
+    "exec",
+    "eval",
+    "compile",
+    "globals",
+    "locals",
+    "vars",
+    "getattr",
+    "setattr",
+    "delattr",
+    "open",
+    "breakpoint",
+    "__builtins__",
+    "get_ipython",
+    "input",
+}
 
-_REDUCTIONS = {"amax", "amin", "max", "min", "aminmax", "sort", "topk", "argmax", "argmin",
-               "cummax", "kthvalue", "msort", "nanmax", "median", "mode", "quantile",
-               "numpy", "tolist", "item", "max_pool1d", "max_pool2d", "adaptive_max_pool1d"}
+_REDUCTIONS = {
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "aminmax",
+    "sort",
+    "topk",
+    "argmax",
+    "argmin",
+    "cummax",
+    "kthvalue",
+    "msort",
+    "nanmax",
+    "median",
+    "mode",
+    "quantile",
+    "numpy",
+    "tolist",
+    "item",
+    "max_pool1d",
+    "max_pool2d",
+    "adaptive_max_pool1d",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """What an "implement it" exercise forbids: whole modules, names (called or not), and
     attribute calls (``x.amax(...)``), the latter allowed inside ``@triton.jit`` functions."""
+
     why: str
     modules: frozenset = frozenset()
     names: frozenset = frozenset()
@@ -175,31 +262,46 @@ def _rule(why, modules=(), names=(), attributes=()):
 
 
 FORBIDDEN = {
-    "1.2": _rule("the exercise asks for integer operations only",
-                 modules={"ml_dtypes", "numpy", "torch", "struct", "array", "math", "jax",
-                          "tensorflow"},
-                 names={"np", "torch", "float", "ml_dtypes"}),
-    "2.2": _rule("the maxima must come from your Triton kernel",
-                 modules={"numpy", "scipy", "functools"},
-                 names={"max", "sorted", "np", "reduce"},
-                 attributes=_REDUCTIONS),
+    "1.2": _rule(
+        "the exercise asks for integer operations only",
+        modules={"ml_dtypes", "numpy", "torch", "struct", "array", "math", "jax", "tensorflow"},
+        names={"np", "torch", "float", "ml_dtypes"},
+    ),
+    "2.2": _rule(
+        "the maxima must come from your Triton kernel",
+        modules={"numpy", "scipy", "functools"},
+        names={"max", "sorted", "np", "reduce"},
+        attributes=_REDUCTIONS,
+    ),
     "3.1": _rule("the exercise asks you to derive the merge", modules={"scipy"}),
-    "3.2": _rule("the exercise asks for a prediction, not a measurement",
-                 modules={"tracemalloc", "resource", "psutil"},
-                 attributes={"peak_live_bytes", "standard_attention", "memory_allocated",
-                             "max_memory_allocated"}),
-    "4.1": _rule("the exercise asks you to derive the gap",
-                 attributes={"backward", "grad", "autograd", "vjp", "jacobian", "functional"}),
-    "5.2": _rule("the exercise asks you to predict the error, not to round",
-                 modules={"ml_dtypes", "torch", "jax"},
-                 names={"torch"},
-                 attributes={"bfloat16", "round_to"}),
+    "3.2": _rule(
+        "the exercise asks for a prediction, not a measurement",
+        modules={"tracemalloc", "resource", "psutil"},
+        attributes={
+            "peak_live_bytes",
+            "standard_attention",
+            "memory_allocated",
+            "max_memory_allocated",
+        },
+    ),
+    "4.1": _rule(
+        "the exercise asks you to derive the gap",
+        attributes={"backward", "grad", "autograd", "vjp", "jacobian", "functional"},
+    ),
+    "5.2": _rule(
+        "the exercise asks you to predict the error, not to round",
+        modules={"ml_dtypes", "torch", "jax"},
+        names={"torch"},
+        attributes={"bfloat16", "round_to"},
+    ),
     "6.3": _rule("the exercise asks you to write the rule", attributes={"offset_rule"}),
     "7.3": _rule("the exercise asks you to write the walk", attributes={"departure"}),
-    "8.2": _rule("the exercise asks for the distance without SciPy",
-                 modules={"scipy", "ot", "sklearn", "statsmodels", "torch"},
-                 names={"wasserstein_distance"},
-                 attributes={"wasserstein_distance", "cdist"}),
+    "8.2": _rule(
+        "the exercise asks for the distance without SciPy",
+        modules={"scipy", "ot", "sklearn", "statsmodels", "torch"},
+        names={"wasserstein_distance"},
+        attributes={"wasserstein_distance", "cdist"},
+    ),
 }
 
 
@@ -244,23 +346,31 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
     def visit(node, in_jit=False):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             in_jit = in_jit or _is_jit(node)
-        for child in ast.iter_child_nodes(node):       # the innermost offence is named first
+        for child in ast.iter_child_nodes(node):  # the innermost offence is named first
             visit(child, in_jit)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top in GENERIC_MODULES:
-                    refuse(node, f"import {name}", "answers use only what the exercise setup "
-                           "imports and the standard numeric libraries")
+                    refuse(
+                        node,
+                        f"import {name}",
+                        "answers use only what the exercise setup "
+                        "imports and the standard numeric libraries",
+                    )
                 if top in rule.modules:
                     refuse(node, f"import {name}", rule.why)
             for alias in node.names:
                 bound = (alias.asname or alias.name).split(".")[0]
                 if bound in modules:
-                    refuse(node, f"import ... as {bound}", "do not rebind the exercise "
-                           "setup's names")
+                    refuse(
+                        node, f"import ... as {bound}", "do not rebind the exercise setup's names"
+                    )
         elif isinstance(node, ast.Name):
             if node.id in GENERIC_NAMES:
                 refuse(node, node.id, "answers may not reach around the language")
@@ -271,8 +381,11 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
             if isinstance(node.ctx, (ast.Store, ast.Del)) and node.id in modules:
                 refuse(node, f"{node.id} = ...", "do not rebind the exercise setup's names")
             if isinstance(node.ctx, ast.Load) and node.id in package_names:
-                refuse(node, node.id, "answers use only what the exercise setup imports, not "
-                       "the book's package")
+                refuse(
+                    node,
+                    node.id,
+                    "answers use only what the exercise setup imports, not the book's package",
+                )
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("__"):
                 refuse(node, f".{node.attr}", "answers may not reach around the language")
@@ -280,8 +393,12 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
                 refuse(node, ast.unparse(node), "answers may not reach around the language")
             root = _root(node.value)
             if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
-                refuse(node, f"ex.{node.attr}", "answers may use only the checks' constants "
-                       "(upper-case names), never their functions")
+                refuse(
+                    node,
+                    f"ex.{node.attr}",
+                    "answers may use only the checks' constants "
+                    "(upper-case names), never their functions",
+                )
             if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
                 refuse(node, ast.unparse(node), "do not patch the modules the exercise uses")
             if node.attr in rule.attributes and not in_jit:
@@ -302,7 +419,7 @@ def forbid(fn, exercise: str) -> None:
     try:
         source = textwrap.dedent(inspect.getsource(fn))
         tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):        # no source, or a fragment
+    except (OSError, TypeError, SyntaxError):  # no source, or a fragment
         return
     if getattr(fn, "__name__", "") == "<lambda>":
         sources = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Lambda)]

@@ -7,6 +7,7 @@ The row-maximum check makes sure a Triton kernel does the work: while the reader
 runs, PyTorch's reductions (``amax``, ``max``, ``sort``, ...) raise, and at least one Triton
 launch must happen.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,10 +34,10 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
     forbid(fn, "2.1")
     rng = fresh_rng()
     count = 300 if thorough else 30
-    blocks = 2 ** rng.integers(4, 11, count)                       # 16 ... 1024
+    blocks = 2 ** rng.integers(4, 11, count)  # 16 ... 1024
     ns = rng.integers(1, 200_000, count)
-    ns[: count // 3] = blocks[: count // 3] * rng.integers(1, 50, count // 3)   # no remainder
-    ns[count // 3: count // 2] = rng.integers(1, blocks[count // 3: count // 2])  # n < block
+    ns[: count // 3] = blocks[: count // 3] * rng.integers(1, 50, count // 3)  # no remainder
+    ns[count // 3 : count // 2] = rng.integers(1, blocks[count // 3 : count // 2])  # n < block
     for n, block in zip(ns.tolist(), blocks.tolist()):
         got = call(fn, "launch_grid", n, block)
         try:
@@ -46,25 +47,35 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
         want_programs, want_masked = _launch_grid_expected(n, block)
         if programs != want_programs:
             if programs == n // block:
-                fail("too few programs when n is not a multiple of block: the last, partly "
-                     "filled block needs a program too")
-            fail("wrong number of programs: one program per block of `block` lanes, and "
-                 "together they must cover all n elements")
+                fail(
+                    "too few programs when n is not a multiple of block: the last, partly "
+                    "filled block needs a program too"
+                )
+            fail(
+                "wrong number of programs: one program per block of `block` lanes, and "
+                "together they must cover all n elements"
+            )
         if masked != want_masked:
             if masked == n % block:
-                fail("the masked lanes are the ones past n in the last program, not the ones "
-                     "it keeps")
-            fail("wrong number of masked lanes: count the lanes of all programs, then the ones "
-                 "at index n or beyond")
+                fail(
+                    "the masked lanes are the ones past n in the last program, not the ones "
+                    "it keeps"
+                )
+            fail(
+                "wrong number of masked lanes: count the lanes of all programs, then the ones "
+                "at index n or beyond"
+            )
     correct(f"{count} fresh launches (n up to 200,000, block 16 to 1,024)")
 
 
 # ----------------------------------------------------------------------------------------------
 # Exercise 2.2
 # ----------------------------------------------------------------------------------------------
-_REDUCTIONS = [(owner, name) for owner in (torch, torch.Tensor)
-               for name in ("amax", "max", "aminmax", "sort", "topk", "argmax", "cummax",
-                            "kthvalue", "msort")]
+_REDUCTIONS = [
+    (owner, name)
+    for owner in (torch, torch.Tensor)
+    for name in ("amax", "max", "aminmax", "sort", "topk", "argmax", "cummax", "kthvalue", "msort")
+]
 
 
 @contextlib.contextmanager
@@ -74,8 +85,11 @@ def _triton_only(launches: list):
 
     def refuse(name):
         def reduction(*args, **kwargs):
-            raise RuntimeError(f"torch {name} is switched off in this exercise: compute the "
-                               "maxima in your Triton kernel")
+            raise RuntimeError(
+                f"torch {name} is switched off in this exercise: compute the "
+                "maxima in your Triton kernel"
+            )
+
         return reduction
 
     original_getitem = KernelInterface.__getitem__
@@ -106,9 +120,9 @@ def _rows_with_larger_neighbours(n_rows, n_cols, gen, device):
     first, or one spare element after the last row) is larger than anything in the row: a mask
     that lets one lane too many through returns that neighbour."""
     buffer = -torch.rand(n_rows + 1, n_cols, generator=gen) * 10 - 1
-    buffer[1:, 0] = -0.9 + 1e-3 * torch.arange(1, n_rows + 1)     # increasing, still negative
+    buffer[1:, 0] = -0.9 + 1e-3 * torch.arange(1, n_rows + 1)  # increasing, still negative
     buffer = buffer.to(device)
-    return buffer[:n_rows]                                          # a contiguous view
+    return buffer[:n_rows]  # a contiguous view
 
 
 def check_row_max(fn, thorough: bool = False, device=None) -> None:
@@ -123,7 +137,7 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
     device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
     gen, rng = fresh_generator(), fresh_rng()
     lengths = [int(n) for n in rng.integers(3, 200, 6 if thorough else 3)]
-    lengths = [n + 1 if n & (n - 1) == 0 else n for n in lengths]     # never a power of two
+    lengths = [n + 1 if n & (n - 1) == 0 else n for n in lengths]  # never a power of two
     if thorough:
         lengths += [1, 128, int(rng.integers(700, 1500))]
     cases = []
@@ -136,25 +150,35 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
         launches: list = []
         with _triton_only(launches):
             got = call(fn, "row_max", x)
-        launches += getattr(fn, "remote_launches", [])   # the grader's worker counted them
+        launches += getattr(fn, "remote_launches", [])  # the grader's worker counted them
         if not launches:
-            fail("row_max launched no Triton kernel: write the kernel and launch it with "
-                 "kernel[grid](...)")
+            fail(
+                "row_max launched no Triton kernel: write the kernel and launch it with "
+                "kernel[grid](...)"
+            )
         if not isinstance(got, torch.Tensor):
             fail(f"row_max should return a tensor, got {type(got).__name__}")
         if tuple(got.shape) != tuple(want.shape):
-            fail(f"for x of shape {tuple(x.shape)} row_max should return one value per row, "
-                 f"shape {tuple(want.shape)}; it returned shape {tuple(got.shape)}")
+            fail(
+                f"for x of shape {tuple(x.shape)} row_max should return one value per row, "
+                f"shape {tuple(want.shape)}; it returned shape {tuple(got.shape)}"
+            )
         got = got.to(device=want.device, dtype=want.dtype)
         if torch.equal(got, want):
             continue
         rows = f"rows of {x.shape[1]} entries"
         if kind == "negative" and bool((got == 0).any()):
-            fail(f"on {rows}, all negative, some maximum came out as 0: what do the masked "
-                 "lanes read?")
+            fail(
+                f"on {rows}, all negative, some maximum came out as 0: what do the masked "
+                "lanes read?"
+            )
         if bool((got > want).any()):
-            fail(f"on {rows} some maximum is larger than every entry of its row: does the mask "
-                 "let one lane read past the end of the row?")
-        fail(f"wrong maxima on {rows}: check the pointer of each row (row index times the "
-             "row stride) and the mask")
+            fail(
+                f"on {rows} some maximum is larger than every entry of its row: does the mask "
+                "let one lane read past the end of the row?"
+            )
+        fail(
+            f"wrong maxima on {rows}: check the pointer of each row (row index times the "
+            "row stride) and the mask"
+        )
     correct(f"{len(cases)} fresh tensors ({len(lengths)} row lengths) match torch.amax exactly")

@@ -6,6 +6,7 @@
 * Exercise 4.1 :func:`check_dk_gap`       the analogue of Eq. (1) for dK
 * Exercise 4.2 :func:`check_changed`      which gradients change when only δ changes
 """
+
 from __future__ import annotations
 
 import math
@@ -45,14 +46,13 @@ def _merge_case(gen, rng):
     n_q, n_k = (int(x) for x in rng.integers(8, 40, 2))
     d = int(rng.choice([8, 16, 32]))
     split = int(rng.integers(1, n_k))
-    q, k, v = (torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
-               for n in (n_q, n_k, n_k))
+    q, k, v = (torch.randn(b, h, n, d, generator=gen, dtype=torch.float64) for n in (n_q, n_k, n_k))
     q = q * float(rng.uniform(0.5, 3.0))
     o_a, lse_a = tiling.online_attention(q, k[..., :split, :], v[..., :split, :], block_n=16)
     o_b, lse_b = tiling.online_attention(q, k[..., split:, :], v[..., split:, :], block_n=16)
     # shifting all scores of a row by c leaves O alone and adds c to L
     shift = (torch.rand(b, h, n_q, generator=gen, dtype=torch.float64) * 2 - 1) * 3000
-    shift[..., : n_q // 4] = 0.0                       # and some rows unshifted
+    shift[..., : n_q // 4] = 0.0  # and some rows unshifted
     want_o = reference.attention_fp64(q, k, v)
     want_lse = reference.lse_fp64(q, k) + shift
     return (o_a, lse_a + shift, o_b, lse_b + shift), (want_o, want_lse)
@@ -75,21 +75,29 @@ def check_merge(fn, thorough: bool = False) -> None:
         if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
             fail("merge should return two tensors (o, lse)")
         if o.shape != want_o.shape or lse.shape != want_lse.shape:
-            fail(f"shapes: o should be {tuple(want_o.shape)} like o_a and lse "
-                 f"{tuple(want_lse.shape)} like lse_a; got {tuple(o.shape)} and "
-                 f"{tuple(lse.shape)}")
+            fail(
+                f"shapes: o should be {tuple(want_o.shape)} like o_a and lse "
+                f"{tuple(want_lse.shape)} like lse_a; got {tuple(o.shape)} and "
+                f"{tuple(lse.shape)}"
+            )
         o, lse = o.double(), lse.double()
         if not (torch.isfinite(o).all() and torch.isfinite(lse).all()):
-            fail("o or lse holds inf or NaN where L is in the thousands: e^L overflows (and "
-                 "e^-L underflows to 0); weigh the halves relative to a maximum")
+            fail(
+                "o or lse holds inf or NaN where L is in the thousands: e^L overflows (and "
+                "e^-L underflows to 0); weigh the halves relative to a maximum"
+            )
         lse_ok = ((lse - want_lse).abs() <= 1e-9 * want_lse.abs().clamp(min=1)).all()
-        o_ok = ((o - want_o).abs().max() <= 1e-9 * want_o.abs().max())
+        o_ok = (o - want_o).abs().max() <= 1e-9 * want_o.abs().max()
         if not lse_ok:
-            fail("lse is wrong: it is the log of the total mass of both halves, e^L_a + e^L_b "
-                 "(neither their maximum nor their sum)")
+            fail(
+                "lse is wrong: it is the log of the total mass of both halves, e^L_a + e^L_b "
+                "(neither their maximum nor their sum)"
+            )
         if not o_ok:
-            fail("o is wrong although lse is right: each half's O is normalised by its own "
-                 "mass, so weigh it by that half's share of the total before adding")
+            fail(
+                "o is wrong although lse is right: each half's O is normalised by its own "
+                "mass, so weigh it by that half's share of the total before adding"
+            )
     correct(f"{trials} fresh split-key problems with L up to ±3,000 merged to 1e-9")
 
 
@@ -120,9 +128,11 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
             fail(f"peak_bytes should return a number of bytes, got {type(got).__name__}")
         if abs(got - measured) > 0.15 * measured:
             way = "too low" if got < measured else "too high"
-            fail(f"the prediction for (b, h, n, d) = {(b, h, n, d)} with {itemsize}-byte "
-                 f"numbers is {way} by more than 15%: how many n x n matrices are alive at "
-                 "once, for how many heads, and how many bytes is each number?")
+            fail(
+                f"the prediction for (b, h, n, d) = {(b, h, n, d)} with {itemsize}-byte "
+                f"numbers is {way} by more than 15%: how many n x n matrices are alive at "
+                "once, for how many heads, and how many bytes is each number?"
+            )
     correct(f"{trials} fresh shapes predicted within 15%")
 
 
@@ -131,7 +141,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
     """Key tiles query tile ``i`` visits in the causal forward kernel (N_Q = N_K = n)."""
-    hi = min((i + 1) * block_m, n)          # keys after the tile's last query are skipped
+    hi = min((i + 1) * block_m, n)  # keys after the tile's last query are skipped
     return -(-hi // block_n)
 
 
@@ -143,10 +153,10 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
     rng = fresh_rng()
     trials = 400 if thorough else 40
     for trial in range(trials):
-        block_m, block_n = (int(2 ** x) for x in rng.integers(4, 8, 2))
+        block_m, block_n = (int(2**x) for x in rng.integers(4, 8, 2))
         n = int(rng.integers(1, 2000))
         i = int(rng.integers(0, -(-n // block_m)))
-        if trial % 3 == 0:                   # the last query tile, often a partial one
+        if trial % 3 == 0:  # the last query tile, often a partial one
             i = -(-n // block_m) - 1
         got = call(fn, "key_tiles", i, block_m, block_n, n)
         if not _is_int(got):
@@ -154,16 +164,24 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
         want = _key_tiles_expected(i, block_m, block_n, n)
         if got != want:
             if got == want - 1:
-                fail("one tile short: the tile that holds the diagonal (and any partly "
-                     "filled tile) must be loaded too")
+                fail(
+                    "one tile short: the tile that holds the diagonal (and any partly "
+                    "filled tile) must be loaded too"
+                )
             if got == want + 1:
-                fail("one tile too many: a tile whose keys all come after the query tile's "
-                     "last row is skipped")
+                fail(
+                    "one tile too many: a tile whose keys all come after the query tile's "
+                    "last row is skipped"
+                )
             if n % block_m and i == -(-n // block_m) - 1:
-                fail("wrong for the last query tile when n is not a multiple of block_m: "
-                     "there are no keys beyond n")
-            fail("wrong count: which is the last key a row of query tile i may see, and in "
-                 "which key tile does it lie?")
+                fail(
+                    "wrong for the last query tile when n is not a multiple of block_m: "
+                    "there are no keys beyond n"
+                )
+            fail(
+                "wrong count: which is the last key a row of query tile i may see, and in "
+                "which key tile does it lie?"
+            )
     correct(f"{trials} fresh (tile, block sizes, length) cases")
 
 
@@ -188,8 +206,9 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         n_q = int(rng.integers(20, 60))
         n_k = int(rng.integers(5, n_q - 5))
         d = int(rng.choice([8, 16]))
-        p = torch.softmax(torch.randn(b, h, n_q, n_k, generator=gen, dtype=torch.float64) * 2,
-                          dim=-1)
+        p = torch.softmax(
+            torch.randn(b, h, n_q, n_k, generator=gen, dtype=torch.float64) * 2, dim=-1
+        )
         q = torch.randn(b, h, n_q, d, generator=gen, dtype=torch.float64)
         delta_hp = torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         delta_lp = delta_hp + 0.01 * torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
@@ -199,8 +218,10 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         if not isinstance(got, torch.Tensor):
             fail(f"dk_gap should return a tensor, got {type(got).__name__}")
         if got.shape != want.shape:
-            fail(f"dK has one row per key: with {n_k} keys and {n_q} queries it is "
-                 f"{tuple(want.shape)}, got {tuple(got.shape)}")
+            fail(
+                f"dK has one row per key: with {n_k} keys and {n_q} queries it is "
+                f"{tuple(want.shape)}, got {tuple(got.shape)}"
+            )
         got = got.double()
         scale = want.abs().max()
 
@@ -210,12 +231,16 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         if close(got):
             continue
         if close(-got):
-            fail("the sign is flipped: the question asks for dK_hp - dK_lp, and "
-                 "dS_hp - dS_lp = P o (delta_lp - delta_hp)")
+            fail(
+                "the sign is flipped: the question asks for dK_hp - dK_lp, and "
+                "dS_hp - dS_lp = P o (delta_lp - delta_hp)"
+            )
         if close(got * alpha) or close(got / alpha):
             fail("off by the factor alpha: where does the scale enter dK?")
-        fail("not dK_hp - dK_lp: which rows of dS change when only δ changes, and which "
-             "factor of dK = alpha dS^T Q do they multiply?")
+        fail(
+            "not dK_hp - dK_lp: which rows of dS change when only δ changes, and which "
+            "factor of dK = alpha dS^T Q do they multiply?"
+        )
     correct(f"{trials} fresh problems (rectangular P) agree to 1e-9")
 
 

@@ -4,6 +4,7 @@
 * Exercise 7.2 :func:`check_tie_counts` two ways of counting repeated maxima in a row
 * Exercise 7.3 :func:`check_departure`  the step from which one series leaves another for good
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from ..checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
 from .report import departure
 
-PAPER_TOKENS = 6_600 * 524_288          # the paper's run before it failed: steps × tokens/step
+PAPER_TOKENS = 6_600 * 524_288  # the paper's run before it failed: steps × tokens/step
 OUR_TOKENS_PER_STEP = 64 * 256
 
 
@@ -44,8 +45,10 @@ def check_minutes(fn, thorough: bool = False) -> None:
             fail("that is the time in seconds: the question asks for minutes")
         if abs(got - want / 60) <= 0.01 * want / 60:
             fail("that is the time in hours: the question asks for minutes")
-        fail("not within 1%: the number of steps is the paper's tokens divided by our tokens "
-             "per step, and the speed is in steps per second")
+        fail(
+            "not within 1%: the number of steps is the paper's tokens divided by our tokens "
+            "per step, and the speed is in steps per second"
+        )
     correct(f"{speeds.size} fresh speeds within 1%")
 
 
@@ -68,7 +71,7 @@ def _tie_rows(gen, rng, n: int):
         top = float(rng.uniform(-8, 8))
         row = top - torch.rand(keys, generator=gen, dtype=torch.float64) * 9 - 1
         pos = torch.randperm(keys, generator=gen)
-        counts = rng.integers(0, 4, 3)                       # exact, inside, just outside
+        counts = rng.integers(0, 4, 3)  # exact, inside, just outside
         row[pos[0]] = top
         at = 1
         for count, (lo, hi) in zip(counts.tolist(), [(0, 0), (1e-5, 1.5e-3), (2.5e-3, 4e-3)]):
@@ -95,14 +98,20 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
             fail(f"tie_counts should return a pair of counts, got {got!r}")
         want_ones, want_tied = _tie_counts(row)
         if tied != want_tied:
-            fail("the second count is wrong on a row with near ties: which entries are "
-                 "*exactly* equal to the largest score?")
+            fail(
+                "the second count is wrong on a row with near ties: which entries are "
+                "*exactly* equal to the largest score?"
+            )
         if ones != want_ones:
             if ones == want_tied:
-                fail("the first count is wrong on a row with near ties: P̄ is rounded to BF16 "
-                     "before it is compared with 1.0")
-            fail("the first count is wrong on a row with near ties: how far below 1 is the "
-                 "largest BF16 number under 1.0, and which values round up to 1.0?")
+                fail(
+                    "the first count is wrong on a row with near ties: P̄ is rounded to BF16 "
+                    "before it is compared with 1.0"
+                )
+            fail(
+                "the first count is wrong on a row with near ties: how far below 1 is the "
+                "largest BF16 number under 1.0, and which values round up to 1.0?"
+            )
     correct(f"{len(rows)} fresh rows with ties and near ties")
 
 
@@ -124,9 +133,9 @@ def _series(rng, kind: str):
     factor = np.full(n, 1.0) * rng.uniform(0.8, 0.95, n) * ratio
     a, b, c = sorted(rng.choice(np.arange(5, n - 8), 3, replace=False).tolist())
     if kind in ("for good", "never"):
-        factor[a:b] = ratio * rng.uniform(1.05, 1.3, b - a)           # above for a while
+        factor[a:b] = ratio * rng.uniform(1.05, 1.3, b - a)  # above for a while
     if kind == "for good":
-        factor[c:] = ratio * rng.uniform(1.05, 1.5, n - c)             # above to the end
+        factor[c:] = ratio * rng.uniform(1.05, 1.5, n - c)  # above to the end
     if kind == "always":
         factor[:] = ratio * rng.uniform(1.05, 1.5, n)
     return steps, control * factor, control, ratio
@@ -152,13 +161,17 @@ def check_departure(fn, thorough: bool = False) -> None:
                 fail("a series that ends below the ratio has not left for good: return None")
             continue
         if got is None:
-            fail("no answer yet, or a departure missed: departure_step returned None for a "
-                 "series that leaves for good")
+            fail(
+                "no answer yet, or a departure missed: departure_step returned None for a "
+                "series that leaves for good"
+            )
         got = _number(got, "departure_step")
         if got == want:
             continue
         if got < want and kind == "for good":
-            fail("too early: an excursion above the ratio that comes back below is not a "
-                 "departure for good")
+            fail(
+                "too early: an excursion above the ratio that comes back below is not a "
+                "departure for good"
+            )
         fail("wrong step: the first step from which the ratio stays above at every later step")
     correct(f"{len(kinds)} fresh pairs of series (excursions, no departure, above throughout)")

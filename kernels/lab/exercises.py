@@ -6,6 +6,7 @@
 * Exercise 6.2 :func:`check_delta_dp`      δ from P and dP, without O
 * Exercise 6.3 :func:`check_offset`        Algorithm 3's offset m for each row
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,9 @@ def _number(answer, name: str) -> float:
 def _mirror_sign(seed: int | None = None) -> int:
     """Sign of the ideal's mean error with tied V ~ N(+1, 0.3), other V ~ N(0, 0.3), k = 2,
     gap 16, on rows built from ``seed`` (fresh if None); 0 if within 4 standard errors of 0."""
-    case = small_lab_case(ties=2, gap=16.0, v_tied=VDist("normal", 1.0, 0.3),
-                          v_rest=VDist("normal", 0.0, 0.3))
+    case = small_lab_case(
+        ties=2, gap=16.0, v_tied=VDist("normal", 1.0, 0.3), v_rest=VDist("normal", 0.0, 0.3)
+    )
     st = measure(case, "ideal", "off", seed=fresh_seed() if seed is None else seed)
     return int(np.sign(st["mean"])) if abs(st["mean"]) > 4 * st["se"] else 0
 
@@ -57,8 +59,10 @@ def check_mirror(answer) -> None:
         fail(f"mirror should be +1, -1 or 0, got {answer!r}")
     if answer == _mirror_sign():
         return correct("the measurement on fresh rows has that sign")
-    fail("not that one: in which direction do the other tokens nudge an output that sits on a "
-         "midpoint, and where does the nudged value round to?")
+    fail(
+        "not that one: in which direction do the other tokens nudge an output that sits on a "
+        "midpoint, and where does the nudged value round to?"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,8 +73,8 @@ def _bf16_pairs(rng: np.random.Generator, n: int):
     exponent = rng.integers(-3, 3, n).astype(np.float64)
     sign = rng.choice([-1.0, 1.0], n)
     frac_a, frac_b = rng.integers(0, 128, n), rng.integers(0, 128, n)
-    va = sign * (1 + frac_a / 128) * 2.0 ** exponent
-    vb = sign * (1 + frac_b / 128) * 2.0 ** exponent
+    va = sign * (1 + frac_a / 128) * 2.0**exponent
+    vb = sign * (1 + frac_b / 128) * 2.0**exponent
     pull = rng.choice([-1.0, 1.0], n)
     return va, vb, pull
 
@@ -106,14 +110,21 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
     mid = (va + vb) / 2
     on_midpoint = np.abs(want) > 0.25
     if (wrong & ~on_midpoint).any():
-        fail("wrong where (va + vb)/2 is itself a BF16 number: how far can a tiny pull move "
-             "it from where it rounds to?")
-    if (wrong & on_midpoint & (mid * pull > 0)).any() and (wrong & on_midpoint
-                                                           & (mid * pull < 0)).any():
-        fail("wrong on midpoints: the rounding there is decided by the pull, not by ties to "
-             "even; which way does it go, and what is the sign of the error?")
-    fail("wrong on midpoints for one direction of the pull: check the sign of the error "
-         "(rounded minus exact)")
+        fail(
+            "wrong where (va + vb)/2 is itself a BF16 number: how far can a tiny pull move "
+            "it from where it rounds to?"
+        )
+    if (wrong & on_midpoint & (mid * pull > 0)).any() and (
+        wrong & on_midpoint & (mid * pull < 0)
+    ).any():
+        fail(
+            "wrong on midpoints: the rounding there is decided by the pull, not by ties to "
+            "even; which way does it go, and what is the sign of the error?"
+        )
+    fail(
+        "wrong on midpoints for one direction of the pull: check the sign of the error "
+        "(rounded minus exact)"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,11 +149,15 @@ def check_window(fn, thorough: bool = False) -> None:
         if got <= 0:
             fail("r_max is a positive row maximum")
         if abs(got * (beta - 1) / beta - want) <= 5e-3 * want:
-            fail("the tied entries get P̄ = e^(r_m - β r_m): which multiple of r_m is in the "
-                 "exponent?")
+            fail(
+                "the tied entries get P̄ = e^(r_m - β r_m): which multiple of r_m is in the "
+                "exponent?"
+            )
         if abs(got / 2 - want) <= 5e-3 * want or abs(got * 2 - want) <= 5e-3 * want:
-            fail("off by a factor of two: where is the rounding boundary between 1.0 and the "
-                 "largest BF16 number below it?")
+            fail(
+                "off by a factor of two: where is the rounding boundary between 1.0 and the "
+                "largest BF16 number below it?"
+            )
         fail("not within 0.5%: which value of e^(-x) rounds up to 1.0 in BF16, and what is x?")
     correct(f"{betas.size} fresh values of β within 0.5%")
 
@@ -165,16 +180,20 @@ def check_delta_dp(fn, thorough: bool = False) -> None:
         p = torch.softmax(torch.randn(*shape, generator=gen, dtype=torch.float64) * 2, -1)
         v = torch.randn(*lead, keys, d, generator=gen, dtype=torch.float64)
         d_out = torch.randn(*lead, rows, d, generator=gen, dtype=torch.float64)
-        want = (d_out * (p @ v)).sum(-1)                     # rowsum(dO ∘ O)
+        want = (d_out * (p @ v)).sum(-1)  # rowsum(dO ∘ O)
         got = call(fn, "delta_dp", p.clone(), d_out @ v.transpose(-1, -2))
         if not isinstance(got, torch.Tensor):
             fail(f"delta_dp should return a tensor, got {type(got).__name__}")
         if got.shape != want.shape:
-            fail(f"one δ per row: for p of shape {tuple(shape)} expected shape "
-                 f"{tuple(want.shape)}, got {tuple(got.shape)}")
+            fail(
+                f"one δ per row: for p of shape {tuple(shape)} expected shape "
+                f"{tuple(want.shape)}, got {tuple(got.shape)}"
+            )
         if not torch.allclose(got.double(), want, atol=1e-10, rtol=1e-10):
-            fail("the shape is right but the values are not δ = rowsum(dO ∘ O): which two "
-                 "tensors are multiplied, and along which axis is the sum?")
+            fail(
+                "the shape is right but the values are not δ = rowsum(dO ∘ O): which two "
+                "tensors are multiplied, and along which axis is the sum?"
+            )
     correct(f"fresh P and dP of shapes {[tuple(s) for s in shapes]}: δ agrees to 1e-10")
 
 
@@ -194,25 +213,31 @@ def _offset_rows(gen, rng, n_rows: int, eps: float):
     keys = int(rng.integers(12, 40))
     kinds = rng.integers(0, 5, n_rows)
     rm = torch.from_numpy(rng.uniform(0.5, 6.0, n_rows) * rng.choice([-1.0, 1.0], n_rows))
-    scores = rm.unsqueeze(-1) - 1.0 - 3 * torch.rand(n_rows, keys, generator=gen,
-                                                     dtype=torch.float64)
+    scores = (
+        rm.unsqueeze(-1) - 1.0 - 3 * torch.rand(n_rows, keys, generator=gen, dtype=torch.float64)
+    )
     for r, kind in enumerate(kinds.tolist()):
         pos = torch.randperm(keys, generator=gen)[:3]
         scores[r, pos[0]] = rm[r]
-        if kind == 1:                                   # exact ties
+        if kind == 1:  # exact ties
             scores[r, pos[1:]] = rm[r]
-        elif kind == 2:                                 # a tie within ε
+        elif kind == 2:  # a tie within ε
             scores[r, pos[1]] = rm[r] - 0.5 * eps
-        elif kind == 3:                                 # just outside ε: no tie
+        elif kind == 3:  # just outside ε: no tie
             scores[r, pos[1]] = rm[r] - 2.0 * eps
-        elif kind == 4:                                 # one exact tie and one within ε
+        elif kind == 4:  # one exact tie and one within ε
             scores[r, pos[1]] = rm[r]
             scores[r, pos[2]] = rm[r] - 0.25 * eps
     return scores, kinds, rm
 
 
-_ROW_KINDS = {0: "a single maximum", 1: "exactly tied maxima", 2: "two maxima within ε",
-              3: "a second score just outside ε", 4: "several maxima, exact and within ε"}
+_ROW_KINDS = {
+    0: "a single maximum",
+    1: "exactly tied maxima",
+    2: "two maxima within ε",
+    3: "a second score just outside ε",
+    4: "several maxima, exact and within ε",
+}
 
 
 def check_offset(fn, thorough: bool = False) -> None:
@@ -236,6 +261,8 @@ def check_offset(fn, thorough: bool = False) -> None:
             continue
         r = int(bad.nonzero()[0])
         sign = "positive" if rm[r] > 0 else "negative"
-        fail(f"wrong m for a row with {_ROW_KINDS[int(kinds[r])]} and a {sign} maximum: "
-             "when does the rule count a score as a tie, and what does it choose in each case?")
+        fail(
+            f"wrong m for a row with {_ROW_KINDS[int(kinds[r])]} and a {sign} maximum: "
+            "when does the rule count a score as a tie, and what does it choose in each case?"
+        )
     correct("fresh rows: single, tied, within ε, just outside ε; maxima of both signs")

@@ -16,8 +16,18 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
   (what an answer may not do is :func:`kernels.checking.scan`, which the checks use too)
 * :mod:`.text`      the chapters' Markdown made readable in Jupyter and Colab, for students
 """
+
 from .course import DEFAULT_OUT, build, grade, student_setup
 from .notebook import Exercise, chapter_number, clear_solution, exercises, student_source
 
-__all__ = ["DEFAULT_OUT", "build", "grade", "student_setup", "Exercise", "chapter_number",
-           "clear_solution", "exercises", "student_source"]
+__all__ = [
+    "DEFAULT_OUT",
+    "build",
+    "grade",
+    "student_setup",
+    "Exercise",
+    "chapter_number",
+    "clear_solution",
+    "exercises",
+    "student_source",
+]

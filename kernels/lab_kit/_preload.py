@@ -1,6 +1,7 @@
 """Imported once by the grader's worker server (:mod:`.isolate`) before it forks workers: runs
 the import statements of the chapters' cells (``LAB_PRELOAD``, one a line), so that no worker
 repeats a slow import (``from transformers import ...`` takes seconds)."""
+
 import os
 
 for _statement in os.environ.get("LAB_PRELOAD", "").splitlines():

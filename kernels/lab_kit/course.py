@@ -13,6 +13,7 @@ every answer in a fresh process of its own and the chapter's checks and held-bac
 the autograder's copy of the chapter, against it; it writes ``grades.csv``, ``exercises.csv``
 and a feedback page per student and chapter.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
 CODE_STUB, TEXT_STUB = notebook.CODE_STUB, notebook.TEXT_STUB
 
-CONFIG = '''\
+CONFIG = """\
 # Made by `python -m kernels.lab_kit build`; regenerated on every build, do not edit.
 from nbconvert.preprocessors import TagRemovePreprocessor
 from nbgrader.converters.generate_assignment import GenerateAssignment
@@ -49,7 +50,7 @@ c.GenerateAssignment.preprocessors = [TagRemovePreprocessor,
 c.IncludeHeaderFooter.header = "header.ipynb"
 # chapters run whole when graded; the GPT-2 chapter trains a small model (about a minute on CPU)
 c.Execute.timeout = 1800
-'''
+"""
 
 HEADER = """\
 **Lab version** of a chapter of *Why low-precision flash attention fails*, made by
@@ -64,8 +65,12 @@ module `ex` only for its upper-case constants, and patching anything scores 0.""
 
 def repo_commit() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
@@ -97,11 +102,14 @@ ENV = kernels.setup(seed=0)  # prints what this notebook runs on (GPU or CPU) an
 
 def _header_notebook(commit: str) -> dict:
     text = HEADER.format(commit=f" (commit {commit})" if commit else "")
-    return {"cells": [{"cell_type": "markdown", "id": "lab-header", "metadata": {},
-                       "source": text}],
-            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
-                                        "name": "python3"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [{"cell_type": "markdown", "id": "lab-header", "metadata": {}, "source": text}],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def assignment(path) -> str:
@@ -115,12 +123,17 @@ def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     # to this Python come first, so a virtual environment need not be activated
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
-    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
-                            capture_output=True, text=True)
+        os.pathsep
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=course,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0 or "Exception while loading config" in result.stderr:
-        raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{result.stdout}\n"
-                           f"{result.stderr}")
+        raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
 
 
@@ -132,13 +145,16 @@ def _chapters(chapters) -> list[Path]:
     picked = [p for p in everything if p.name[:2] in wanted]
     missing = wanted - {p.name[:2] for p in picked}
     if missing:
-        raise ValueError(f"no chapter {sorted(missing)} in book/; the chapters are "
-                         f"{[p.name[:2] for p in everything]}")
+        raise ValueError(
+            f"no chapter {sorted(missing)} in book/; the chapters are "
+            f"{[p.name[:2] for p in everything]}"
+        )
     return picked
 
 
-def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = False,
-          quiet: bool = False) -> Path:
+def build(
+    out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = False, quiet: bool = False
+) -> Path:
     """Make the student notebooks and the autograder for ``chapters`` (default: every chapter
     with exercises) under ``out``. ``ref``: the branch or tag of the book that the student
     notebooks clone on Colab (default: the branch in _config.yml). Refuses to overwrite a
@@ -146,16 +162,19 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
     out = Path(out).resolve()
     course, student = out / "course", out / "student"
     if (course / "autograded").is_dir() and any((course / "autograded").iterdir()) and not force:
-        raise FileExistsError(f"{course} holds graded submissions; pass --force to rebuild "
-                              "(the gradebook is made anew) or choose another --out")
+        raise FileExistsError(
+            f"{course} holds graded submissions; pass --force to rebuild "
+            "(the gradebook is made anew) or choose another --out"
+        )
     for stale in (course, student):
         shutil.rmtree(stale, ignore_errors=True)
     (course / "source").mkdir(parents=True)
     student.mkdir(parents=True)
     url, branch = booktools.repository()
     setup = student_setup(url, ref or branch)
-    course.joinpath("nbgrader_config.py").write_text(CONFIG.format(
-        root=str(course), course_id=COURSE_ID, stub=CODE_STUB, text_stub=TEXT_STUB))
+    course.joinpath("nbgrader_config.py").write_text(
+        CONFIG.format(root=str(course), course_id=COURSE_ID, stub=CODE_STUB, text_stub=TEXT_STUB)
+    )
     commit = repo_commit()
     notebook.write(course / "header.ipynb", _header_notebook(commit))
     built = []
@@ -163,8 +182,10 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
         nb = notebook.load(path)
         if not notebook.in_lab_format(nb):
             if not quiet:
-                print(f"{path.name}: no cells tagged for the lab ({', '.join(notebook.ROLES)}): "
-                      "skipped")
+                print(
+                    f"{path.name}: no cells tagged for the lab ({', '.join(notebook.ROLES)}): "
+                    "skipped"
+                )
             continue
         _, found = notebook.exercises(nb, path)
         name = assignment(path)
@@ -174,8 +195,14 @@ def build(out=DEFAULT_OUT, chapters=None, ref: str | None = None, force: bool = 
         _nbgrader(course, "generate_assignment", name, "--force")
         released = course / "release" / name / path.name
         shutil.copy2(released, student / path.name)
-        built.append((path.name, len(found), sum(grading.points(e.name) for e in found),
-                      notebook.EXPLAIN_POINTS * sum(e.explain is not None for e in found)))
+        built.append(
+            (
+                path.name,
+                len(found),
+                sum(grading.points(e.name) for e in found),
+                notebook.EXPLAIN_POINTS * sum(e.explain is not None for e in found),
+            )
+        )
     (out / "README.md").write_text(_readme(built, commit))
     if not quiet:
         for name, n_ex, points, by_hand in built:
@@ -225,6 +252,8 @@ def hide_solutions(book=REPO_ROOT / "book", quiet: bool = False) -> list[Path]:
             notebook.write(path, new)
             changed.append(path)
     if not quiet:
-        print(f"{len(changed)} chapters now hide their solutions; build the site with "
-              "jupyter-book build .")
+        print(
+            f"{len(changed)} chapters now hide their solutions; build the site with "
+            "jupyter-book build ."
+        )
     return changed

@@ -20,6 +20,7 @@ graded; ``explanations.csv`` collects the explanations that are graded by hand (
 ``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
 and what did not.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,6 +48,7 @@ EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
 class Plan:
     """How one exercise is graded: the answer's variable, the check's name, and the calls
     (keyword arguments) it is graded with: the check's own, then the held-back tests'."""
+
     name: str
     grade_id: str
     variable: str
@@ -63,16 +65,21 @@ class Result:
     max_score: float
     passed: list
     message: str = ""
-    explanation: str | None = None      # the text of the explanation cell, graded by hand
+    explanation: str | None = None  # the text of the explanation cell, graded by hand
 
 
 def _ex_call(text: str, where: str):
     """(check name, variable, keyword arguments) of the one ``ex.check_x(variable, ...)`` call in
     a check cell's code."""
     for node in ast.walk(ast.parse(text)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "ex"
-                and node.args and isinstance(node.args[0], ast.Name)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "ex"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+        ):
             kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
             return node.func.attr, node.args[0].id, kwargs
     raise ValueError(f"{where}: no call ex.check_...(answer) in the check cell")
@@ -80,7 +87,7 @@ def _ex_call(text: str, where: str):
 
 def _hidden_code(text: str) -> str:
     start, end = text.find(notebook.BEGIN_HIDDEN), text.find(notebook.END_HIDDEN)
-    return text[start + len(notebook.BEGIN_HIDDEN):end]
+    return text[start + len(notebook.BEGIN_HIDDEN) : end]
 
 
 def chapter_imports(cells) -> tuple[list[str], set[str]]:
@@ -98,8 +105,11 @@ def chapter_imports(cells) -> tuple[list[str], set[str]]:
         for node in tree.body:
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
                 continue
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             bound = {(a.asname or a.name).split(".")[0] for a in node.names}
             if any(n.split(".")[0] == "kernels" for n in names):
                 package |= bound
@@ -113,6 +123,7 @@ class Chapter:
     """A chapter of the autograder: its exercise setup (after the imports of its earlier
     cells), its plans, the ids of the release's cells (to tell the cells a student added), the
     checks' module, and the names an answer may not rebind or use."""
+
     assignment: str
     setup: str
     plans: list
@@ -121,7 +132,7 @@ class Chapter:
     module_names: tuple
     preamble: str = ""
     package_names: tuple = ()
-    locked: dict = dataclasses.field(default_factory=dict)      # grade id: the release's source
+    locked: dict = dataclasses.field(default_factory=dict)  # grade id: the release's source
     answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
 
     @classmethod
@@ -129,7 +140,7 @@ class Chapter:
         """The chapter from the autograder's source notebook (its cells' nbgrader ids)."""
         nb = notebook.load(source_path)
         cells = {_grade_id(c): notebook.source(c) for c in nb["cells"] if _grade_id(c)}
-        names = [gid[:-len("-answer")] for gid in cells if gid.endswith("-answer")]
+        names = [gid[: -len("-answer")] for gid in cells if gid.endswith("-answer")]
         plans = []
         for grade_id in names:
             name = grade_id[2:].replace("_", ".")
@@ -139,8 +150,17 @@ class Chapter:
             if f"{grade_id}-hidden" in cells:
                 hidden = _ex_call(_hidden_code(cells[f"{grade_id}-hidden"]), where)
                 parts.append(("held-back tests", hidden[2]))
-            plans.append(Plan(name, grade_id, variable, check, parts, points(name),
-                              f"{grade_id}-explain" in cells))
+            plans.append(
+                Plan(
+                    name,
+                    grade_id,
+                    variable,
+                    check,
+                    parts,
+                    points(name),
+                    f"{grade_id}-explain" in cells,
+                )
+            )
         setup_code = cells["exercise-setup"]
         setup_at = next(i for i, c in enumerate(nb["cells"]) if _grade_id(c) == "exercise-setup")
         statements, package = chapter_imports(nb["cells"][:setup_at])
@@ -155,11 +175,21 @@ class Chapter:
         ids = {c.get("id") for c in release["cells"]}
         meta = [(c, c.get("metadata", {}).get("nbgrader", {})) for c in release["cells"]]
         locked = {m["grade_id"]: notebook.source(c) for c, m in meta if m.get("locked")}
-        answer_ids = {m["grade_id"]: c.get("id") for c, m in meta
-                      if m.get("grade_id", "").endswith("-answer")}
-        return cls(f"ch{notebook.chapter_number(source_path):02d}", setup_code, plans, ids,
-                   namespace["ex"], tuple(sorted(names)), "\n".join(statements),
-                   tuple(sorted(package - set(namespace))), locked, answer_ids)
+        answer_ids = {
+            m["grade_id"]: c.get("id") for c, m in meta if m.get("grade_id", "").endswith("-answer")
+        }
+        return cls(
+            f"ch{notebook.chapter_number(source_path):02d}",
+            setup_code,
+            plans,
+            ids,
+            namespace["ex"],
+            tuple(sorted(names)),
+            "\n".join(statements),
+            tuple(sorted(package - set(namespace))),
+            locked,
+            answer_ids,
+        )
 
 
 def _grade_id(cell) -> str:
@@ -170,10 +200,9 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     """The source of the student's answer to ``plan``: the code cells the student added since
     the previous answer cell (in order), then the answer cell; None if the answer cell is gone."""
     cells = nb.get("cells", [])
-    answers = {_grade_id(c): i for i, c in enumerate(cells)
-               if _grade_id(c).endswith("-answer")}
+    answers = {_grade_id(c): i for i, c in enumerate(cells) if _grade_id(c).endswith("-answer")}
     at = answers.get(f"{plan.grade_id}-answer")
-    if at is None and not answers:          # no nbgrader metadata at all (an app dropped it)
+    if at is None and not answers:  # no nbgrader metadata at all (an app dropped it)
         wanted = chapter.answer_ids.get(f"{plan.grade_id}-answer")
         by_id = [i for i, c in enumerate(cells) if wanted and c.get("id") == wanted]
         if by_id:
@@ -187,9 +216,13 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     marks = [i for gid, i in answers.items() if i < at]
     marks += [i for i, c in enumerate(cells[:at]) if _grade_id(c) == "exercise-setup"]
     start = max(marks) + 1 if marks else at
-    added = [notebook.source(c) for c in cells[start:at]
-             if c.get("cell_type") == "code" and c.get("id") not in chapter.template_ids
-             and not _grade_id(c)]
+    added = [
+        notebook.source(c)
+        for c in cells[start:at]
+        if c.get("cell_type") == "code"
+        and c.get("id") not in chapter.template_ids
+        and not _grade_id(c)
+    ]
     return "\n\n".join([*added, notebook.source(cells[at])])
 
 
@@ -217,14 +250,15 @@ def _run_check(check, target, kwargs) -> tuple[bool, str]:
         return False, str(exc)
     except isolate.AnswerDied:
         raise
-    except Exception as exc:                               # noqa: BLE001  a broken answer
+    except Exception as exc:  # noqa: BLE001  a broken answer
         return False, f"the check could not use the answer ({type(exc).__name__}: {exc})"
     text = out.getvalue()
     return text.startswith("correct"), text.strip().splitlines()[0] if text.strip() else ""
 
 
-def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
-                   scanning: bool = True) -> Result:
+def grade_exercise(
+    chapter: Chapter, plan: Plan, source: str | None, scanning: bool = True
+) -> Result:
     """Score one answer: 0 with a note if it is missing or forbidden, else the share of
     ``plan.points`` that its checks pass, each run against the answer in a fresh process."""
     fail = Result(plan.name, 0.0, plan.points, [False] * len(plan.parts))
@@ -240,8 +274,13 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     check = getattr(chapter.checks, plan.check)
     passed, messages = [], []
     try:
-        with isolate.Answer(chapter.setup, source, plan.variable,
-                            isolate.GUARDS.get(plan.check), preamble=chapter.preamble) as answer:
+        with isolate.Answer(
+            chapter.setup,
+            source,
+            plan.variable,
+            isolate.GUARDS.get(plan.check),
+            preamble=chapter.preamble,
+        ) as answer:
             if answer.error is not None:
                 fail.message = f"the answer cell raised {answer.error}"
                 return fail
@@ -254,7 +293,7 @@ def grade_exercise(chapter: Chapter, plan: Plan, source: str | None,
     except isolate.AnswerDied as exc:
         passed += [False] * (len(plan.parts) - len(passed))
         messages.append(str(exc))
-    except Exception as exc:                               # noqa: BLE001  whatever the answer did
+    except Exception as exc:  # noqa: BLE001  whatever the answer did
         passed += [False] * (len(plan.parts) - len(passed))
         messages.append(f"the answer could not be graded ({type(exc).__name__}: {exc})"[:300])
     score = plan.points * sum(passed) / len(plan.parts)
@@ -274,8 +313,14 @@ def explanation(nb: dict, plan: Plan, chapter: Chapter | None = None) -> str:
     if chapter is None or any(_grade_id(c) for c in cells):
         return ""
     check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
-    at = next((i for i, c in enumerate(cells) if c.get("cell_type") == "code"
-               and check and notebook.source(c).strip() == check), None)
+    at = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c.get("cell_type") == "code" and check and notebook.source(c).strip() == check
+        ),
+        None,
+    )
     said = []
     for cell in reversed(cells[:at] if at is not None else []):
         if cell.get("cell_type") == "code":
@@ -303,12 +348,17 @@ def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None
     cells = [c for c in nb.get("cells", []) if isinstance(c, dict)] if isinstance(nb, dict) else []
     for cell in cells:
         grade_id = _grade_id(cell)
-        if grade_id.startswith("ex") and "_" in grade_id and grade_id[2:grade_id.index("_")
-                                                                    ].isdigit():
-            return int(grade_id[2:grade_id.index("_")])
+        if (
+            grade_id.startswith("ex")
+            and "_" in grade_id
+            and grade_id[2 : grade_id.index("_")].isdigit()
+        ):
+            return int(grade_id[2 : grade_id.index("_")])
     texts = {notebook.source(c).strip() for c in cells if c.get("cell_type") == "code"}
-    matches = {n: len(texts & {t.strip() for t in ch.locked.values()} - {""})
-               for n, ch in (chapters or {}).items()}
+    matches = {
+        n: len(texts & {t.strip() for t in ch.locked.values()} - {""})
+        for n, ch in (chapters or {}).items()
+    }
     if matches and max(matches.values()) >= 2:
         return max(matches, key=matches.get)
     found = re.search(r"(?<!\d)(\d\d)_", path.name)
@@ -317,15 +367,20 @@ def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None
 
 def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path) -> str:
     score, best = sum(r.score for r in results), sum(r.max_score for r in results)
-    lines = [f"# {chapter.assignment}, {student}: {score:g} / {best:g}", "",
-             f"Graded from `{path.name}`.", ""]
+    lines = [
+        f"# {chapter.assignment}, {student}: {score:g} / {best:g}",
+        "",
+        f"Graded from `{path.name}`.",
+        "",
+    ]
     for r in results:
         verdict = "all checks pass" if all(r.passed) and not r.message else r.message
         lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
         if r.explanation is not None:
             said = "graded by hand" if r.explanation else "no explanation written: 0 points"
-            lines.append(f"- Exercise {r.name}, explanation: {said} "
-                         f"({notebook.EXPLAIN_POINTS:g} point)")
+            lines.append(
+                f"- Exercise {r.name}, explanation: {said} ({notebook.EXPLAIN_POINTS:g} point)"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -347,13 +402,15 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
     course = out / "course"
     sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
     if not sources:
-        raise FileNotFoundError(f"no autograder in {course}: run python -m kernels.lab_kit build "
-                                "first")
+        raise FileNotFoundError(
+            f"no autograder in {course}: run python -m kernels.lab_kit build first"
+        )
     if not submissions.is_dir():
         raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
     say = (lambda *a: None) if quiet else print
-    chapters = {n: Chapter.load(p, course / "release" / p.parent.name / p.name)
-                for n, p in sources.items()}
+    chapters = {
+        n: Chapter.load(p, course / "release" / p.parent.name / p.name) for n, p in sources.items()
+    }
     isolate.preload(line for c in chapters.values() for line in c.preamble.splitlines())
     rows, skipped = [], []
     for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
@@ -371,13 +428,18 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
                         raise ValueError("no cells")
                 except (ValueError, UnicodeDecodeError, OSError) as exc:
-                    skipped.append((path, f"not a readable notebook ({type(exc).__name__}; "
-                                          "a truncated upload?)"))
+                    skipped.append(
+                        (
+                            path,
+                            f"not a readable notebook ({type(exc).__name__}; a truncated upload?)",
+                        )
+                    )
                     continue
                 number = chapter_of(path, nb, chapters)
                 if number not in sources:
-                    skipped.append((path, f"not a notebook of this lab (chapters "
-                                          f"{sorted(sources)})"))
+                    skipped.append(
+                        (path, f"not a notebook of this lab (chapters {sorted(sources)})")
+                    )
                     continue
                 if number in done:
                     skipped.append((path, f"a second notebook for chapter {number}"))
@@ -386,24 +448,39 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                 chapter = chapters[number]
                 try:
                     results = grade_notebook(chapter, nb, scanning)
-                except Exception as exc:                   # noqa: BLE001  a malformed notebook
+                except Exception as exc:  # noqa: BLE001  a malformed notebook
                     skipped.append((path, f"could not be graded ({type(exc).__name__}: {exc})"))
                     continue
-                row = {"student": student, "assignment": chapter.assignment,
-                       "score": sum(r.score for r in results),
-                       "max_score": sum(r.max_score for r in results),
-                       "by_hand_max": notebook.EXPLAIN_POINTS * sum(
-                           r.explanation is not None for r in results)}
+                row = {
+                    "student": student,
+                    "assignment": chapter.assignment,
+                    "score": sum(r.score for r in results),
+                    "max_score": sum(r.max_score for r in results),
+                    "by_hand_max": notebook.EXPLAIN_POINTS
+                    * sum(r.explanation is not None for r in results),
+                }
                 student_rows.append(row)
                 for r in results:
-                    per_exercise.writerow({"student": student, "assignment": chapter.assignment,
-                                           "exercise": r.name, "score": r.score,
-                                           "max_score": r.max_score, "message": r.message})
+                    per_exercise.writerow(
+                        {
+                            "student": student,
+                            "assignment": chapter.assignment,
+                            "exercise": r.name,
+                            "score": r.score,
+                            "max_score": r.max_score,
+                            "message": r.message,
+                        }
+                    )
                     if r.explanation is not None:
-                        explained.writerow({"student": student,
-                                            "assignment": chapter.assignment, "exercise": r.name,
-                                            "max_score": notebook.EXPLAIN_POINTS,
-                                            "explanation": r.explanation})
+                        explained.writerow(
+                            {
+                                "student": student,
+                                "assignment": chapter.assignment,
+                                "exercise": r.name,
+                                "max_score": notebook.EXPLAIN_POINTS,
+                                "explanation": r.explanation,
+                            }
+                        )
                 feedback = out / "feedback" / student / f"{chapter.assignment}.md"
                 feedback.parent.mkdir(parents=True, exist_ok=True)
                 feedback.write_text(_feedback(student, chapter, results, path))
@@ -423,6 +500,8 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
         print(f"skipped {path.relative_to(submissions)}: {why}")
     if not rows and not skipped:
         raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
-    say(f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; to grade by "
-        f"hand: {out / 'explanations.csv'}; feedback: {out / 'feedback'}")
+    say(
+        f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; to grade by "
+        f"hand: {out / 'explanations.csv'}; feedback: {out / 'feedback'}"
+    )
     return rows

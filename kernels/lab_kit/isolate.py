@@ -11,6 +11,7 @@ floats, strings, containers, NumPy arrays, tensors; see :func:`encode`), never a
 objects. Whatever the answer patches (``ex.check_merge = ...``, ``ex = stub``,
 ``kernels.lab.exercises.fail = ...``) is patched in the worker, where no check runs.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,7 +26,7 @@ import sys
 _CTX = None
 # seconds one call of the student's function may take (LAB_CALL_TIMEOUT overrides)
 CALL_TIMEOUT = float(os.environ.get("LAB_CALL_TIMEOUT", 120))
-START_TIMEOUT = CALL_TIMEOUT   # seconds the worker may take to run the setup and the answer
+START_TIMEOUT = CALL_TIMEOUT  # seconds the worker may take to run the setup and the answer
 
 # checks whose function must do its work in a Triton kernel: the worker switches PyTorch's
 # reductions off around each call and counts the launches
@@ -42,6 +43,7 @@ def _b64(raw: bytes) -> str:
 def encode(x, depth: int = 0):
     """``x`` as JSON-able plain data; anything else becomes ``["unsupported", type name]``."""
     import numpy as np
+
     kind = type(x)
     if depth > 30:
         return ["unsupported", "a value nested too deeply"]
@@ -77,8 +79,18 @@ def encode(x, depth: int = 0):
     return ["unsupported", kind.__name__]
 
 
-_TORCH_DTYPES = {"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-                 "uint8", "bool"}
+_TORCH_DTYPES = {
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+}
 
 
 class _Opaque:
@@ -88,6 +100,7 @@ class _Opaque:
 def decode(obj):
     """The value :func:`encode` made plain; builds only builtins, NumPy arrays and tensors."""
     import numpy as np
+
     tag, *rest = obj
     if tag == "py":
         value = rest[0]
@@ -113,6 +126,7 @@ def decode(obj):
         return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     elif tag == "tensor":
         import torch
+
         name, shape, raw = rest[0], [int(s) for s in rest[1]], base64.b64decode(rest[2])
         layout = rest[3] if len(rest) > 3 else None
         if name not in _TORCH_DTYPES:
@@ -159,17 +173,16 @@ def _run(source: str, namespace: dict, name: str) -> None:
     exec(compile(source, name, "exec"), namespace)
 
 
-def _serve(conn, preamble: str, setup: str, answer: str, variable: str,
-           guard: str | None) -> None:
+def _serve(conn, preamble: str, setup: str, answer: str, variable: str, guard: str | None) -> None:
     """The worker: run the chapter's imports, the setup and the answer, then call the answer
     for the grader."""
-    sys.stdout = sys.stderr = io.StringIO()          # the answer's prints go nowhere
+    sys.stdout = sys.stderr = io.StringIO()  # the answer's prints go nowhere
     try:
         namespace = {"__name__": "__main__"}
-        for statement in preamble.splitlines():      # the imports of the chapter's cells
+        for statement in preamble.splitlines():  # the imports of the chapter's cells
             try:
                 exec(statement, namespace)
-            except Exception:                        # noqa: BLE001  (not installed here)
+            except Exception:  # noqa: BLE001  (not installed here)
                 pass
         _run(setup, namespace, "<exercise setup>")
         checks = namespace.get("ex")
@@ -181,7 +194,7 @@ def _serve(conn, preamble: str, setup: str, answer: str, variable: str,
             conn.send_bytes(_dumps(["function"]))
         else:
             conn.send_bytes(_dumps(["value", encode(value)]))
-    except BaseException as exc:                          # noqa: BLE001  the answer's error
+    except BaseException as exc:  # noqa: BLE001  the answer's error
         conn.send_bytes(_dumps(["error", type(exc).__name__, str(exc)[:300]]))
         return
     while True:
@@ -194,13 +207,13 @@ def _serve(conn, preamble: str, setup: str, answer: str, variable: str,
         args, kwargs = decode(message[1]), decode(message[2])
         launches: list = []
         try:
-            if guard == "triton":                    # the checks' own switch (chapter 2's ex)
+            if guard == "triton":  # the checks' own switch (chapter 2's ex)
                 with checks._triton_only(launches):
                     out = value(*args, **kwargs)
             else:
                 out = value(*args, **kwargs)
             reply = ["ok", encode(out), len(launches)]
-        except BaseException as exc:                      # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001
             reply = ["raised", type(exc).__name__, str(exc)[:300], len(launches)]
         conn.send_bytes(_dumps(reply))
 
@@ -226,6 +239,7 @@ def _context():
     global _CTX
     if _CTX is None:
         from ..env import REPO_ROOT
+
         path = os.environ.get("PYTHONPATH", "")
         if str(REPO_ROOT) not in path.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
@@ -240,13 +254,20 @@ class Answer:
     not a function, ``function`` a :class:`Remote` when it is; ``error`` says why the answer's
     cells raised, if they did. Use as a context manager: leaving it stops the worker."""
 
-    def __init__(self, setup: str, answer: str, variable: str, guard: str | None = None,
-                 call_timeout: float = CALL_TIMEOUT, preamble: str = ""):
+    def __init__(
+        self,
+        setup: str,
+        answer: str,
+        variable: str,
+        guard: str | None = None,
+        call_timeout: float = CALL_TIMEOUT,
+        preamble: str = "",
+    ):
         ctx = _context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve,
-                                 args=(child, preamble, setup, answer, variable, guard),
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=_serve, args=(child, preamble, setup, answer, variable, guard), daemon=True
+        )
         self._proc.start()
         child.close()
         self.call_timeout = call_timeout

@@ -18,6 +18,7 @@ Exercises are numbered per chapter ("Exercise 2.1"), in the order of their ``{ex
 directives; the chapter number is the notebook's two-digit prefix. The website uses the same
 rule (``book/_ext/exercise_numbers.py``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,15 +38,40 @@ BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 # points per exercise: what it takes, not how many checks it has (the Triton kernel of 2.2 is
 # worth five times the unit conversion of 7.1)
-POINTS = {"1.1": 1, "1.2": 3, "1.3": 2, "2.1": 2, "2.2": 5, "3.1": 4, "3.2": 2, "3.3": 2,
-          "4.1": 3, "4.2": 1, "5.1": 1, "5.2": 3, "6.1": 2, "6.2": 2, "6.3": 3, "7.1": 1,
-          "7.2": 2, "7.3": 3, "8.1": 1, "8.2": 2, "9.1": 2, "9.2": 2, "10.1": 2, "10.2": 2,
-          "10.3": 1}
+POINTS = {
+    "1.1": 1,
+    "1.2": 3,
+    "1.3": 2,
+    "2.1": 2,
+    "2.2": 5,
+    "3.1": 4,
+    "3.2": 2,
+    "3.3": 2,
+    "4.1": 3,
+    "4.2": 1,
+    "5.1": 1,
+    "5.2": 3,
+    "6.1": 2,
+    "6.2": 2,
+    "6.3": 3,
+    "7.1": 1,
+    "7.2": 2,
+    "7.3": 3,
+    "8.1": 1,
+    "8.2": 2,
+    "9.1": 2,
+    "9.2": 2,
+    "10.1": 2,
+    "10.2": 2,
+    "10.3": 1,
+}
 DEFAULT_POINTS = 2
-EXPLAIN_POINTS = 1      # an explanation (a cell tagged ``explain``), graded by hand
+EXPLAIN_POINTS = 1  # an explanation (a cell tagged ``explain``), graded by hand
 CODE_STUB = "# your code here"
-TEXT_STUB = ("**Your explanation** (a sentence or two, graded by hand): write it here, in place "
-             "of this line.")
+TEXT_STUB = (
+    "**Your explanation** (a sentence or two, graded by hand): write it here, in place "
+    "of this line."
+)
 
 
 def points(name: str) -> float:
@@ -67,19 +93,22 @@ def chapter_number(path) -> int:
     """1 for ``01_bf16_bits.ipynb``: the two-digit prefix of the file name."""
     match = re.match(r"(\d\d)_", Path(path).name)
     if not match:
-        raise ValueError(f"{Path(path).name}: a chapter's file name starts with two digits "
-                         "and an underscore, such as 01_bf16_bits.ipynb")
+        raise ValueError(
+            f"{Path(path).name}: a chapter's file name starts with two digits "
+            "and an underscore, such as 01_bf16_bits.ipynb"
+        )
     return int(match.group(1))
 
 
 @dataclasses.dataclass
 class Exercise:
     """One exercise of a chapter: its number, label, title and the indices of its cells."""
+
     chapter: int
     number: int
     label: str
     title: str
-    task: int                       # the markdown cell with the {exercise} directive
+    task: int  # the markdown cell with the {exercise} directive
     answer: int | None = None
     check: int | None = None
     hidden: int | None = None
@@ -105,28 +134,42 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
         t, text = tags(cell), source(cell)
         if cell["cell_type"] == "markdown":
             for match in DIRECTIVE.finditer(text):
-                options = dict(m.groups() for m in map(OPTION.match, match["body"].splitlines())
-                               if m)
-                found.append(Exercise(chapter, len(found) + 1, options.get("label", ""),
-                                      match["title"].strip(), i))
+                options = dict(
+                    m.groups() for m in map(OPTION.match, match["body"].splitlines()) if m
+                )
+                found.append(
+                    Exercise(
+                        chapter, len(found) + 1, options.get("label", ""), match["title"].strip(), i
+                    )
+                )
         if "exercise-setup" in t:
             setup = i
         if REMOVE_TAG in t and found:
             found[-1].removed.append(i)
-        for role, attr in (("answer", "answer"), ("check", "check"), ("hidden-check", "hidden"),
-                           ("explain", "explain")):
+        for role, attr in (
+            ("answer", "answer"),
+            ("check", "check"),
+            ("hidden-check", "hidden"),
+            ("explain", "explain"),
+        ):
             if role in t:
                 if not found:
-                    raise ValueError(f"{Path(path).name}: cell {i} is tagged {role!r} before "
-                                     "any {exercise} directive")
+                    raise ValueError(
+                        f"{Path(path).name}: cell {i} is tagged {role!r} before "
+                        "any {exercise} directive"
+                    )
                 if getattr(found[-1], attr) is not None:
-                    raise ValueError(f"{Path(path).name}: exercise {found[-1].name} has two "
-                                     f"cells tagged {role!r}")
+                    raise ValueError(
+                        f"{Path(path).name}: exercise {found[-1].name} has two "
+                        f"cells tagged {role!r}"
+                    )
                 setattr(found[-1], attr, i)
     for before, ex in zip(found, found[1:]):
         if before.task == ex.task:
-            raise ValueError(f"{Path(path).name}: exercises {before.name} and {ex.name} share "
-                             "a cell; give each {exercise} directive a cell of its own")
+            raise ValueError(
+                f"{Path(path).name}: exercises {before.name} and {ex.name} share "
+                "a cell; give each {exercise} directive a cell of its own"
+            )
     for ex in found:
         where = f"{Path(path).name}: exercise {ex.name}"
         if not ex.label:
@@ -134,27 +177,37 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
         if ex.answer is None or ex.check is None:
             raise ValueError(f"{where} needs a cell tagged 'answer' and one tagged 'check'")
         if not ex.task < ex.answer < ex.check:
-            raise ValueError(f"{where}: the answer cell must follow the exercise and precede "
-                             "its check")
+            raise ValueError(
+                f"{where}: the answer cell must follow the exercise and precede its check"
+            )
         answer = source(nb["cells"][ex.answer])
         if BEGIN_SOLUTION not in answer or END_SOLUTION not in answer:
-            raise ValueError(f"{where}: the answer cell marks its solution with "
-                             f"{BEGIN_SOLUTION!r} and {END_SOLUTION!r}")
-        if ex.explain is not None and (nb["cells"][ex.explain]["cell_type"] != "markdown"
-                                       or not ex.answer < ex.explain):
-            raise ValueError(f"{where}: the cell tagged 'explain' is a markdown cell after the "
-                             "answer cell")
+            raise ValueError(
+                f"{where}: the answer cell marks its solution with "
+                f"{BEGIN_SOLUTION!r} and {END_SOLUTION!r}"
+            )
+        if ex.explain is not None and (
+            nb["cells"][ex.explain]["cell_type"] != "markdown" or not ex.answer < ex.explain
+        ):
+            raise ValueError(
+                f"{where}: the cell tagged 'explain' is a markdown cell after the answer cell"
+            )
         if ex.hidden is not None:
             hidden = source(nb["cells"][ex.hidden])
             if BEGIN_HIDDEN not in hidden or END_HIDDEN not in hidden:
-                raise ValueError(f"{where}: the hidden-check cell marks its tests with "
-                                 f"{BEGIN_HIDDEN!r} and {END_HIDDEN!r}")
+                raise ValueError(
+                    f"{where}: the hidden-check cell marks its tests with "
+                    f"{BEGIN_HIDDEN!r} and {END_HIDDEN!r}"
+                )
     if found and setup is None:
-        raise ValueError(f"{Path(path).name}: the exercise section needs a cell tagged "
-                         "'exercise-setup' (its imports)")
+        raise ValueError(
+            f"{Path(path).name}: the exercise section needs a cell tagged "
+            "'exercise-setup' (its imports)"
+        )
     if found and setup > found[0].task:
-        raise ValueError(f"{Path(path).name}: the 'exercise-setup' cell must come before the "
-                         "first exercise")
+        raise ValueError(
+            f"{Path(path).name}: the 'exercise-setup' cell must come before the first exercise"
+        )
     return setup, found
 
 
@@ -180,8 +233,14 @@ def clear_solution(text: str, stub: str = "# your code here") -> str:
 
 
 def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, points=None) -> dict:
-    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
-            "solution": solution, "task": False}
+    meta = {
+        "grade": grade,
+        "grade_id": grade_id,
+        "locked": locked,
+        "schema_version": 3,
+        "solution": solution,
+        "task": False,
+    }
     if grade:
         meta["points"] = points
     return meta
@@ -223,19 +282,20 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
             cell["source"] = text_module.for_students(cell["source"], exercise=i in tasks)
     for ex in found:
         task = cells[ex.task]
-        task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"],
-                                       count=1)
-        cells[ex.answer]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-answer",
-                                                             solution=True)
+        task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"], count=1)
+        cells[ex.answer]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-answer", solution=True)
         share = points(ex.name) / (2 if ex.hidden is not None else 1)
-        cells[ex.check]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-check", grade=True,
-                                                            locked=True, points=share)
+        cells[ex.check]["metadata"]["nbgrader"] = _nbgrader(
+            f"{ex.grade_id}-check", grade=True, locked=True, points=share
+        )
         if ex.hidden is not None:
             cells[ex.hidden]["metadata"]["nbgrader"] = _nbgrader(
-                f"{ex.grade_id}-hidden", grade=True, locked=True, points=share)
+                f"{ex.grade_id}-hidden", grade=True, locked=True, points=share
+            )
         if ex.explain is not None:
             cells[ex.explain]["metadata"]["nbgrader"] = _nbgrader(
-                f"{ex.grade_id}-explain", solution=True, grade=True, points=EXPLAIN_POINTS)
+                f"{ex.grade_id}-explain", solution=True, grade=True, points=EXPLAIN_POINTS
+            )
     return out
 
 
@@ -247,8 +307,10 @@ def write(path, nb: dict) -> None:
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
-COURSE_INTRO = ("In this course's version of the book the solutions are not shown: write your "
-                "answers in the lab notebooks.")
+COURSE_INTRO = (
+    "In this course's version of the book the solutions are not shown: write your "
+    "answers in the lab notebooks."
+)
 
 
 def without_solutions(nb: dict) -> dict:

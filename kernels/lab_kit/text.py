@@ -6,6 +6,7 @@
 * talk of the solution goes: the Exercises intro's sentences about the folded reference
   solution, and sentences of an exercise that say what "the solution" does next.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,18 +16,24 @@ from ..env import REPO_ROOT
 
 BIB = REPO_ROOT / "book" / "references.bib"
 CITE = re.compile(r"\{cite(?::(?P<kind>[tp]))?\}`(?P<keys>[^`]+)`")
-ADMONITION = re.compile(r"```+\{(?P<kind>note|warning|tip|important|hint|caution|seealso|"
-                        r"attention|danger|admonition)\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```+",
-                        re.S)
-BOOK_INTRO = re.compile(r"Here, in the book, the answer cell holds\s+the reference solution,.*?"
-                        r"the answer cell is blank\.", re.S)
-STUDENT_INTRO = ("Write your answer in the blank answer cell under each exercise, then run the "
-                 "check cell below it. Where an exercise asks for a value, also explain it in a "
-                 "sentence or two in the cell under the answer (graded by hand). Where it asks "
-                 "you to write something, write it: an answer that calls a library function "
-                 "doing the work is refused, and the check names the call.")
-SOLUTION_SENTENCE = re.compile(r"(?:(?<=[.?!)])\s+|;\s+)[Tt]he solution\b.*?[.?!](?=\s|$)",
-                               re.S)
+ADMONITION = re.compile(
+    r"```+\{(?P<kind>note|warning|tip|important|hint|caution|seealso|"
+    r"attention|danger|admonition)\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```+",
+    re.S,
+)
+BOOK_INTRO = re.compile(
+    r"Here, in the book, the answer cell holds\s+the reference solution,.*?"
+    r"the answer cell is blank\.",
+    re.S,
+)
+STUDENT_INTRO = (
+    "Write your answer in the blank answer cell under each exercise, then run the "
+    "check cell below it. Where an exercise asks for a value, also explain it in a "
+    "sentence or two in the cell under the answer (graded by hand). Where it asks "
+    "you to write something, write it: an answer that calls a library function "
+    "doing the work is refused, and the check names the call."
+)
+SOLUTION_SENTENCE = re.compile(r"(?:(?<=[.?!)])\s+|;\s+)[Tt]he solution\b.*?[.?!](?=\s|$)", re.S)
 
 
 def _field(entry: str, name: str) -> str:
@@ -87,5 +94,6 @@ def for_students(markdown: str, exercise: bool = False) -> str:
     text = BOOK_INTRO.sub(STUDENT_INTRO, for_jupyter(markdown))
     if exercise:
         text = SOLUTION_SENTENCE.sub(
-            lambda m: "." if m.group(0).lstrip().startswith(";") else "", text)
+            lambda m: "." if m.group(0).lstrip().startswith(";") else "", text
+        )
     return text

@@ -4,6 +4,7 @@
 * Exercise 1.2 :func:`check_round_bits`    round an FP32 bit pattern to BF16 with integers
 * Exercise 1.3 :func:`check_rounds_away`   which of four sums round away from zero, and why
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -13,18 +14,28 @@ from ..checking import call, correct, fail, forbid, fresh_rng, need, need_functi
 from .addition import add_trace
 from .formats import get_format
 
-# Qiu & Yao's worked example (§3.3.2): an FP32 accumulator plus a BF16 value, the sum rounded to BF16.
-PAPER_EXAMPLE = {"acc_pattern": "11000000000110100000111000101110", "b": -2.296875,
-                 "acc_fmt": "fp32", "b_fmt": "bf16", "out_fmt": "bf16"}
+# Qiu & Yao's worked example (§3.3.2): an FP32 accumulator plus a BF16 value, the sum
+# rounded to BF16.
+PAPER_EXAMPLE = {
+    "acc_pattern": "11000000000110100000111000101110",
+    "b": -2.296875,
+    "acc_fmt": "fp32",
+    "b_fmt": "bf16",
+    "out_fmt": "bf16",
+}
 
 # Exercise 1.3: FP32 accumulator + BF16 value, rounded to BF16. Which round away from zero?
-EXERCISE_SUMS = [(-2.40625, -2.296875), (-2.4071154594421387, -2.296875),
-                 (1.0078125, 1.0), (1.0234375, 1.0)]
+EXERCISE_SUMS = [
+    (-2.40625, -2.296875),
+    (-2.4071154594421387, -2.296875),
+    (1.0078125, 1.0),
+    (1.0234375, 1.0),
+]
 
 
 def _all_values(fmt) -> np.ndarray:
     f = get_format(fmt)
-    codes = np.arange(2 ** f.total_bits, dtype=np.uint64).astype(f.uint)
+    codes = np.arange(2**f.total_bits, dtype=np.uint64).astype(f.uint)
     with np.errstate(invalid="ignore"):
         return codes.view(f.dtype).astype(np.float64)
 
@@ -39,7 +50,7 @@ def _is_int(x) -> bool:
 def _binade_count(e: int) -> int:
     """How many BF16 values lie in [2^e, 2^(e+1)), counted over all 65,536 bit patterns."""
     v = _all_values("bf16")
-    return int(np.count_nonzero((v >= 2.0 ** e) & (v < 2.0 ** (e + 1))))
+    return int(np.count_nonzero((v >= 2.0**e) & (v < 2.0 ** (e + 1))))
 
 
 def check_binade_count(answer) -> None:
@@ -53,29 +64,32 @@ def check_binade_count(answer) -> None:
     e = int(fresh_rng().integers(-126, 128))
     want = _binade_count(e)
     if answer == want:
-        return correct(f"every normal binade holds {answer} BF16 values (checked in [2^{e}, "
-                       f"2^{e + 1}))")
+        return correct(
+            f"every normal binade holds {answer} BF16 values (checked in [2^{e}, 2^{e + 1}))"
+        )
     if answer == 2 * want:
         fail("too many: the leading 1 of a normal number is not stored, so it cannot vary")
     if answer in (want - 1, want + 1):
         fail("off by one: is 2^e itself in the binade, and is 2^(e+1)?")
-    fail("not right: every number in the binade has the same sign and exponent field; "
-         "which bits are left to vary, and how many patterns do they make?")
+    fail(
+        "not right: every number in the binade has the same sign and exponent field; "
+        "which bits are left to vary, and how many patterns do they make?"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Exercise 1.2
 # ----------------------------------------------------------------------------------------------
-_HALF = 0x8000          # the guard bit alone: exactly half a BF16 ulp below the kept bits
+_HALF = 0x8000  # the guard bit alone: exactly half a BF16 ulp below the kept bits
 
 # (name of a kind of input, what to say when an answer gets that kind wrong)
 _KINDS = {
     "below half": "wrong when the dropped bits are less than half an ulp: those round down",
     "above half": "wrong when the dropped bits are more than half an ulp (is it truncating?)",
     "tie, even": "wrong on exact ties (dropped bits exactly 1000...0) whose kept last bit is 0: "
-                 "which neighbour does ties-to-even pick?",
+    "which neighbour does ties-to-even pick?",
     "tie, odd": "wrong on exact ties (dropped bits exactly 1000...0) whose kept last bit is 1: "
-                "which neighbour does ties-to-even pick?",
+    "which neighbour does ties-to-even pick?",
     "carry": "wrong when rounding up carries out of the fraction into the exponent",
     "subnormal or zero": "wrong on zero and subnormal numbers (exponent field 0)",
     "negative": "wrong on negative numbers: rounding is symmetric, the sign bit just stays",
@@ -84,14 +98,18 @@ _KINDS = {
 
 def _patterns(rng: np.random.Generator, per_kind: int) -> dict[str, np.ndarray]:
     """FP32 bit patterns (uint32) of each kind; no NaN (exponent field 255 only as ±inf)."""
+
     def make(sign, exponent, kept_fraction, dropped):
-        return ((sign.astype(np.uint64) << 31) | (exponent.astype(np.uint64) << 23)
-                | (kept_fraction.astype(np.uint64) << 16) | dropped.astype(np.uint64)
-                ).astype(np.uint32)
+        return (
+            (sign.astype(np.uint64) << 31)
+            | (exponent.astype(np.uint64) << 23)
+            | (kept_fraction.astype(np.uint64) << 16)
+            | dropped.astype(np.uint64)
+        ).astype(np.uint32)
 
     n = per_kind
     zero = np.zeros(n, dtype=np.uint64)
-    exponent = rng.integers(1, 255, n)                     # normal numbers
+    exponent = rng.integers(1, 255, n)  # normal numbers
     kept = rng.integers(0, 128, n)
     even, odd = kept & ~1, kept | 1
     return {
@@ -99,11 +117,11 @@ def _patterns(rng: np.random.Generator, per_kind: int) -> dict[str, np.ndarray]:
         "above half": make(zero, exponent, kept, rng.integers(_HALF + 1, 0x10000, n)),
         "tie, even": make(zero, exponent, even, np.full(n, _HALF)),
         "tie, odd": make(zero, exponent, odd, np.full(n, _HALF)),
-        "carry": make(zero, rng.integers(1, 254, n), np.full(n, 127),
-                      rng.integers(_HALF + 1, 0x10000, n)),
+        "carry": make(
+            zero, rng.integers(1, 254, n), np.full(n, 127), rng.integers(_HALF + 1, 0x10000, n)
+        ),
         "subnormal or zero": make(zero, zero, kept, rng.integers(0, 0x10000, n)),
-        "negative": make(np.ones(n, dtype=np.uint64), exponent, kept,
-                         rng.integers(0, 0x10000, n)),
+        "negative": make(np.ones(n, dtype=np.uint64), exponent, kept, rng.integers(0, 0x10000, n)),
     }
 
 
@@ -127,16 +145,21 @@ def check_round_bits(fn, thorough: bool = False) -> None:
         for pattern, w in zip(patterns.tolist(), want.tolist()):
             got = call(fn, "round_bits_to_bf16", pattern)
             if not _is_int(got):
-                fail(f"round_bits_to_bf16 should return an int (the 16-bit pattern), "
-                     f"got {type(got).__name__}")
+                fail(
+                    f"round_bits_to_bf16 should return an int (the 16-bit pattern), "
+                    f"got {type(got).__name__}"
+                )
             if not 0 <= got < 1 << 16:
-                fail("round_bits_to_bf16 returned a number that is not a 16-bit pattern: keep "
-                     "the top 16 bits")
+                fail(
+                    "round_bits_to_bf16 returned a number that is not a 16-bit pattern: keep "
+                    "the top 16 bits"
+                )
             if got != w:
                 fail(f"round_bits_to_bf16 is {_KINDS[kind]}")
     total = sum(p.size for p in kinds.values())
-    correct(f"{total:,} fresh FP32 patterns of {len(kinds)} kinds rounded exactly as the "
-            "hardware does")
+    correct(
+        f"{total:,} fresh FP32 patterns of {len(kinds)} kinds rounded exactly as the hardware does"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,8 +167,11 @@ def check_round_bits(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 def _rounds_away_expected() -> set[int]:
     """Indices of :data:`EXERCISE_SUMS` whose BF16 sum grows in magnitude (traced exactly)."""
-    return {i for i, (acc, b) in enumerate(EXERCISE_SUMS)
-            if add_trace(acc, b, "bf16", a_fmt="fp32").rounded_up}
+    return {
+        i
+        for i, (acc, b) in enumerate(EXERCISE_SUMS)
+        if add_trace(acc, b, "bf16", a_fmt="fp32").rounded_up
+    }
 
 
 def check_rounds_away(answer) -> None:
@@ -163,11 +189,14 @@ def check_rounds_away(answer) -> None:
     want = _rounds_away_expected()
     if given == want:
         return correct(f"{sorted(given)} round away from zero")
-    ties = {i for i, (acc, b) in enumerate(EXERCISE_SUMS)
-            if add_trace(acc, b, "bf16", a_fmt="fp32").tie}
+    ties = {
+        i for i, (acc, b) in enumerate(EXERCISE_SUMS) if add_trace(acc, b, "bf16", a_fmt="fp32").tie
+    }
     if given - want and (given - want) <= ties:
         fail("an exact tie does not always round up: look at the kept last bit")
     if want - given:
-        fail("a sum that rounds away is missing: after the carry, look at the guard bit and at "
-             "whether any bit below it is set")
+        fail(
+            "a sum that rounds away is missing: after the carry, look at the guard bit and at "
+            "whether any bit below it is set"
+        )
     fail("not right: trace each sum (guard, round and sticky bits, and the kept last bit)")

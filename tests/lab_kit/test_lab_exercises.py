@@ -4,6 +4,7 @@ answer away (neither the expected value nor any measured number).
 
 The answers are taken from the chapters themselves (the cells tagged ``answer``); a blank is
 that cell with its solution region cleared, as in the lab version."""
+
 from __future__ import annotations
 
 import io
@@ -11,18 +12,16 @@ import math
 import re
 from contextlib import redirect_stdout
 
-import kernels  # noqa: F401,I001  first: the Triton interpreter switch
-
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
+from lab_kit_helpers import CHAPTERS, chapter_exercises, fresh_namespace, hidden_tests, run
 
+import kernels  # noqa: F401,I001  first: the Triton interpreter switch
 from kernels.checking import WrongAnswer
 from kernels.lab_kit import notebook
-
-from lab_kit_helpers import CHAPTERS, chapter_exercises, fresh_namespace, hidden_tests, run
 
 CHECK_CALL = re.compile(r"ex\.(\w+)\((\w+)\)")
 
@@ -31,8 +30,9 @@ CHECK_CALL = re.compile(r"ex\.(\w+)\((\w+)\)")
 # plausible wrong answers, per exercise
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _row_max_kernel(x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr, OTHER: tl.constexpr,
-                    EXTRA: tl.constexpr):
+def _row_max_kernel(
+    x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr, OTHER: tl.constexpr, EXTRA: tl.constexpr
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols + EXTRA, other=OTHER)
@@ -42,10 +42,17 @@ def _row_max_kernel(x_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr, OTHER: 
 def _row_max(other=-float("inf"), extra=0):
     def row_max(x):
         out = torch.full((x.shape[0],), float("nan"), device=x.device)
-        _row_max_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0),
-                                       BLOCK=triton.next_power_of_2(x.shape[1] + extra),
-                                       OTHER=other, EXTRA=extra)
+        _row_max_kernel[(x.shape[0],)](
+            x,
+            out,
+            x.shape[1],
+            x.stride(0),
+            BLOCK=triton.next_power_of_2(x.shape[1] + extra),
+            OTHER=other,
+            EXTRA=extra,
+        )
         return out
+
     return row_max
 
 
@@ -55,8 +62,10 @@ def _round_half_up(b):
 
 def _naive_merge(o_a, lse_a, o_b, lse_b):
     w_a, w_b = torch.exp(lse_a), torch.exp(lse_b)
-    return ((w_a.unsqueeze(-1) * o_a + w_b.unsqueeze(-1) * o_b) / (w_a + w_b).unsqueeze(-1),
-            torch.log(w_a + w_b))
+    return (
+        (w_a.unsqueeze(-1) * o_a + w_b.unsqueeze(-1) * o_b) / (w_a + w_b).unsqueeze(-1),
+        torch.log(w_a + w_b),
+    )
 
 
 def _merge_without_rescale(o_a, lse_a, o_b, lse_b):
@@ -105,56 +114,91 @@ def _last_index(mask, steps):
 
 WRONG = {
     "1.1": [127, 256, 2**16],
-    "1.2": [lambda b: b >> 16, _round_half_up],                   # truncation; ties away
+    "1.2": [lambda b: b >> 16, _round_half_up],  # truncation; ties away
     "1.3": [{3}, {0, 1, 2, 3}, {1}],
     "2.1": [lambda n, b: (n // b, n % b), lambda n, b: (-(-n // b), n % b)],
-    "2.2": [_row_max(other=0.0), _row_max(extra=1),                # other=0; off-by-one mask
-            lambda x: x.amax(dim=1)],                              # no Triton kernel at all
-    "3.1": [_naive_merge, _merge_without_rescale,
-            lambda oa, la, ob, lb: (_merge_without_rescale(oa, la, ob, lb)[0],
-                                    torch.maximum(la, lb))],
-    "3.2": [lambda b, h, n, d, s: b * h * n * n * s,               # one N x N matrix
-            lambda b, h, n, d, s: (2 * n * n + n * d) * s],        # one head
-    "3.3": [lambda i, bm, bn, n: (i * bm) // bn + 1,               # off by one
-            lambda i, bm, bn, n: -(-(i + 1) * bm // bn)],          # past the last key
-    "4.1": [lambda p, q, dl, dh, a: a * p.transpose(-1, -2) @ ((dh - dl).unsqueeze(-1) * q),
-            lambda p, q, dl, dh, a: p.transpose(-1, -2) @ ((dl - dh).unsqueeze(-1) * q)],
+    "2.2": [
+        _row_max(other=0.0),
+        _row_max(extra=1),  # other=0; off-by-one mask
+        lambda x: x.amax(dim=1),
+    ],  # no Triton kernel at all
+    "3.1": [
+        _naive_merge,
+        _merge_without_rescale,
+        lambda oa, la, ob, lb: (_merge_without_rescale(oa, la, ob, lb)[0], torch.maximum(la, lb)),
+    ],
+    "3.2": [
+        lambda b, h, n, d, s: b * h * n * n * s,  # one N x N matrix
+        lambda b, h, n, d, s: (2 * n * n + n * d) * s,
+    ],  # one head
+    "3.3": [
+        lambda i, bm, bn, n: (i * bm) // bn + 1,  # off by one
+        lambda i, bm, bn, n: -(-(i + 1) * bm // bn),
+    ],  # past the last key
+    "4.1": [
+        lambda p, q, dl, dh, a: a * p.transpose(-1, -2) @ ((dh - dl).unsqueeze(-1) * q),
+        lambda p, q, dl, dh, a: p.transpose(-1, -2) @ ((dl - dh).unsqueeze(-1) * q),
+    ],
     "4.2": [{"dQ"}, {"dQ", "dK", "dV"}, "dV"],
     "5.1": [1, 0],
     "5.2": [_ideal_error_ignoring_pull, lambda va, vb, pull: np.zeros_like(va)],
-    "6.1": [lambda beta: -math.log1p(-2.0**-8) / (beta - 1),       # the wrong neighbour
-            lambda beta: -math.log1p(-2.0**-9) / beta],
-    "6.2": [lambda p, d_p: d_p.sum(-1),                            # wrong δ: P forgotten
-            lambda p, d_p: (p * d_p).sum(0)],
+    "6.1": [
+        lambda beta: -math.log1p(-(2.0**-8)) / (beta - 1),  # the wrong neighbour
+        lambda beta: -math.log1p(-(2.0**-9)) / beta,
+    ],
+    "6.2": [
+        lambda p, d_p: d_p.sum(-1),  # wrong δ: P forgotten
+        lambda p, d_p: (p * d_p).sum(0),
+    ],
     "6.3": [_offset_for_any_sign, _offset_exact_ties, _offset_single_counts],
-    "7.1": [lambda s: 6_600 * 524_288 / (64 * 256) / s,            # seconds
-            lambda s: 6_600 / s / 60],
-    "7.2": [lambda r: (int((torch.exp(r - r.max()) == 1).sum()), int((r == r.max()).sum())),
-            lambda r: (int((r.max() - r < 2**-8).sum()), int((r == r.max()).sum()))],
+    "7.1": [
+        lambda s: 6_600 * 524_288 / (64 * 256) / s,  # seconds
+        lambda s: 6_600 / s / 60,
+    ],
+    "7.2": [
+        lambda r: (int((torch.exp(r - r.max()) == 1).sum()), int((r == r.max()).sum())),
+        lambda r: (int((r.max() - r < 2**-8).sum()), int((r == r.max()).sum())),
+    ],
     "7.3": [_first_crossing, lambda steps, a, b, ratio: None],
-    "8.1": [sum(1 / t for t in range(1, 33)),                       # the first tile counted
-            math.log(32), 31],                                      # ln T; every tile
-    "8.2": [lambda a, b: float(np.mean(np.abs(a - b))),             # unsorted pairs
-            lambda a, b: abs(float(a.mean() - b.mean())),           # the means only
-            lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b)[::-1])))],
-    "9.1": [lambda off, reading, every: 100 * (reading - off) / off,        # one reading step
-            lambda off, reading, every: (reading - off) / every / off,      # a fraction
-            lambda off, reading, every: 100 * (reading - off) / every / reading],
-    "9.2": [lambda steps, f, c, r: _first_index(f / c >= r, steps),         # touching counts
-            lambda steps, f, c, r: _first_index(f / c > r, np.arange(len(steps))),  # a position
-            lambda steps, f, c, r: _last_index(f / c > r, steps)],          # the last step
-    "10.1": [lambda n, d, s, fused: n if fused else n * d / (n + d),  # values, not bytes
-             lambda n, d, s, fused: n / s,                         # math without the N x N
-             lambda n, d, s, fused: (n if fused else n * d / (n + d)) / (2 * s)],  # 2·N²·d
-    "10.2": [lambda f, host, gpu: f / gpu * 1e-6,                  # the host forgotten
-             lambda f, host, gpu: f / (host + gpu) * 1e-6,         # CPU waits for the GPU
-             lambda f, host, gpu: f / max(host, gpu)],             # FLOP per µs
-    "10.3": [{"exp2"}, {"tile shape"}, {"direct launch", "causal split", "tile shape", "exp2"},
-             set()],
+    "8.1": [
+        sum(1 / t for t in range(1, 33)),  # the first tile counted
+        math.log(32),
+        31,
+    ],  # ln T; every tile
+    "8.2": [
+        lambda a, b: float(np.mean(np.abs(a - b))),  # unsorted pairs
+        lambda a, b: abs(float(a.mean() - b.mean())),  # the means only
+        lambda a, b: float(np.mean(np.abs(np.sort(a) - np.sort(b)[::-1]))),
+    ],
+    "9.1": [
+        lambda off, reading, every: 100 * (reading - off) / off,  # one reading step
+        lambda off, reading, every: (reading - off) / every / off,  # a fraction
+        lambda off, reading, every: 100 * (reading - off) / every / reading,
+    ],
+    "9.2": [
+        lambda steps, f, c, r: _first_index(f / c >= r, steps),  # touching counts
+        lambda steps, f, c, r: _first_index(f / c > r, np.arange(len(steps))),  # a position
+        lambda steps, f, c, r: _last_index(f / c > r, steps),
+    ],  # the last step
+    "10.1": [
+        lambda n, d, s, fused: n if fused else n * d / (n + d),  # values, not bytes
+        lambda n, d, s, fused: n / s,  # math without the N x N
+        lambda n, d, s, fused: (n if fused else n * d / (n + d)) / (2 * s),
+    ],  # 2·N²·d
+    "10.2": [
+        lambda f, host, gpu: f / gpu * 1e-6,  # the host forgotten
+        lambda f, host, gpu: f / (host + gpu) * 1e-6,  # CPU waits for the GPU
+        lambda f, host, gpu: f / max(host, gpu),
+    ],  # FLOP per µs
+    "10.3": [
+        {"exp2"},
+        {"tile shape"},
+        {"direct launch", "causal split", "tile shape", "exp2"},
+        set(),
+    ],
 }
 
-EXERCISES = [(number, ex) for number in sorted(CHAPTERS)
-             for ex in chapter_exercises(number)[3]]
+EXERCISES = [(number, ex) for number in sorted(CHAPTERS) for ex in chapter_exercises(number)[3]]
 
 
 def _ids():
@@ -163,8 +207,11 @@ def _ids():
 
 def _cells(number, ex):
     path, nb, setup, _ = chapter_exercises(number)
-    text = {role: notebook.source(nb["cells"][i]) for role, i in
-            (("answer", ex.answer), ("check", ex.check), ("hidden", ex.hidden)) if i is not None}
+    text = {
+        role: notebook.source(nb["cells"][i])
+        for role, i in (("answer", ex.answer), ("check", ex.check), ("hidden", ex.hidden))
+        if i is not None
+    }
     return path, nb, setup, text
 
 
@@ -227,22 +274,25 @@ def test_plausible_wrong_answers_fail_without_giving_the_answer_away(number, ex)
 
 def test_row_max_refuses_torch_reductions_and_restores_them():
     from kernels import triton_exercises
-    with pytest.raises(WrongAnswer, match="switched off"):         # no source to scan
+
+    with pytest.raises(WrongAnswer, match="switched off"):  # no source to scan
         triton_exercises.check_row_max(eval("lambda x: torch.amax(x, dim=1)"))
     with pytest.raises(WrongAnswer, match="`torch.amax` is not allowed in Exercise 2.2"):
         triton_exercises.check_row_max(lambda x: torch.amax(x, dim=1))
     with pytest.raises(WrongAnswer, match="launched no Triton kernel"):
         triton_exercises.check_row_max(eval("lambda x: torch.tensor(x.tolist()).float().T[0]"))
-    x = torch.randn(3, 5)                      # everything is back to normal afterwards
+    x = torch.randn(3, 5)  # everything is back to normal afterwards
     assert torch.equal(x.amax(dim=1), torch.max(x, dim=1).values)
 
 
 def test_checks_draw_fresh_inputs_and_leave_the_global_seed_alone():
     from kernels.checking import fresh_generator, fresh_seed
+
     torch.manual_seed(0)
     before = torch.rand(3)
     torch.manual_seed(0)
     assert fresh_seed() != fresh_seed()
-    assert not torch.equal(torch.rand(3, generator=fresh_generator()),
-                           torch.rand(3, generator=fresh_generator()))
+    assert not torch.equal(
+        torch.rand(3, generator=fresh_generator()), torch.rand(3, generator=fresh_generator())
+    )
     assert torch.equal(torch.rand(3), before)

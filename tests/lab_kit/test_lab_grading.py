@@ -4,6 +4,7 @@ zero; a plausible wrong answer: partial), students who cheat (calling the checks
 patching the checks, replacing ``ex`` with a stub, patching ``fail``, library calls that do the
 work) and students who tamper with their notebook (deleted held-back test and check cells, a
 deleted answer cell), plus a truncated upload and a notebook of another course."""
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,12 @@ from kernels.lab_kit.notebook import BEGIN_HIDDEN, BEGIN_SOLUTION
 
 pytest.importorskip("nbgrader")
 
-RELEASES = ("ch01/01_bf16_bits.ipynb", "ch02/02_triton_in_one_sitting.ipynb",
-            "ch03/03_flash_forward.ipynb", "ch08/08_is_flash_attention_stable.ipynb")
+RELEASES = (
+    "ch01/01_bf16_bits.ipynb",
+    "ch02/02_triton_in_one_sitting.ipynb",
+    "ch03/03_flash_forward.ipynb",
+    "ch08/08_is_flash_attention_stable.ipynb",
+)
 FULL = {"ch01": 6.0, "ch02": 7.0, "ch03": 8.0, "ch08": 3.0}
 
 # answers that pass the checks when nothing stops them, each in a way the grader forbids
@@ -89,9 +94,18 @@ def test_build_makes_blank_student_notebooks_and_keeps_the_checks(kit):
     for path in (kit / "student").glob("*.ipynb"):
         text = path.read_text()
         nb = json.loads(text)
-        for gone in (BEGIN_SOLUTION, BEGIN_HIDDEN, "solution-start", "thorough=True",
-                     "remove-from-student\"", "return programs", "kept += 1",
-                     "reference solution", "{cite", "{note}"):
+        for gone in (
+            BEGIN_SOLUTION,
+            BEGIN_HIDDEN,
+            "solution-start",
+            "thorough=True",
+            'remove-from-student"',
+            "return programs",
+            "kept += 1",
+            "reference solution",
+            "{cite",
+            "{note}",
+        ):
             assert gone not in text, f"{path.name} still holds {gone!r}"
         ids = {_nbgrader_id(c) for c in nb["cells"]}
         number = int(path.name[:2])
@@ -131,13 +145,25 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         _write(subs / "reference", name, _submission(kit, rel, solutions))
         _write(subs / "blank", name, _submission(kit, rel, {}))
         # tampering: held-back tests and checks deleted, answers right
-        _write(subs / "tamper", name, _submission(
-            kit, rel, solutions, lambda c: not (_nbgrader_id(c) or "").endswith(
-                ("-hidden", "-check"))))
-    wrong = {"ex1_1-answer": "n_per_binade = 2**7",                       # right
-             "ex1_2-answer": "def round_bits_to_bf16(bits32):\n    return bits32 >> 16"}
-    _write(subs / "truncates", "my_chapter_1.ipynb",                    # any name: found by cells
-           _submission(kit, RELEASES[0], wrong))
+        _write(
+            subs / "tamper",
+            name,
+            _submission(
+                kit,
+                rel,
+                solutions,
+                lambda c: not (_nbgrader_id(c) or "").endswith(("-hidden", "-check")),
+            ),
+        )
+    wrong = {
+        "ex1_1-answer": "n_per_binade = 2**7",  # right
+        "ex1_2-answer": "def round_bits_to_bf16(bits32):\n    return bits32 >> 16",
+    }
+    _write(
+        subs / "truncates",
+        "my_chapter_1.ipynb",  # any name: found by cells
+        _submission(kit, RELEASES[0], wrong),
+    )
     # an app that drops cell metadata and ids (the grader finds answers by the checks' text),
     # and a file name that only contains the chapter's number
     for rel in RELEASES[:3]:
@@ -146,15 +172,29 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
             cell["metadata"], cell["id"] = {}, f"c{i}"
         _write(subs / "stripped", f"Copy of {rel.split('/')[1]}", nb)
     # an answer cell deleted: that exercise scores 0, with a note
-    _write(subs / "deletes", "01.ipynb", _submission(
-        kit, RELEASES[0], solutions, lambda c: _nbgrader_id(c) != "ex1_3-answer"))
-    cheats = {"ex1_2-answer": PATCH_FAIL, "ex2_1-answer": PATCH_CHECK,
-              "ex2_2-answer": ROW_MAX_WITH_TORCH, "ex3_1-answer": STUB,
-              "ex8_2-answer": SCIPY}
-    cheats_too = {"ex1_2-answer": ML_DTYPES, "ex2_1-answer": PRIVATE,
-                  "ex3_2-answer": PACKAGE, "ex3_3-answer": KEY_TILES_PRIVATE}
-    _write(subs / "honest", "03.ipynb", _submission(kit, RELEASES[2], {
-        **solutions, "ex3_3-answer": CHAPTER_IMPORT}))
+    _write(
+        subs / "deletes",
+        "01.ipynb",
+        _submission(kit, RELEASES[0], solutions, lambda c: _nbgrader_id(c) != "ex1_3-answer"),
+    )
+    cheats = {
+        "ex1_2-answer": PATCH_FAIL,
+        "ex2_1-answer": PATCH_CHECK,
+        "ex2_2-answer": ROW_MAX_WITH_TORCH,
+        "ex3_1-answer": STUB,
+        "ex8_2-answer": SCIPY,
+    }
+    cheats_too = {
+        "ex1_2-answer": ML_DTYPES,
+        "ex2_1-answer": PRIVATE,
+        "ex3_2-answer": PACKAGE,
+        "ex3_3-answer": KEY_TILES_PRIVATE,
+    }
+    _write(
+        subs / "honest",
+        "03.ipynb",
+        _submission(kit, RELEASES[2], {**solutions, "ex3_3-answer": CHAPTER_IMPORT}),
+    )
     for rel in RELEASES:
         _write(subs / "cheat", rel.split("/")[1], _submission(kit, rel, cheats))
         if rel.startswith(("ch01", "ch02", "ch03")):
@@ -173,9 +213,9 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     scores = {(r["student"], r["assignment"]): r["score"] for r in rows}
     for chapter, full in FULL.items():
         assert scores[("reference", chapter)] == full
-        assert scores[("tamper", chapter)] == full                # checks and tests restored
+        assert scores[("tamper", chapter)] == full  # checks and tests restored
         assert scores[("blank", chapter)] == 0.0
-    assert scores[("truncates", "ch01")] == 1.0                   # 1.1 right; 1.2 wrong
+    assert scores[("truncates", "ch01")] == 1.0  # 1.1 right; 1.2 wrong
     assert scores[("honest", "ch03")] == FULL["ch03"]
     for chapter in ("ch01", "ch02", "ch03"):
         assert scores[("stripped", chapter)] == FULL[chapter]
@@ -185,7 +225,7 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     assert "answer cell is missing" in per[("deletes", "1.3")]["message"]
     for student, answers in (("cheat", cheats), ("cheat2", cheats_too)):
         for grade_id in answers:
-            name = grade_id[2:grade_id.index("-")].replace("_", ".")
+            name = grade_id[2 : grade_id.index("-")].replace("_", ".")
             assert float(per[(student, name)]["score"]) == 0.0, (student, name)
     # every other exercise of the cheating students is blank: the stub in 3.1 gave 3.2 nothing
     assert scores[("cheat", "ch03")] == 0.0 and scores[("cheat", "ch01")] == 0.0
@@ -201,26 +241,32 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     assert {e for s, e in said if s == "reference"} == {"1.1", "1.3", "8.1"}
     assert all(said[("reference", e)] for e in ("1.1", "1.3", "8.1"))
     assert not any(said[("blank", e)] for e in ("1.1", "1.3", "8.1"))
-    assert said[("stripped", "1.3")] == said[("reference", "1.3")]      # found by position
+    assert said[("stripped", "1.3")] == said[("reference", "1.3")]  # found by position
     assert "graded by hand" in (kit / "feedback" / "reference" / "ch01.md").read_text()
     feedback = (kit / "feedback" / "cheat" / "ch02.md").read_text()
     assert "Exercise 2.2: 0 / 5" in feedback and "torch.aminmax" in feedback
     shutil.rmtree(subs)
 
 
-@pytest.mark.parametrize("grade_id, source", [("ex1_2-answer", PATCH_FAIL),
-                                              ("ex2_1-answer", PATCH_CHECK),
-                                              ("ex3_1-answer", STUB),
-                                              ("ex1_2-answer", ML_DTYPES)],
-                         ids=["patch fail", "patch check", "stub ex", "ml_dtypes"])
+@pytest.mark.parametrize(
+    "grade_id, source",
+    [
+        ("ex1_2-answer", PATCH_FAIL),
+        ("ex2_1-answer", PATCH_CHECK),
+        ("ex3_1-answer", STUB),
+        ("ex1_2-answer", ML_DTYPES),
+    ],
+    ids=["patch fail", "patch check", "stub ex", "ml_dtypes"],
+)
 def test_without_the_scan_the_separate_processes_alone_stop_patching(kit, grade_id, source):
     """Patching reaches only the answer's own process: with the scan switched off, the patches
     still score 0, and a correct answer by a forbidden call scores full (the scan stops it)."""
-    number = int(grade_id[2:grade_id.index("_")])
+    number = int(grade_id[2 : grade_id.index("_")])
     rel = next(r for r in RELEASES if r.startswith(f"ch{number:02d}"))
-    chapter = grading.Chapter.load(kit / "course" / "source" / rel,
-                                   kit / "course" / "release" / rel)
-    plan = next(p for p in chapter.plans if p.grade_id == grade_id[:-len("-answer")])
+    chapter = grading.Chapter.load(
+        kit / "course" / "source" / rel, kit / "course" / "release" / rel
+    )
+    plan = next(p for p in chapter.plans if p.grade_id == grade_id[: -len("-answer")])
     result = grading.grade_exercise(chapter, plan, source, scanning=False)
     assert result.score == (plan.points if source is ML_DTYPES else 0.0), result
 
@@ -229,15 +275,18 @@ def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit)
     """A value that cannot cross as plain data, or an answer that ends its own process,
     scores 0 with a note; nothing of it reaches the grader."""
     rel = RELEASES[0]
-    chapter = grading.Chapter.load(kit / "course" / "source" / rel,
-                                   kit / "course" / "release" / rel)
+    chapter = grading.Chapter.load(
+        kit / "course" / "source" / rel, kit / "course" / "release" / rel
+    )
     plans = {p.name: p for p in chapter.plans}
-    huge = grading.grade_exercise(chapter, plans["1.1"], "n_per_binade = 10**5000",
-                                  scanning=False)
+    huge = grading.grade_exercise(chapter, plans["1.1"], "n_per_binade = 10**5000", scanning=False)
     assert huge.score == 0.0 and huge.message
     ends = grading.grade_exercise(
-        chapter, plans["1.2"], "import os\ndef round_bits_to_bf16(bits32):\n    os._exit(3)",
-        scanning=False)
+        chapter,
+        plans["1.2"],
+        "import os\ndef round_bits_to_bf16(bits32):\n    os._exit(3)",
+        scanning=False,
+    )
     assert ends.score == 0.0 and "ended the answer's process" in ends.message
 
 
@@ -251,9 +300,22 @@ def test_build_finds_nbgrader_tools_without_the_environment_on_path(tmp_path):
     from kernels.env import REPO_ROOT
 
     env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "kernels.lab_kit", "build", "--chapters", "5",
-                           "--out", str(tmp_path)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernels.lab_kit",
+            "build",
+            "--chapters",
+            "5",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "course" / "gradebook.db").is_file()
 
@@ -271,16 +333,19 @@ def row_max(x):
     return out"""
 
 
-@pytest.mark.parametrize("extra, other, points", [(0, '-float("inf")', 5.0),
-                                                  (1, '-float("inf")', 0.0), (0, "0.0", 0.0)],
-                         ids=["right", "one lane past the row", "masked lanes read 0"])
+@pytest.mark.parametrize(
+    "extra, other, points",
+    [(0, '-float("inf")', 5.0), (1, '-float("inf")', 0.0), (0, "0.0", 0.0)],
+    ids=["right", "one lane past the row", "masked lanes read 0"],
+)
 def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
     """Chapter 2's check puts a larger number just past each row's end and makes every entry
     negative: graded in a separate process, a mask one lane too wide and masked lanes that read
     0 still fail, and the right kernel passes."""
     rel = RELEASES[1]
-    chapter = grading.Chapter.load(kit / "course" / "source" / rel,
-                                   kit / "course" / "release" / rel)
+    chapter = grading.Chapter.load(
+        kit / "course" / "source" / rel, kit / "course" / "release" / rel
+    )
     source = ROW_MAX.replace("EXTRA", str(extra)).replace("OTHER", other)
     result = grading.grade_exercise(chapter, chapter.plans[1], source)
     assert result.score == points, result

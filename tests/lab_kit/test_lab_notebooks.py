@@ -1,14 +1,14 @@
 """The chapters' exercise sections have the shape the lab kit reads, and the kit turns a chapter
 into an nbgrader source notebook (numbered headings, metadata from tags, the lab's setup cell)."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
+from lab_kit_helpers import CHAPTERS, chapter_exercises
 
 from kernels.lab_kit import course, notebook
-
-from lab_kit_helpers import CHAPTERS, chapter_exercises
 
 
 def test_every_chapter_is_a_lab_chapter():
@@ -33,8 +33,10 @@ def test_every_chapter_ends_with_two_to_four_exercises(number):
             assert ex.explain is not None, f"{path.name}: exercise {ex.name} has no explain cell"
             assert "remove-cell" in notebook.tags(nb["cells"][ex.explain])
     # everything after the exercises' setup belongs to the exercise section: no stray cells
-    last = max(max(i for i in (ex.answer, ex.check, ex.hidden, *ex.removed) if i is not None)
-               for ex in found)
+    last = max(
+        max(i for i in (ex.answer, ex.check, ex.hidden, *ex.removed) if i is not None)
+        for ex in found
+    )
     assert setup < found[0].task and last >= found[-1].check
 
 
@@ -52,14 +54,18 @@ def test_student_source_numbers_exercises_and_derives_nbgrader_metadata():
     src = notebook.student_source(nb, path, course.student_setup("https://example.org/b", "v1"))
     cells = src["cells"]
     first_code = next(c for c in cells if c["cell_type"] == "code")
-    assert "pip\", \"install\", \"-q\", \"--no-deps\"" in first_code["source"]
+    assert 'pip", "install", "-q", "--no-deps"' in first_code["source"]
     assert "torch" not in first_code["source"].split("import kernels")[0].replace(
-        "torch and Triton already installed", "")          # never installs torch
+        "torch and Triton already installed", ""
+    )  # never installs torch
     assert first_code["metadata"]["nbgrader"]["locked"]
     assert cells[found[0].task]["source"].startswith("### Exercise 2.1: ")
     assert cells[found[1].task]["source"].startswith("### Exercise 2.2: ")
-    meta = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]
-            for c in cells if "nbgrader" in c["metadata"]}
+    meta = {
+        c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]
+        for c in cells
+        if "nbgrader" in c["metadata"]
+    }
     assert meta["ex2_1-answer"]["solution"] and not meta["ex2_1-answer"]["grade"]
     assert meta["ex2_1-check"]["grade"] and meta["ex2_1-check"]["points"] == 1
     assert meta["ex2_2-hidden"]["grade"] and meta["exercise-setup"]["locked"]
@@ -75,13 +81,20 @@ def _broken(mutate):
     return path, nb
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda cells, f: cells[f[0].answer]["metadata"].update(tags=[]), "tagged 'answer'"),
-    (lambda cells, f: cells[f[0].check]["metadata"].update(tags=["answer"]), "two cells"),
-    (lambda cells, f: cells[f[0].answer].update(source="x = 1"), "BEGIN SOLUTION"),
-    (lambda cells, f: cells[f[0].task].update(
-        source=notebook.source(cells[f[0].task]).replace(":label:", ":class:")), "no :label:"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda cells, f: cells[f[0].answer]["metadata"].update(tags=[]), "tagged 'answer'"),
+        (lambda cells, f: cells[f[0].check]["metadata"].update(tags=["answer"]), "two cells"),
+        (lambda cells, f: cells[f[0].answer].update(source="x = 1"), "BEGIN SOLUTION"),
+        (
+            lambda cells, f: cells[f[0].task].update(
+                source=notebook.source(cells[f[0].task]).replace(":label:", ":class:")
+            ),
+            "no :label:",
+        ),
+    ],
+)
 def test_a_malformed_exercise_section_is_refused_with_a_clear_error(mutate, message):
     path, nb = _broken(mutate)
     with pytest.raises(ValueError, match=message):
@@ -102,15 +115,18 @@ def test_a_failed_check_shows_one_line_in_jupyter_and_still_fails_the_cell():
     from kernels.env import REPO_ROOT
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-                    f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-                    "from kernels.numerics import exercises as ex"),
-                nbformat.v4.new_code_cell("ex.check_binade_count(None)"),
-                nbformat.v4.new_code_cell("1 / 0")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+            "from kernels.numerics import exercises as ex"
+        ),
+        nbformat.v4.new_code_cell("ex.check_binade_count(None)"),
+        nbformat.v4.new_code_cell("1 / 0"),
+    ]
     nbclient.NotebookClient(nb, timeout=120, allow_errors=True).execute()
     [error] = nb.cells[1].outputs
     assert error["ename"] == "WrongAnswer" and len(error["traceback"]) == 1
     assert error["traceback"][0].startswith("WrongAnswer: no answer yet")
-    assert len(nb.cells[2].outputs[0]["traceback"]) > 1          # other errors: as before
+    assert len(nb.cells[2].outputs[0]["traceback"]) > 1  # other errors: as before
     with pytest.raises(nbclient.exceptions.CellExecutionError, match="no answer yet"):
         nbclient.NotebookClient(nb, timeout=120).execute()

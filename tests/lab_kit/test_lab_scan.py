@@ -1,4 +1,5 @@
 """The grader's source scan, its plain-data codec, and the checks' modules without answers."""
+
 from __future__ import annotations
 
 import importlib
@@ -26,29 +27,44 @@ def test_the_books_solutions_and_blanks_pass_the_scan(number):
         scan.scan(notebook.clear_solution(text), ex.name, SETUP_NAMES)
 
 
-@pytest.mark.parametrize("exercise, source, named", [
-    ("1.2", "import ml_dtypes\ndef round_bits_to_bf16(b):\n    return b", "import ml_dtypes"),
-    ("1.2", "def round_bits_to_bf16(b):\n    return int(np.float32(b))", "np"),
-    ("2.2", "def row_max(x):\n    return torch.aminmax(x, dim=1).max", "torch.aminmax"),
-    ("2.2", "def row_max(x):\n    return x.amax(dim=1)", "x.amax"),
-    ("2.2", "def row_max(x):\n    return torch.tensor([max(r) for r in x.tolist()])", "max"),
-    ("8.2", "from scipy.stats import wasserstein_distance as w\nw1 = w", "import scipy.stats"),
-    ("3.1", "def merge(a, b, c, d):\n    return ex._merge_expected(a, b, c, d)",
-     "ex._merge_expected"),
-    ("2.1", "ex.check_launch_grid = print\nlaunch_grid = None", "ex.check_launch_grid"),
-    ("3.1", "import types\nex = types.SimpleNamespace()", "import types"),
-    ("3.1", "ex = None", "ex = ..."),
-    ("6.3", "torch.where = lambda *a: a", "torch.where"),
-    ("5.1", "import kernels.lab.exercises as m\nm.fail = print\nmirror = 1",
-     "import kernels.lab.exercises"),
-    ("5.1", "mirror = getattr(ex, '_mirror_sign')()", "getattr"),
-    ("7.1", "minutes = (lambda s: s).__globals__", ".__globals__"),
-    ("2.1", "launch_grid = torch.sys.modules['kernels.triton_exercises']._launch_grid_expected",
-     "torch.sys"),
-    ("3.3", "key_tiles = np.os.system", "np.os"),
-    ("4.1", "def dk_gap(p, q, a, b, al):\n    q.requires_grad_()\n    q.sum().backward()",
-     "q.sum().backward"),
-])
+@pytest.mark.parametrize(
+    "exercise, source, named",
+    [
+        ("1.2", "import ml_dtypes\ndef round_bits_to_bf16(b):\n    return b", "import ml_dtypes"),
+        ("1.2", "def round_bits_to_bf16(b):\n    return int(np.float32(b))", "np"),
+        ("2.2", "def row_max(x):\n    return torch.aminmax(x, dim=1).max", "torch.aminmax"),
+        ("2.2", "def row_max(x):\n    return x.amax(dim=1)", "x.amax"),
+        ("2.2", "def row_max(x):\n    return torch.tensor([max(r) for r in x.tolist()])", "max"),
+        ("8.2", "from scipy.stats import wasserstein_distance as w\nw1 = w", "import scipy.stats"),
+        (
+            "3.1",
+            "def merge(a, b, c, d):\n    return ex._merge_expected(a, b, c, d)",
+            "ex._merge_expected",
+        ),
+        ("2.1", "ex.check_launch_grid = print\nlaunch_grid = None", "ex.check_launch_grid"),
+        ("3.1", "import types\nex = types.SimpleNamespace()", "import types"),
+        ("3.1", "ex = None", "ex = ..."),
+        ("6.3", "torch.where = lambda *a: a", "torch.where"),
+        (
+            "5.1",
+            "import kernels.lab.exercises as m\nm.fail = print\nmirror = 1",
+            "import kernels.lab.exercises",
+        ),
+        ("5.1", "mirror = getattr(ex, '_mirror_sign')()", "getattr"),
+        ("7.1", "minutes = (lambda s: s).__globals__", ".__globals__"),
+        (
+            "2.1",
+            "launch_grid = torch.sys.modules['kernels.triton_exercises']._launch_grid_expected",
+            "torch.sys",
+        ),
+        ("3.3", "key_tiles = np.os.system", "np.os"),
+        (
+            "4.1",
+            "def dk_gap(p, q, a, b, al):\n    q.requires_grad_()\n    q.sum().backward()",
+            "q.sum().backward",
+        ),
+    ],
+)
 def test_forbidden_calls_and_patching_are_named(exercise, source, named):
     with pytest.raises(scan.Forbidden) as err:
         scan.scan(source, exercise, SETUP_NAMES)
@@ -56,8 +72,10 @@ def test_forbidden_calls_and_patching_are_named(exercise, source, named):
 
 
 def test_reductions_are_allowed_inside_the_triton_kernel():
-    source = ("@triton.jit\ndef k(x_ptr, o_ptr, B: tl.constexpr):\n"
-              "    tl.store(o_ptr, tl.max(tl.load(x_ptr + tl.arange(0, B)), axis=0))\n")
+    source = (
+        "@triton.jit\ndef k(x_ptr, o_ptr, B: tl.constexpr):\n"
+        "    tl.store(o_ptr, tl.max(tl.load(x_ptr + tl.arange(0, B)), axis=0))\n"
+    )
     scan.scan(source, "2.2", SETUP_NAMES)
     with pytest.raises(scan.Forbidden):
         scan.scan(source + "def row_max(x):\n    return x.max(1).values\n", "2.2", SETUP_NAMES)
@@ -65,10 +83,24 @@ def test_reductions_are_allowed_inside_the_triton_kernel():
 
 def test_values_cross_between_processes_as_plain_data_only():
     rng = np.random.default_rng(secrets.randbits(62))
-    values = [None, True, 3, 2**80, 1.5, float("inf"), "s", (1, [2.0, {3}]), {"a": (4,)},
-              rng.normal(size=(3, 4)), np.int64(rng.integers(1, 9)), np.float32(0.25),
-              torch.randn(2, 3, dtype=torch.float64), torch.randn(5).bfloat16(),
-              torch.tensor([True, False]), rng.integers(0, 9, 7).astype(np.uint16)]
+    values = [
+        None,
+        True,
+        3,
+        2**80,
+        1.5,
+        float("inf"),
+        "s",
+        (1, [2.0, {3}]),
+        {"a": (4,)},
+        rng.normal(size=(3, 4)),
+        np.int64(rng.integers(1, 9)),
+        np.float32(0.25),
+        torch.randn(2, 3, dtype=torch.float64),
+        torch.randn(5).bfloat16(),
+        torch.tensor([True, False]),
+        rng.integers(0, 9, 7).astype(np.uint16),
+    ]
     for value in values:
         back = isolate.decode(isolate.encode(value))
         assert type(back) is type(value)
@@ -90,24 +122,35 @@ def test_values_cross_between_processes_as_plain_data_only():
     class Sneaky:
         def __eq__(self, other):
             return True
+
     back = isolate.decode(isolate.encode(Sneaky()))
-    assert type(back).__name__ == "Sneaky" and back != 1          # an opaque stand-in
+    assert type(back).__name__ == "Sneaky" and back != 1  # an opaque stand-in
     with pytest.raises(ValueError):
-        isolate.decode(["ndarray", "|O", [1], ""])                 # no object arrays
+        isolate.decode(["ndarray", "|O", [1], ""])  # no object arrays
     with pytest.raises(ValueError):
         isolate.decode(["pickle", "..."])
 
 
-MODULES = ["kernels.numerics.exercises", "kernels.triton_exercises",
-           "kernels.attention.exercises", "kernels.lab.exercises", "kernels.gpt2.exercises",
-           "kernels.golden.exercises", "kernels.monitor.exercises", "kernels.gpu.exercises"]
+MODULES = [
+    "kernels.numerics.exercises",
+    "kernels.triton_exercises",
+    "kernels.attention.exercises",
+    "kernels.lab.exercises",
+    "kernels.gpt2.exercises",
+    "kernels.golden.exercises",
+    "kernels.monitor.exercises",
+    "kernels.gpu.exercises",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_no_public_function_of_a_checks_module_returns_an_answer(name):
     module = importlib.import_module(name)
-    own = [n for n, f in vars(module).items() if inspect.isfunction(f)
-           and f.__module__ == name and not n.startswith("_")]
+    own = [
+        n
+        for n, f in vars(module).items()
+        if inspect.isfunction(f) and f.__module__ == name and not n.startswith("_")
+    ]
     assert own and all(n.startswith("check_") for n in own), own
 
 
