@@ -1,7 +1,8 @@
 """Chapter 2's small Triton kernels: a vector add, a row softmax, and the bf16 ``tl.dot`` trap.
 
 The other trap (the interpreter's fp32 -> bf16 cast truncates) and its fix live in
-:mod:`kernels.numerics.triton_rounding`, the one implementation of explicit rounding every kernel uses.
+:mod:`kernels.numerics.triton_rounding`, the one implementation of explicit rounding every kernel
+uses.
 
 Each kernel sits next to its Python wrapper, the way the Triton tutorials are written:
 the ``@triton.jit`` function is what one *program* (one instance of the kernel) does, the

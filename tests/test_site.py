@@ -19,7 +19,8 @@ nothing from another host. A full-page screenshot of every page is kept under
 ``_build/screenshots`` for review. One more test builds a one-chapter book with the
 real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
+Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
+``/usr/bin/chromedriver``)
 and ``selenium`` (requirements.txt).
 """
 
@@ -190,7 +191,8 @@ def open_page(browser, url: str, lands_on: str | None = None) -> list[dict]:
 
 def assert_math_rendered(browser, page: str) -> None:
     """MathJax (served from the site itself by sphinx-mathjax-offline, so this works offline)
-    typeset every formula, none holds a TeX error or an undefined macro, and no '$' or '\\(' was left in the prose
+    typeset every formula, none holds a TeX error or an undefined macro, and no '$' or '\\(' was
+    left in the prose
     (LaTeX that MyST never recognised as math, e.g. display math glued to a paragraph)."""
     math = browser.execute_script(
         "return {spans: document.querySelectorAll('article .math').length,"
@@ -205,10 +207,12 @@ def assert_math_rendered(browser, page: str) -> None:
         "        stray: (() => {"  # LaTeX never parsed as math: a '$' or '\\(' left in the prose
         "          const hits = [], skip = 'pre, code, script, style, textarea, mjx-container,"
         "                                      .math, .output, .cell_output';"
-        "          const walk = document.createTreeWalker(document.querySelector('article'), NodeFilter.SHOW_TEXT);"
+        "          const walk = document.createTreeWalker("
+        "            document.querySelector('article'), NodeFilter.SHOW_TEXT);"
         "          for (let n = walk.nextNode(); n; n = walk.nextNode()) {"
         "            if (n.parentElement.closest(skip)) continue;"
-        "            if (/[$]|\\\\[(\\[]/.test(n.textContent)) hits.push(n.textContent.trim().slice(0, 80));"
+        "            if (/[$]|\\\\[(\\[]/.test(n.textContent))"
+        "              hits.push(n.textContent.trim().slice(0, 80));"
         "          }"
         "          return hits; })()};"
     )
@@ -248,7 +252,8 @@ def internal_words(browser) -> list[str]:
     text = browser.execute_script("return document.querySelector('article').innerText;")
     prose = browser.execute_script(
         "const skip = 'pre, code, script, style, mjx-container, .math';"
-        "const walk = document.createTreeWalker(document.querySelector('article'), NodeFilter.SHOW_TEXT);"
+        "const walk = document.createTreeWalker("
+        "  document.querySelector('article'), NodeFilter.SHOW_TEXT);"
         "const parts = [];"
         "for (let n = walk.nextNode(); n; n = walk.nextNode()) {"
         "  if (!n.parentElement.closest(skip)) parts.push(n.textContent); }"
@@ -278,7 +283,8 @@ def illegible_figures(browser) -> list[str]:
     its bare-heatmap count (kernels.tools.style); the browser says how wide it is displayed."""
     shown = browser.execute_script(
         "return Array.from(document.querySelectorAll('article img')).map("
-        "  im => [new URL(im.currentSrc).pathname, im.getBoundingClientRect().width, im.naturalWidth]);"
+        "  im => [new URL(im.currentSrc).pathname, im.getBoundingClientRect().width,"
+        "        im.naturalWidth]);"
     )
     problems = []
     for path, shown_width, image_width in shown:
@@ -400,7 +406,6 @@ def test_front_page_loads(browser, site_url):
 def test_chapter_page(browser, site_url, chapter):
     assert (SITE / f"{chapter}.html").is_file(), f"{chapter}.html was not built"
     severe = open_page(browser, page_url(site_url, chapter))
-    name = Path(chapter).name
 
     # Loads: a title and content, not an error page.
     title = browser.find_element("css selector", "article h1").text.strip()

@@ -86,7 +86,8 @@ def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=N
     Args:
         q, k, v: (batch, heads, seq, head_dim) tensors, one dtype (bf16, fp16, fp32, fp64),
             one device; head_dim in (16, 32, 64, 128); any strides.
-        opts, **options: an :class:`AttentionOptions`, or its fields as keywords: ``causal``, ``scale``, ``stable``
+        opts, **options: an :class:`AttentionOptions`, or its fields as keywords: ``causal``,
+        ``scale``, ``stable``
             (False/"off", "tile": Algorithm 3 per key tile as in the paper, True/"cross": ties
             across tiles detected too), ``beta``, ``eps``, ``numerics`` ("fa2" or "paper"),
             ``delta_source`` ("o", "dp", "o_fp32"), ``block_m``, ``block_n`` (powers of two

@@ -12,9 +12,11 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                   delta=o | dp | o_fp32   where δ comes from (§3.2 of the paper):
                       o       rowsum(dO ∘ O) with the bf16 O of the forward pass (the failing path)
                       dp      rowsum(dP ∘ P)                      (mathematically equal, no O)
-                      o_fp32  rowsum(dO ∘ PV) with PV recomputed in fp32 (the paper's stable control)
+                      o_fp32  rowsum(dO ∘ PV) with PV recomputed in fp32 (the paper's stable
+                      control)
                   stable=off | cross | tile, beta=2, eps=1e-3   (Algorithm 3's offset, §4)
-                  block=0 (untiled: one tile of the whole sequence, the paper's setup) or a tile width
+                  block=0 (untiled: one tile of the whole sequence, the paper's setup) or a tile
+                  width
                   obits=7 mantissa bits of Ō and of P̄V (7 = bf16; fewer magnifies their rounding,
                       the chapter's amplifier; the exponent stays bf16's)
                   oround=rne | sr  how Ō is rounded at obits < 7: to nearest-even, or stochastically
@@ -26,7 +28,8 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                   dshift=c, dnoise=σ, derr=keep|mean|sign, out=low|exact   controls that tell a
                       biased δ from a large one: see :mod:`kernels.gpt2.controls`
 
-Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``, ``"paper:obits=3"``,
+Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``,
+``"paper:obits=3"``,
 ``"paper:delta=o_fp32,dshift=2e-9"``, ``"paper:delta=o,derr=sign"``, ``"paper:delta=o,out=exact"``.
 
 Every option is checked once, by :class:`kernels.attention.AttentionOptions` (``spec.options``).

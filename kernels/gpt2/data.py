@@ -7,7 +7,8 @@ deterministic for a given Python version (the ``fingerprint`` says which bytes w
 Tokens are bytes (vocabulary 256): no tokenizer to install.
 
 Online (e.g. on Colab): :func:`download_gutenberg` fetches public-domain books from Project
-Gutenberg into a cache directory with a progress bar; :func:`load_corpus` with ``source="gutenberg"``
+Gutenberg into a cache directory with a progress bar; :func:`load_corpus` with
+``source="gutenberg"``
 tokenises them with ``tiktoken`` (GPT-2 BPE, vocabulary 50257) if it is installed, else as bytes.
 Without a network connection it falls back to the standard library and says so.
 
@@ -63,7 +64,8 @@ def stdlib_files() -> list[Path]:
 
 
 def stdlib_bytes(max_bytes: int | None = None) -> bytes:
-    """The concatenated bytes of the standard library's sources (optionally only the first ``max_bytes``)."""
+    """The concatenated bytes of the standard library's sources (optionally only the first
+    ``max_bytes``)."""
     chunks, total = [], 0
     for path in stdlib_files():
         data = path.read_bytes()
@@ -111,7 +113,8 @@ def load_corpus(
     val_fraction: float = 0.05,
     cache_dir: str | Path = "~/.cache/lpfa_gutenberg",
 ) -> Corpus:
-    """Load and tokenise a corpus. ``source``: "stdlib" (offline default) or "gutenberg" (online)."""
+    """Load and tokenise a corpus. ``source``: "stdlib" (offline default) or "gutenberg"
+    (online)."""
     if source not in ("stdlib", "gutenberg"):
         raise ValueError(f"source must be 'stdlib' or 'gutenberg', got {source!r}")
     if not 0 < val_fraction < 0.5:
@@ -187,7 +190,8 @@ class BatchOrder:
         world: int = 1,
         device="cpu",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets of ``step`` for this rank, shape (batch/world, block_size)."""
+        """Inputs and next-token targets of ``step`` for this rank, shape (batch/world,
+        block_size)."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} is outside the recorded order of {self.steps} steps")
         starts = self.offsets[step][rank::world]

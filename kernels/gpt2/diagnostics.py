@@ -40,7 +40,8 @@ from ..monitor.metrics import (
 def pairwise_rank1_cosine(u: torch.Tensor, x: torch.Tensor) -> float:
     """Mean cosine similarity of the rank-1 matrices u[T]ᵀx[T] over all pairs T ≠ T'.
 
-    For outer products, ⟨aᵀb, cᵀd⟩_F = (a·c)(b·d), so cos(u_iᵀx_i, u_jᵀx_j) = cos(u_i,u_j)·cos(x_i,x_j).
+    For outer products, ⟨aᵀb, cᵀd⟩_F = (a·c)(b·d), so cos(u_iᵀx_i, u_jᵀx_j) =
+    cos(u_i,u_j)·cos(x_i,x_j).
     """
     if u.shape[0] != x.shape[0] or u.shape[0] < 2:
         raise ValueError(f"need ≥ 2 tokens with matching counts, got {u.shape[0]} and {x.shape[0]}")

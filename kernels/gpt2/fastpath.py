@@ -1,6 +1,6 @@
 """Is the fast GPT-2 training step the same step? Bits first, then speed (CUDA GPU only).
 
-    python -m kernels.gpt2.fastpath --out $OUT   # gpt2_fastpath.json, and fast.env for what may be used
+    python -m kernels.gpt2.fastpath --out $OUT   # gpt2_fastpath.json, and fast.env: what to use
 
 Two speed-ups change how the chapter's training step is launched, not what it computes:
 the fused elementwise kernels of :mod:`kernels.attention.fused` and the CUDA graph of

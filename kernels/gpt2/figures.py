@@ -216,7 +216,7 @@ def plot_similarity(ax, failing: dict, control: dict, layer: int = 0):
 def plot_bias_shares(ax, groups: dict):
     """Dot plot of Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| per run, one row per group {label: values}."""
     rng = np.random.default_rng(0)
-    for y, (label, (values, colour)) in enumerate(groups.items()):
+    for y, (values, colour) in enumerate(groups.values()):
         values = np.asarray(values, dtype=float)
         ax.scatter(
             100 * values, y + rng.uniform(-0.15, 0.15, len(values)), color=colour, s=24, alpha=0.8
@@ -267,6 +267,7 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
 
 
 SEED_STYLES = {"s0": "-", "s1": "--"}
+STEP_TICKS = 10_000  # x ticks every 10k steps, labelled "10k": five-digit labels collide
 
 
 def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
@@ -283,8 +284,12 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
         axes[0].plot(*monitor_series(run, "wq", layer), **style)
         h = run["history"]
         axes[1].plot(*smooth(h["step"], h["loss"], width), **style)
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
     axes[0].set_yscale("log")
     axes[0].set_ylabel(f"‖W_Q‖₂, layer {layer}, largest head", fontsize=FONT)
     axes[1].set_ylabel("loss (nats / byte)", fontsize=FONT)
     for ax in axes:
         ax.set_xlabel("training step", fontsize=FONT)
+        ax.xaxis.set_major_locator(MultipleLocator(STEP_TICKS))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:.0f}k"))

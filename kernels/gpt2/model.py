@@ -37,7 +37,8 @@ class GPTConfig:
         for layer in self.layer_attn:
             if not 0 <= int(layer) < self.n_layer:
                 raise ValueError(
-                    f"layer_attn names layer {layer}, but the model has {self.n_layer} layers (0-based)"
+                    f"layer_attn names layer {layer}, but the model has {self.n_layer} layers "
+                    "(0-based)"
                 )
         parse_spec(self.attn)
 

@@ -13,7 +13,8 @@
 2. **The fix in a stock Hugging Face GPT-2.** ``GPT2LMHeadModel`` from a small config (no
    download: 4 layers, width 256, context 256, byte vocabulary), 200 steps on the book's
    bytes of Python under BF16 autocast with ``attn_implementation="sdpa"`` and with the
-   book's attention with δ from rowsum(dP∘P) (:mod:`kernels.attention.hf_attention`), seeds 0 and 1, the
+   book's attention with δ from rowsum(dP∘P) (:mod:`kernels.attention.hf_attention`), seeds 0 and
+   1, the
    same batches. The fix matches SDPA "within noise" when, for each seed, its smoothed
    loss curve stays as close to SDPA's of the same seed as SDPA's two seeds stay to each
    other (:func:`curve_gap`).

@@ -93,7 +93,8 @@ def variant_options(variant: str, obits: int = 7) -> dict:
 
 
 def make_runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
-    """One run per seed and variant; ``gpu_slot`` pins them all to one GPU (see :func:`assign_gpus`)."""
+    """One run per seed and variant; ``gpu_slot`` pins them all to one GPU (see
+    :func:`assign_gpus`)."""
     pin = {} if gpu_slot is None else {"gpu_slot": gpu_slot}
     out = []
     for seed in seeds:

@@ -1,6 +1,6 @@
 """Where one training step of the chapter's GPT-2 spends its time, and how many runs share a GPU.
 
-    python -m kernels.gpt2.profile --out $OUT            # on a CUDA GPU: writes gpt2_step_profile.json
+    python -m kernels.gpt2.profile --out $OUT      # on a CUDA GPU: writes gpt2_step_profile.json
 
 Three measurements, on the real-bf16 configuration of plan ``bf16_real`` (seed 0):
 

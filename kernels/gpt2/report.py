@@ -184,7 +184,8 @@ def outcome_table(runs: dict):
 
 
 def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | None):
-    """An ESTIMATE of the wall time of ``steps`` on ``gpu_name`` from a speed measured on an H200."""
+    """An ESTIMATE of the wall time of ``steps`` on ``gpu_name`` from a speed measured on an
+    H200."""
     if not gpu_name:
         return None, "no GPU"
     factor = next((f for key, f in GPU_FACTORS.items() if key in gpu_name.upper()), 0.3)

@@ -13,7 +13,8 @@ Resumable plans (runs with ``checkpoint_every``) are split into calls: every cal
 for ``--minutes``, leaves a checkpoint in ``--work`` and writes ``gpt2_<plan>.json`` (every log
 so far) to ``--out``; the *same command again* resumes each unfinished run where it stopped,
 bit-identically, and skips runs that finished, exploded or went NaN. ``--work`` must survive
-between calls: one device machine keeps its disk while it is held (the checkpoints, about 40 MB per run
+between calls: one device machine keeps its disk while it is held (the checkpoints, about 40 MB per
+run
 of this model, are too large to carry between machines). With ``--minutes 8`` a call ends within
 8 min 40 s, inside a 10-minute device-call limit. ``--only`` picks runs by name.
 
@@ -24,7 +25,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # ~68 steps/s, so about 4 calls of 8 minutes on a 4-GPU machine)
     python -m kernels.gpt2.search --plan bf16_long --minutes 8 --work /tmp/gpt2_search --out $OUT
     # the same on a 2-GPU machine, one seed at a time
-    python -m kernels.gpt2.search --plan bf16_long --only s1 --minutes 8 --work /tmp/gpt2_search --out $OUT
+    python -m kernels.gpt2.search --plan bf16_long --only s1 --minutes 8 \\
+        --work /tmp/gpt2_search --out $OUT
     # Ō with 5 and 6 mantissa bits, three seeds of U and F on seed 1 (20,000 steps; 8 runs,
     # two per GPU on 4 GPUs: about 2 calls)
     python -m kernels.gpt2.search --plan amp_bits --minutes 8 --work /tmp/gpt2_search --out $OUT
@@ -222,9 +224,11 @@ def select(runs, only: str = ""):
 
 
 def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
-    """Train the same run with torchrun on 2 GPUs and in one process on one GPU (same global batches),
+    """Train the same run with torchrun on 2 GPUs and in one process on one GPU (same global
+    batches),
     then the SDPA baseline alone: checks DDP and measures single-process speed. Writes
-    ``gpt2_ddp_log.txt`` (everything printed) and ``gpt2_ddp.json`` (the three logs, with provenance)."""
+    ``gpt2_ddp_log.txt`` (everything printed) and ``gpt2_ddp.json`` (the three logs, with
+    provenance)."""
     from ..results import provenance
 
     common = [

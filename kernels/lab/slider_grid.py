@@ -91,7 +91,7 @@ def beta_slider_figure(records):
         name="rule off",
         marker_color="#9e9e9e",
     )
-    for i, beta in enumerate(betas):
+    for beta in betas:
         rows = [by[(s, beta)] for s in settings]
         text = [
             f"rms {r['rms']:.2f} ulp; {r['nonfinite']} of {r['outputs']} outputs not finite"

@@ -240,7 +240,8 @@ def compare_devices(
     ),
 ):
     """z = (GPU mean − CPU mean) / √(se_gpu² + se_cpu²) per cell, for (cpu impl, gpu impl) pairs.
-    Returns {pair label: {'max_abs_z', 'z' (list), 'same_inputs'}}; pairs the GPU lacks are skipped."""
+    Returns {pair label: {'max_abs_z', 'z' (list), 'same_inputs'}}; pairs the GPU lacks are
+    skipped."""
     out = {}
     for cpu_impl, gpu_impl in pairs:
         c, g = _cells(cpu_records, cpu_impl), _cells(gpu_records, gpu_impl)

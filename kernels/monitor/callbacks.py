@@ -129,7 +129,7 @@ def __getattr__(name):
 # the two callback classes are made on first access (module __getattr__), so that neither
 # transformers nor Lightning is imported before it is needed
 __all__ = [
-    "MonitorLightningCallback",
+    "MonitorLightningCallback",  # noqa: F822
     "MonitorTrainerCallback",  # noqa: F822
     "lightning_callback_class",
 ]

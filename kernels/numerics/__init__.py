@@ -3,7 +3,8 @@
 The bottom layer of the package; it imports nothing else from ``kernels`` but the exercise
 checks' shared rules, :mod:`kernels.checking`.
 
-* :mod:`.formats`          formats, bit patterns, ``round_to`` / ``ulp`` on NumPy values (any format)
+* :mod:`.formats`          formats, bit patterns, ``round_to`` / ``ulp`` on NumPy values
+                            (any format)
 * :mod:`.addition`         one addition traced with integers (align, normalise, round, check);
   :mod:`.addition_view` shows a trace as text or HTML
 * :mod:`.rounding`         the torch helpers: ``round_to``, ``round_mantissa``, ``ulp``,

@@ -240,7 +240,8 @@ def check_against_library(
 
 
 def _exact_proxy(exact: Fraction, f: Format) -> float:
-    """A float64 that rounds like ``exact`` in ``f``: ``exact`` rounded to odd two bits below f's last bit.
+    """A float64 that rounds like ``exact`` in ``f``: ``exact`` rounded to odd two bits below f's
+    last bit.
 
     Needed when the exact sum has more bits than a float64 (e.g. 1e30 + 1e-30 in FP32).
     """

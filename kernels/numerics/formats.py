@@ -84,8 +84,8 @@ class Format:
 
     def __repr__(self) -> str:
         return (
-            f"Format({self.name}: 1+{self.exponent_bits}+{self.fraction_bits} bits, bias {self.bias},"
-            f" max {self.max:.6g}, eps {self.eps:.6g})"
+            f"Format({self.name}: 1+{self.exponent_bits}+{self.fraction_bits} bits, "
+            f"bias {self.bias}, max {self.max:.6g}, eps {self.eps:.6g})"
         )
 
 
@@ -193,7 +193,8 @@ def round_to(x, fmt):
 
 
 def ulp(x, fmt):
-    """Spacing of ``fmt`` numbers in the binade of ``x``: 2^(max(floor(log2|x|), emin) - fraction_bits).
+    """Spacing of ``fmt`` numbers in the binade of ``x``: 2^(max(floor(log2|x|), emin) -
+    fraction_bits).
 
     This is the gap between consecutive representable numbers around ``x`` (for ``x`` a power of
     two, the gap just above it). ulp(0) is the smallest subnormal; inf/NaN give NaN.
@@ -220,13 +221,15 @@ def _split_bits(code: int, f: Format) -> tuple[str, str, str]:
 
 
 def bits(x, fmt, sep: str = "|") -> str:
-    """The bit pattern of ``x`` stored in ``fmt`` (rounded to nearest-even first): sign|exponent|fraction."""
+    """The bit pattern of ``x`` stored in ``fmt`` (rounded to nearest-even first):
+    sign|exponent|fraction."""
     f = get_format(fmt)
     return sep.join(_split_bits(_pattern_int(_scalar(x, "x"), f), f))
 
 
 def from_bits(pattern: str, fmt) -> float:
-    """The value (float64) of a bit pattern such as ``'1|10000000|0010011'`` (separators, spaces, 0b ok)."""
+    """The value (float64) of a bit pattern such as ``'1|10000000|0010011'`` (separators, spaces,
+    0b ok)."""
     f = get_format(fmt)
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a string of 0s and 1s, got {pattern!r}")
@@ -259,7 +262,10 @@ class Fields:
         if self.kind in ("inf", "nan"):
             return f"{self.pattern}  {self.kind}"
         sign = "-" if self.sign else "+"
-        return f"{self.pattern}  = {sign}{self.significand} x 2^{self.exponent}  ({self.kind}) = {self.value!r}"
+        return (
+            f"{self.pattern}  = {sign}{self.significand} x 2^{self.exponent}  ({self.kind})"
+            f" = {self.value!r}"
+        )
 
 
 def decode(x, fmt) -> Fields:

@@ -42,7 +42,8 @@ def _message(text: str) -> Report:
 
 
 def parse_value(value, fmt) -> float:
-    """A number from a float, an int, or text: a decimal ('-2.5', '1e-3') or a bit pattern ('0b...').
+    """A number from a float, an int, or text: a decimal ('-2.5', '1e-3') or a bit pattern
+    ('0b...').
 
     Raises ValueError with a readable message for anything that is not a finite number representable
     (after rounding) in ``fmt``.
@@ -85,7 +86,8 @@ def parse_value(value, fmt) -> float:
 
 
 def explore(a, b, fmt="bf16", acc_fmt=None) -> Report:
-    """Trace ``a + b`` rounded to ``fmt``; ``a`` is held in ``acc_fmt`` (default ``fmt``), ``b`` in ``fmt``.
+    """Trace ``a + b`` rounded to ``fmt``; ``a`` is held in ``acc_fmt`` (default ``fmt``), ``b`` in
+    ``fmt``.
 
     Returns a :class:`Report`; never raises for bad numbers (the report says what was wrong).
     """
@@ -100,7 +102,8 @@ def explore(a, b, fmt="bf16", acc_fmt=None) -> Report:
     for name, given, op in (("a", x, trace.a), ("b", y, trace.b)):
         if given != 0 and op.value == 0:
             notes.append(
-                f"underflow: {name} = {given!r} is below the smallest {_formats.get_format(op.fmt).label}"
+                f"underflow: {name} = {given!r} is below the smallest "
+                f"{_formats.get_format(op.fmt).label}"
                 f" subnormal and was stored as 0"
             )
     if trace.overflow:

@@ -51,7 +51,8 @@ def apply() -> None:
 
 
 def visible_texts(fig):
-    """Every piece of text the reader will see: titles, labels, tick labels, legends, annotations."""
+    """Every piece of text the reader will see: titles, labels, tick labels, legends,
+    annotations."""
     from matplotlib.text import Text
 
     seen = []

@@ -121,7 +121,8 @@ def test_shape_mismatch_is_reported():
 
 
 def test_round_mantissa_is_bf16_and_fp16_rounding():
-    """7 kept bits = bf16 exactly (every finite and infinite value); 10 bits = fp16 in its normal range."""
+    """7 kept bits = bf16 exactly (every finite and infinite value); 10 bits = fp16 in its normal
+    range."""
     x = torch.randn(200_000) * torch.exp(torch.randn(200_000) * 20)
     x = torch.cat([x, torch.tensor([0.0, -0.0, math.inf, -math.inf, 3.3895313892515355e38, 1e-40])])
     assert torch.equal(round_mantissa(x, 7), x.to(torch.bfloat16).float())

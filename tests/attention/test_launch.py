@@ -40,7 +40,7 @@ def test_bad_options_still_fail_after_a_look_alike_was_cached():
     with pytest.raises(TypeError, match="scale must be a number"):
         options_from(dict(scale=[0.1]))  # unhashable: validated, not cached
     with pytest.raises(ValueError, match="exists only in the emulator"):
-        AttentionOptions(stable="always").kernel
+        _ = AttentionOptions(stable="always").kernel
     q = torch.randn(1, 1, 8, 16, device=DEVICE)
     with pytest.raises(ValueError, match="exists only in the emulator"):
         flash_attention(q, q, q, stable="offset")
@@ -93,7 +93,9 @@ def on_cuda(monkeypatch):
     monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
 
 
-def how(counter, blocks=dict(BLOCK_M=32, BLOCK_N=16), tuned=None, **options):
+def how(counter, blocks=None, tuned=None, **options):
+    blocks = dict(BLOCK_M=32, BLOCK_N=16) if blocks is None else blocks
+
     def first():
         counter.append(1)
         return launch.Launch(

@@ -364,7 +364,7 @@ def test_find_explosion():
     assert dg.find_explosion(steps, nan) == 700
 
 
-# ----------------------------------------------------------------------------- search plans and report
+# -------------------------------------------------------------------------- search plans and report
 @pytest.mark.parametrize(
     "name",
     [

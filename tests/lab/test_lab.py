@@ -154,7 +154,7 @@ def test_mean_ci_and_bias_summary_on_known_inputs():
     assert nan["nonfinite"] == 1 and nan["n_elements"] == 3
 
 
-# ------------------------------------------------------------------ bias measurements with known answers
+# ------------------------------------------------------------- bias measurements with known answers
 @pytest.mark.parametrize(
     "label", ["ideal", "fa2/off", "fa2/cross", "paper/off", "paper/tile", "paper-untiled/off"]
 )
@@ -232,7 +232,7 @@ def test_running_error_definitions():
     assert np.all(np.abs(r2["error"]) < 0.01)  # fp32 accumulator: tiny errors
 
 
-# ------------------------------------------------------------------ the widget's function never raises
+# --------------------------------------------------------------- the widget's function never raises
 EXTREMES = [
     dict(stable="cross", beta=1.0001, row_max=2.0),
     dict(stable="cross", beta=1e4, row_max=20.0),

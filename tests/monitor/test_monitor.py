@@ -81,7 +81,7 @@ class Reference:
 
     def __init__(self, layers):
         self.qkv, self.out, self.d_out, self.handles = {}, {}, {}, []
-        for i, (module, n_head) in enumerate(layers):
+        for i, (module, _) in enumerate(layers):
             self.handles.append(module.c_attn.register_forward_hook(self._qkv(i)))
             self.handles.append(module.c_proj.register_forward_pre_hook(self._out(i)))
         self.n_head = [h for _, h in layers]

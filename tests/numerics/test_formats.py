@@ -1,6 +1,7 @@
 """Tests for kernels/bf16.py: traces against the library casts, format constants, bad input.
 
-Every run draws fresh random operands (no fixed seed): a disagreement anywhere shows up sooner or later.
+Every run draws fresh random operands (no fixed seed): a disagreement anywhere shows up sooner or
+later.
 """
 
 import math
@@ -17,7 +18,8 @@ NAMES = list(B.FORMATS)
 
 
 def _random_values(fmt, n, rng):
-    """n finite values of ``fmt``: half random bit patterns, half log-uniform magnitudes over the range."""
+    """n finite values of ``fmt``: half random bit patterns, half log-uniform magnitudes over the
+    range."""
     f = B.get_format(fmt)
     codes = rng.integers(0, 2**f.total_bits, size=n, dtype=np.uint64).astype(f.uint)
     with np.errstate(invalid="ignore"):

@@ -1,4 +1,5 @@
-"""kernels.tools.booktools and the README: everything that names the repository derives from _config.yml.
+"""kernels.tools.booktools and the README: everything that names the repository derives from
+_config.yml.
 
 * the chapters' setup cells and the README's Colab table are in sync (`booktools check`);
 * changing the URL in a copy of the repository really changes the derived setup cells, Colab
