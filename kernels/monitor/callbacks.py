@@ -126,10 +126,14 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# the two callback classes are made on first access (module __getattr__), so that neither
-# transformers nor Lightning is imported before it is needed
-__all__ = [
-    "MonitorLightningCallback",  # noqa: F822
-    "MonitorTrainerCallback",  # noqa: F822
-    "lightning_callback_class",
-]
+# The two callback classes are made on first access (the module's __getattr__ above), so
+# that neither transformers nor Lightning is imported before it is needed. They are not in
+# __all__ (a star import would build both, importing both packages); import them by name:
+# ``from kernels.monitor.callbacks import MonitorLightningCallback``.
+_LAZY = ("MonitorLightningCallback", "MonitorTrainerCallback")
+
+__all__ = ["lightning_callback_class"]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

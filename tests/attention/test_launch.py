@@ -93,8 +93,11 @@ def on_cuda(monkeypatch):
     monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
 
 
-def how(counter, blocks=None, tuned=None, **options):
-    blocks = dict(BLOCK_M=32, BLOCK_N=16) if blocks is None else blocks
+FIXED_BLOCKS = (("BLOCK_M", 32), ("BLOCK_N", 16))
+
+
+def how(counter, blocks=FIXED_BLOCKS, tuned=None, **options):
+    blocks = dict(blocks) if blocks is not None else None
 
     def first():
         counter.append(1)

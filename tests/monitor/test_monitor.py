@@ -347,10 +347,7 @@ def test_outputs_and_gradients_are_bit_identical(kind, autocast):
 def test_no_hooks_between_monitoring_steps():
     model = book_model()
     mon = AttentionMonitor.attach(model, every=5, delta=True)
-    count = lambda: sum(
-        len(m._forward_hooks) + len(m._forward_pre_hooks)  # noqa: E731
-        for m in model.modules()
-    )
+    count = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     assert mon.step(1) is False and count() == 0
     assert mon.step(5) is True and count() == 2 * 3  # c_attn, c_proj, the layer
     book_loss(model, torch.randint(0, 256, (2, 24)))[1].backward()
