@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import csv
 import dataclasses
 import io
 import json
-import re
 import time
 import types
 from pathlib import Path
@@ -38,6 +36,7 @@ from .. import checking as scan
 from ..checking import WrongAnswer
 from . import isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
+from .submissions import cell_grade_id, chapter_of, csv_writer, explanation, feedback_page
 
 GRADES = ["student", "assignment", "score", "max_score", "by_hand_max"]
 EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
@@ -139,7 +138,7 @@ class Chapter:
     def load(cls, source_path: Path, release_path: Path | None = None):
         """The chapter from the autograder's source notebook (its cells' nbgrader ids)."""
         nb = notebook.load(source_path)
-        cells = {_grade_id(c): notebook.source(c) for c in nb["cells"] if _grade_id(c)}
+        cells = {cell_grade_id(c): notebook.source(c) for c in nb["cells"] if cell_grade_id(c)}
         names = [gid[: -len("-answer")] for gid in cells if gid.endswith("-answer")]
         plans = []
         for grade_id in names:
@@ -162,7 +161,9 @@ class Chapter:
                 )
             )
         setup_code = cells["exercise-setup"]
-        setup_at = next(i for i, c in enumerate(nb["cells"]) if _grade_id(c) == "exercise-setup")
+        setup_at = next(
+            i for i, c in enumerate(nb["cells"]) if cell_grade_id(c) == "exercise-setup"
+        )
         statements, package = chapter_imports(nb["cells"][:setup_at])
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
@@ -192,15 +193,13 @@ class Chapter:
         )
 
 
-def _grade_id(cell) -> str:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-
-
 def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     """The source of the student's answer to ``plan``: the code cells the student added since
     the previous answer cell (in order), then the answer cell; None if the answer cell is gone."""
     cells = nb.get("cells", [])
-    answers = {_grade_id(c): i for i, c in enumerate(cells) if _grade_id(c).endswith("-answer")}
+    answers = {
+        cell_grade_id(c): i for i, c in enumerate(cells) if cell_grade_id(c).endswith("-answer")
+    }
     at = answers.get(f"{plan.grade_id}-answer")
     if at is None and not answers:  # no nbgrader metadata at all (an app dropped it)
         wanted = chapter.answer_ids.get(f"{plan.grade_id}-answer")
@@ -214,14 +213,14 @@ def answer_source(chapter: Chapter, nb: dict, plan: Plan) -> str | None:
     # the window: after the previous answer cell, or after the exercise setup (never the
     # chapter's own cells, even if a notebook app renamed their ids)
     marks = [i for gid, i in answers.items() if i < at]
-    marks += [i for i, c in enumerate(cells[:at]) if _grade_id(c) == "exercise-setup"]
+    marks += [i for i, c in enumerate(cells[:at]) if cell_grade_id(c) == "exercise-setup"]
     start = max(marks) + 1 if marks else at
     added = [
         notebook.source(c)
         for c in cells[start:at]
         if c.get("cell_type") == "code"
         and c.get("id") not in chapter.template_ids
-        and not _grade_id(c)
+        and not cell_grade_id(c)
     ]
     return "\n\n".join([*added, notebook.source(cells[at])])
 
@@ -300,37 +299,6 @@ def grade_exercise(
     return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
 
 
-def explanation(nb: dict, plan: Plan, chapter: Chapter | None = None) -> str:
-    """The student's explanation for ``plan`` ("" if the cell is gone or still the prompt); in a
-    notebook without nbgrader's metadata, the markdown written between the answer and the
-    check (found by its text)."""
-    cells = nb.get("cells", [])
-    stub = notebook.TEXT_STUB.strip()
-    for cell in cells:
-        if _grade_id(cell) == f"{plan.grade_id}-explain":
-            text = notebook.source(cell).strip()
-            return "" if text == stub else text
-    if chapter is None or any(_grade_id(c) for c in cells):
-        return ""
-    check = chapter.locked.get(f"{plan.grade_id}-check", "").strip()
-    at = next(
-        (
-            i
-            for i, c in enumerate(cells)
-            if c.get("cell_type") == "code" and check and notebook.source(c).strip() == check
-        ),
-        None,
-    )
-    said = []
-    for cell in reversed(cells[:at] if at is not None else []):
-        if cell.get("cell_type") == "code":
-            break
-        text = notebook.source(cell).strip()
-        if text and text != stub:
-            said.insert(0, text)
-    return "\n\n".join(said)
-
-
 def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:
     results = []
     for plan in chapter.plans:
@@ -339,57 +307,6 @@ def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Re
             result.explanation = explanation(nb, plan, chapter)
         results.append(result)
     return results
-
-
-def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None:
-    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``);
-    else from the text of its locked cells (the exercise setup, the checks), which ``chapters``
-    know; else from a two-digit number in its file name (``Copy of 03_flash_forward.ipynb``)."""
-    cells = [c for c in nb.get("cells", []) if isinstance(c, dict)] if isinstance(nb, dict) else []
-    for cell in cells:
-        grade_id = _grade_id(cell)
-        if (
-            grade_id.startswith("ex")
-            and "_" in grade_id
-            and grade_id[2 : grade_id.index("_")].isdigit()
-        ):
-            return int(grade_id[2 : grade_id.index("_")])
-    texts = {notebook.source(c).strip() for c in cells if c.get("cell_type") == "code"}
-    matches = {
-        n: len(texts & {t.strip() for t in ch.locked.values()} - {""})
-        for n, ch in (chapters or {}).items()
-    }
-    if matches and max(matches.values()) >= 2:
-        return max(matches, key=matches.get)
-    found = re.search(r"(?<!\d)(\d\d)_", path.name)
-    return int(found.group(1)) if found else None
-
-
-def _feedback(student: str, chapter: Chapter, results: list[Result], path: Path) -> str:
-    score, best = sum(r.score for r in results), sum(r.max_score for r in results)
-    lines = [
-        f"# {chapter.assignment}, {student}: {score:g} / {best:g}",
-        "",
-        f"Graded from `{path.name}`.",
-        "",
-    ]
-    for r in results:
-        verdict = "all checks pass" if all(r.passed) and not r.message else r.message
-        lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
-        if r.explanation is not None:
-            said = "graded by hand" if r.explanation else "no explanation written: 0 points"
-            lines.append(
-                f"- Exercise {r.name}, explanation: {said} ({notebook.EXPLAIN_POINTS:g} point)"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def _writer(path: Path, fields):
-    f = open(path, "w", newline="")
-    writer = csv.DictWriter(f, fieldnames=fields)
-    writer.writeheader()
-    f.flush()
-    return f, writer
 
 
 def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[dict]:
@@ -415,9 +332,9 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
     rows, skipped = [], []
     for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
         skipped.append((stray, "not in a <student>/ folder"))
-    grades_f, grades = _writer(out / "grades.csv", GRADES)
-    ex_f, per_exercise = _writer(out / "exercises.csv", EXERCISES)
-    why_f, explained = _writer(out / "explanations.csv", EXPLANATIONS)
+    grades_f, grades = csv_writer(out / "grades.csv", GRADES)
+    ex_f, per_exercise = csv_writer(out / "exercises.csv", EXERCISES)
+    why_f, explained = csv_writer(out / "explanations.csv", EXPLANATIONS)
     try:
         for folder in sorted(p for p in submissions.iterdir() if p.is_dir()):
             student, started, done = folder.name, time.perf_counter(), set()
@@ -483,7 +400,7 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                         )
                 feedback = out / "feedback" / student / f"{chapter.assignment}.md"
                 feedback.parent.mkdir(parents=True, exist_ok=True)
-                feedback.write_text(_feedback(student, chapter, results, path))
+                feedback.write_text(feedback_page(student, chapter, results, path))
             grades.writerows(student_rows)
             for f in (grades_f, ex_f, why_f):
                 f.flush()
