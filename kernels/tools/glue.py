@@ -10,7 +10,11 @@ from __future__ import annotations
 
 
 def glue(name: str, value, display: bool = False):
-    """Store ``value`` under ``name`` for the prose (MyST-NB); returns ``value``."""
+    """Store ``value`` under ``name`` for the prose (MyST-NB); returns ``value``. A NumPy or
+    torch scalar is stored as the Python number it holds (its repr, ``np.float64(0.5)``, is
+    not a number a format spec such as ``:.2f`` can read)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
