@@ -9,8 +9,9 @@ value is simply returned: the cell's own printed output shows it there.
 from __future__ import annotations
 
 
-def glue(name: str, value, display: bool = False):
-    """Store ``value`` under ``name`` for the prose (MyST-NB); returns ``value``. A NumPy or
+def glue(name: str, value, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the prose (MyST-NB). Returns nothing, so a glue as a
+    cell's last line prints no output box under the cell. A NumPy or
     torch scalar is stored as the Python number it holds (its repr, ``np.float64(0.5)``, is
     not a number a format spec such as ``:.2f`` can read)."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
@@ -18,6 +19,5 @@ def glue(name: str, value, display: bool = False):
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
-        return value
+        return
     myst_glue(name, value, display=display)
-    return value
