@@ -234,6 +234,8 @@ __all__ = [
 # Pairs of stored runs that differ only in where δ comes from: (failing path, fp32-O control),
 # same seed, batch order, schedule and mantissa bits of Ō. ``k5-U-s0`` (plan amplify) and
 # ``k5-F-s0`` (plan amp_final) were made by two calls of the same code and options.
+# the earlier real-BF16 pair of seed 0 (one H200 each, 31,000 steps on the 60,000-step schedule)
+EARLIER_BF16 = {"U": "k7long-U-s0", "F": "k7long-F-s0"}
 PAIRS = (
     ("k3-U-s0", "k3-F-s0"),
     ("k4-U-s1", "k4-F-s1"),
