@@ -11,6 +11,7 @@ from kernels.attention import AttentionOptions
 from kernels.env import interpreting
 from kernels.gpt2 import (
     GPT,
+    PLANS,
     BatchOrder,
     EmulatedAttention,
     GPTConfig,
@@ -365,22 +366,7 @@ def test_find_explosion():
 
 
 # -------------------------------------------------------------------------- search plans and report
-@pytest.mark.parametrize(
-    "name",
-    [
-        "tiny",
-        "probe",
-        "probe2",
-        "seeds",
-        "amplify",
-        "amp_seeds",
-        "amp_final",
-        "bf16_long",
-        "amp_bits",
-        "controls",
-        "amp_fixes",
-    ],
-)
+@pytest.mark.parametrize("name", PLANS)
 def test_every_plan_builds_valid_runs(name):
     from kernels.gpt2.plans import plan
 
