@@ -193,6 +193,7 @@ def plot_precondition(axes, failing: dict, control: dict, layer: int = 0, width:
     axes[2].set(yscale="log")
     axes[2].set_ylabel(f"‖W_Q‖₂, layer {layer}", fontsize=FONT)
     axes[2].set_xlabel("training step", fontsize=FONT)
+    step_axis(axes[2], int(monitor_series(failing, "wq", layer)[0][-1]))
     return dep
 
 
@@ -267,13 +268,23 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
 
 
 SEED_STYLES = {"s0": "-", "s1": "--"}
-STEP_TICKS = 10_000  # x ticks every 10k steps, labelled "10k": five-digit labels collide
+
+
+def step_axis(ax, last_step: int):
+    """Step ticks labelled in thousands ("20k"), every 10k steps or every 20k past 40k steps
+    (five-digit labels, or too many of them, collide at the column's width)."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    ax.xaxis.set_major_locator(MultipleLocator(10_000 if last_step <= 40_000 else 20_000))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:.0f}k"))
 
 
 def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     """Real BF16: layer ``layer``'s ‖W_Q‖₂ (largest head, log scale) and the smoothed loss
     against the step, one line per run of ``runs`` {legend label: (variant, seed, run)}; colour
-    = variant, line style = seed (solid 0, dashed 1), thin dotted = a repeated run."""
+    = variant, line style = seed (solid 0, dashed 1), thin dotted = a repeated run; a cross
+    marks a loss explosion."""
+    last = 0
     for label, (variant, seed, run, *repeat) in runs.items():
         style = dict(
             color=VARIANT_COLOURS[variant],
@@ -281,15 +292,21 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
             lw=1.0 if repeat else 1.4,
             label=label,
         )
-        axes[0].plot(*monitor_series(run, "wq", layer), **style)
+        steps, wq = monitor_series(run, "wq", layer)
+        axes[0].plot(steps, wq, **style)
         h = run["history"]
-        axes[1].plot(*smooth(h["step"], h["loss"], width), **style)
-    from matplotlib.ticker import FuncFormatter, MultipleLocator
-
+        loss_steps, loss = smooth(h["step"], h["loss"], width)
+        axes[1].plot(loss_steps, loss, **style)
+        boom = outcome(run)["step"]
+        if boom is not None:
+            at = min(np.searchsorted(loss_steps, boom), len(loss) - 1)
+            axes[1].plot(boom, loss[at], "X", color=style["color"], ms=9, mec="black")
+            at = min(np.searchsorted(steps, boom), len(wq) - 1)
+            axes[0].plot(boom, wq[at], "X", color=style["color"], ms=9, mec="black")
+        last = max(last, int(steps[-1]))
     axes[0].set_yscale("log")
     axes[0].set_ylabel(f"‖W_Q‖₂, layer {layer}, largest head", fontsize=FONT)
     axes[1].set_ylabel("loss (nats / byte)", fontsize=FONT)
     for ax in axes:
         ax.set_xlabel("training step", fontsize=FONT)
-        ax.xaxis.set_major_locator(MultipleLocator(STEP_TICKS))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:.0f}k"))
+        step_axis(ax, last)

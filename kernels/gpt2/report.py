@@ -209,6 +209,7 @@ __all__ = [
     "outcome_table",
     "obits_of",
     "PAIRS",
+    "REAL_BF16_PAIRS",
     "DEPARTURE_RULES",
     "rolling_mean",
     "departure",
@@ -245,6 +246,9 @@ PAIRS = (
     ("k7-U-s0", "k7-F-s0"),
     ("k7long-U-s0", "k7long-F-s0"),
 )
+# Real BF16 (results/gpt2_bf16_real_long*.json): the seed whose failing path exploded, and its
+# control on the same batches (the other seed's control has not been run as far)
+REAL_BF16_PAIRS = (("bf16-U-s1", "bf16-F-s1"),)
 # How far above the control, and smoothed over how many monitoring points, counts as "left":
 # ‖W_Q‖ is smooth (25 % above, no smoothing); the tie share and the rank-1 cosines are noisy
 # from step to step (10 % and 25 % above the control, over 5 points = 500 steps).
@@ -368,14 +372,20 @@ def fix_runs(stored: dict) -> dict:
     }
 
 
-def wq_ratio(run: dict, control: dict, layer: int = 0):
-    """(steps, ratio): layer ``layer``'s largest-head ‖W_Q‖₂ of ``run`` over its control's, at
-    the checks both logged with finite values."""
-    s_run, w_run = monitor_series(run, "wq", layer)
-    s_ctl, w_ctl = monitor_series(control, "wq", layer)
+def wq_ratio(run: dict, control: dict, layer: int = 0, key: str = "wq"):
+    """(steps, ratio): layer ``layer``'s largest-head ‖W_Q‖₂ (or the diagnostic ``key``) of
+    ``run`` over its control's, at the checks both logged with finite values."""
+    s_run, w_run = monitor_series(run, key, layer)
+    s_ctl, w_ctl = monitor_series(control, key, layer)
     keep_run, keep_ctl = np.isfinite(w_run), np.isfinite(w_ctl)
     steps, at_run, at_ctl = np.intersect1d(s_run[keep_run], s_ctl[keep_ctl], return_indices=True)
     return steps, w_run[keep_run][at_run] / w_ctl[keep_ctl][at_ctl]
+
+
+def mean_loss(run: dict, start: int, stop: int) -> float:
+    """The mean logged training loss over steps ``start`` <= step < ``stop``."""
+    steps, loss = np.asarray(run["history"]["step"]), np.asarray(run["history"]["loss"])
+    return float(loss[(steps >= start) & (steps < stop)].mean())
 
 
 def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10_000):
@@ -390,9 +400,9 @@ def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10
     return int(later[0]) if len(later) else None
 
 
-def wq_growth(run: dict, control: dict, step: int, layer: int = 0) -> float:
-    """:func:`wq_ratio` at the last check at or before ``step`` (NaN if there is none)."""
-    steps, ratio = wq_ratio(run, control, layer)
+def wq_growth(run: dict, control: dict, step: int, layer: int = 0, key: str = "wq") -> float:
+    """:func:`wq_ratio` (of ``key``) at the last check at or before ``step`` (NaN if none)."""
+    steps, ratio = wq_ratio(run, control, layer, key)
     before = ratio[steps <= step]
     return float(before[-1]) if len(before) else float("nan")
 
