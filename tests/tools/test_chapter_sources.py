@@ -57,3 +57,16 @@ def test_no_internal_words(path):
 def test_the_rule_catches_what_it_should():
     assert INTERNAL.search("see GUIDE §1") and INTERNAL.search("[local] run")
     assert not INTERNAL.search("a random seed of 3")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapters_are_stored_without_outputs(path):
+    """Outputs are made where a chapter runs (the site build, nbmake, Colab); stored ones go stale
+    and would contradict the text beside them on GitHub and in Colab before the first run."""
+    nb = json.loads(path.read_text())
+    executed = [
+        i
+        for i, cell in enumerate(nb["cells"])
+        if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))
+    ]
+    assert executed == [], f"{path.name}: code cells stored with outputs: {executed[:5]}"
