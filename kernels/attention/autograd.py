@@ -16,48 +16,22 @@ explicit-rounding path gives the same numbers (pass ``explicit=`` to force a pat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .flash_bwd import flash_backward
+from .custom_op import Gradients, backward_gradients, flash_attention_op
 from .flash_fwd import flash_forward
 from .launch import check_device, use_explicit
 from .options import AttentionOptions, check_tensors, options_from
 
 
-@dataclass
-class Gradients:
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    delta: torch.Tensor  # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
-    out: torch.Tensor  # the O the backward pass used
-    lse: torch.Tensor  # L = m + log ℓ of the forward pass
-
-
 def _prepare(q, k, v, opts: AttentionOptions, explicit):
     """The one place a call's inputs are checked; returns the rounding path. (The options
     are checked once per options object: ``opts.kernel`` is computed on first use.)"""
-    opts.kernel  # noqa: B018  (raises if the kernels cannot compute these options)
+    if not torch.compiler.is_compiling():  # traced, the op checks them when it first runs
+        opts.kernel  # noqa: B018  (raises if the kernels cannot compute these options)
     check_tensors(q, k, v)
     check_device(q)
     return use_explicit(explicit)
-
-
-def _backward(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
-    out_fp32 = None
-    if opts.delta_source == "o_fp32":
-        # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
-        out_fp32, _, _ = flash_forward(
-            q, k, v, opts, explicit=explicit, round_out=False, checked=True
-        )
-    if d_out.dtype != q.dtype:
-        d_out = d_out.to(q.dtype)
-    dq, dk, dv, delta = flash_backward(
-        q, k, v, out, d_out, lse, opts, explicit=explicit, out_fp32=out_fp32
-    )
-    return Gradients(dq, dk, dv, delta, out, lse)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -76,7 +50,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        g = _backward(q, k, v, out, lse, grad_out, ctx.opts, ctx.explicit)
+        g = backward_gradients(q, k, v, out, lse, grad_out, ctx.opts, ctx.explicit)
         return g.dq, g.dk, g.dv, None, None
 
 
@@ -96,6 +70,8 @@ def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=N
     """
     opts = options_from(options) if opts is None else opts
     explicit = _prepare(q, k, v, opts, explicit)
+    if torch.compiler.is_compiling():  # the custom op: torch.compile captures it whole
+        return flash_attention_op(q, k, v, opts, explicit)
     return FlashAttention.apply(q, k, v, opts, explicit)
 
 
@@ -122,4 +98,4 @@ def backward_pass(
         raise ValueError("give both out and lse (from the same forward pass), or neither")
     if out is None:
         out, lse, _ = flash_forward(q, k, v, opts, explicit=explicit, checked=True)
-    return _backward(q, k, v, out, lse, d_out, opts, explicit)
+    return backward_gradients(q, k, v, out, lse, d_out, opts, explicit)

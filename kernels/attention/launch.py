@@ -25,7 +25,6 @@ The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
 import torch
@@ -77,9 +76,14 @@ _PARAMS_CACHE: dict = {}
 _MAX_PLANS = 1024  # per launcher; a full cache is emptied, never trimmed
 
 
-@functools.lru_cache(maxsize=1)
+_NATIVE_BF16: list[bool] = []  # remembered: it queries the device, and this runs every call
+
+
 def _native_bf16() -> bool:
-    return native_bf16()  # cached: it queries the device, and this runs on every call
+    # a plain memo, not functools.lru_cache, which torch.compile warns about when it traces it
+    if not _NATIVE_BF16:
+        _NATIVE_BF16.append(native_bf16())
+    return _NATIVE_BF16[0]
 
 
 def use_explicit(explicit=None) -> bool:
