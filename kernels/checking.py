@@ -40,6 +40,7 @@ __all__ = [
     "need",
     "need_function",
     "need_names",
+    "need_tensor",
     "call",
     "fail",
     "correct",
@@ -117,6 +118,18 @@ def need_names(answer, name: str, allowed, example: str) -> set:
     if not given <= set(allowed):
         fail(f"use only the names {list(allowed)}")
     return given
+
+
+def need_tensor(got, name: str, shape, wrong_shape: str):
+    """``got`` if it is a tensor of ``shape``; else fail, saying ``wrong_shape`` (what the shape
+    should be) and the shape it has."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        fail(f"{name} should return a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(shape):
+        fail(f"{wrong_shape}, got shape {tuple(got.shape)}")
+    return got
 
 
 def call(fn, name: str, *args, **kwargs):
