@@ -305,7 +305,7 @@ FORBIDDEN = {
         "the exercise asks you to predict the error, not to round",
         modules={"ml_dtypes", "torch", "jax"},
         names={"torch"},
-        attributes={"bfloat16", "round_to"},
+        attributes={"bfloat16", "round_to", "round_to_dtype"},
     ),
     "6.3": _rule("the exercise asks you to write the rule", attributes={"offset_rule"}),
     "7.3": _rule("the exercise asks you to write the walk", attributes={"departure"}),
@@ -343,7 +343,7 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
     ``exercise``, such as ``"2.2"``); ``module_names``: the names the chapter binds to modules
     (``ex``, ``torch``, ``np``, ...); ``package_names``: the names the chapter's earlier cells
-    bind to the book's package (``report``, ``tiling``, ``round_to``), which answers may not
+    bind to the book's package (``report``, ``tiling``, ``round_to_dtype``), which answers may not
     use."""
     try:
         tree = ast.parse(source)

@@ -44,6 +44,7 @@ class Implementation:
 
 _LAB = "kernels.lab.implementations"
 _GOLDEN = "kernels.golden.implementations"
+_RUNS = {_LAB: f"{_LAB}.run_case", _GOLDEN: f"{_GOLDEN}.run_in_format"}  # of the models
 _ALL = (
     Implementation("sdpa", "torch SDPA", "SDPA", "sdpa"),
     Implementation("sdpa-flash", "SDPA flash", "SDPA flash", "sdpa", True, aliases=("sdpa_flash",)),
@@ -226,7 +227,7 @@ def runner(name: str, opts: AttentionOptions | None = None, **options):
             return standard_attention(*(t.to(work) for t in (q, k, v)), opts.causal, opts.scale)
 
     else:
-        raise ValueError(f"{name} is a model of its experiment: run it with {impl.home}.run")
+        raise ValueError(f"{name} is a model of its experiment: run it with {_RUNS[impl.home]}")
     attn.__name__ = impl.name
     return attn
 

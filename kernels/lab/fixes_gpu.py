@@ -25,11 +25,11 @@ import torch
 
 from .. import results
 from ..attention import backward_pass, flash_attention
-from ..numerics.rounding import round_to
+from ..numerics.rounding import round_to_dtype
 from . import gpu as sweep_gpu
 from .cases import Case, VDist, build, reference
 from .fixes import CAP, FIXES, delta_stats, output_stats, upstream_gradient
-from .implementations import run
+from .implementations import run_case
 
 SETTINGS = [
     (2, -1.0, 0.0),
@@ -82,8 +82,8 @@ def _triton_rows(built, d_out, block_n):
             ).delta.squeeze(1)
         elif fix.delta == "o_hilo":
             o32 = _fp32_output(q, k, v, opts).squeeze(1)  # O_hi + O_lo carries O to ~2^-16
-            o_hi = round_to(o32, torch.bfloat16)
-            o_lo = round_to(o32 - o_hi, torch.bfloat16)
+            o_hi = round_to_dtype(o32, torch.bfloat16)
+            o_lo = round_to_dtype(o32 - o_hi, torch.bfloat16)
             delta = (d_out.float() * o_hi).sum(-1) + (d_out.float() * o_lo).sum(-1)
         else:
             delta = (d_out.float() * out).sum(-1)
@@ -107,11 +107,11 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
         o_exact = reference(built)
         d_out = upstream_gradient(built, -0.5, 0)
         delta_exact = (d_out * o_exact).sum(-1)
-        outputs = {"ideal": round_to(o_exact, torch.bfloat16).float()}
-        outputs["emulator/fa2"] = run("fa2", built, block_n=case.block_n).out
-        outputs["emulator/paper-untiled"] = run("paper-untiled", built).out
+        outputs = {"ideal": round_to_dtype(o_exact, torch.bfloat16).float()}
+        outputs["emulator/fa2"] = run_case("fa2", built, block_n=case.block_n).out
+        outputs["emulator/paper-untiled"] = run_case("paper-untiled", built).out
         if device == "cuda":
-            outputs.update({name: run(name, built).out for name in SDPA})
+            outputs.update({name: run_case(name, built).out for name in SDPA})
         rows = {name: (out, (d_out.float() * out).sum(-1)) for name, out in outputs.items()}
         rows.update(_triton_rows(built, d_out, case.block_n))
         for name, (out, delta) in rows.items():

@@ -35,7 +35,7 @@ def _triton_available(device, small) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"[:300]
     try:  # one tiny call: a kernel that imports but does not run is also 'not available'
         built = lab.build(lab.Case(n_keys=128, batch=1, head_dim=64, ties=1), 0, device)
-        lab.run("triton", built, stable="off")
+        lab.run_case("triton", built, stable="off")
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"[:300]
     return True, "ran" + (" (Triton interpreter)" if device != "cuda" else " (native)")
