@@ -123,6 +123,17 @@ FLASH_BENCH = {
 }
 # ... and of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
 FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
+# ... and the rows of results/bias_sources_gpu.json (python -m kernels.lab.fixes_gpu), read by
+# chapter 5: the book's kernel once per fix ("triton/none", "triton/delta_dp", ...)
+BIAS_SOURCES = {
+    "ideal": "ideal",
+    "fa2": "emulator/fa2",
+    "paper-untiled": "emulator/paper-untiled",
+    "sdpa-flash": "sdpa-flash",
+    "sdpa-cudnn": "sdpa-cudnn",
+    "sdpa-efficient": "sdpa-efficient",
+    "triton": "triton/none",
+}
 
 
 def parse(name: str) -> tuple[Implementation, str]:

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from .. import results
-from ..attention import backward_pass, flash_attention
+from ..attention import backward_pass, flash_attention, registry
+from ..attention.registry import BIAS_SOURCES
 from ..numerics.rounding import round_to_dtype
 from . import gpu as sweep_gpu
 from .cases import Case, VDist, build, reference
@@ -39,7 +40,7 @@ SETTINGS = [
     (1, -1.0, 0.0),
     (2, 0.0, -1.0),
 ]  # (ties, vmax, vrest), as in the chapters' tables
-SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+SDPA = tuple(n for n in registry.group("lab-gpu") if registry.get(n).kind == "sdpa")
 SPEED_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64)]
 SPEED_VARIANTS = {
     "FA2 (book kernel)": {},
@@ -107,9 +108,9 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
         o_exact = reference(built)
         d_out = upstream_gradient(built, -0.5, 0)
         delta_exact = (d_out * o_exact).sum(-1)
-        outputs = {"ideal": round_to_dtype(o_exact, torch.bfloat16).float()}
-        outputs["emulator/fa2"] = run_case("fa2", built, block_n=case.block_n).out
-        outputs["emulator/paper-untiled"] = run_case("paper-untiled", built).out
+        outputs = {BIAS_SOURCES["ideal"]: round_to_dtype(o_exact, torch.bfloat16).float()}
+        outputs[BIAS_SOURCES["fa2"]] = run_case("fa2", built, block_n=case.block_n).out
+        outputs[BIAS_SOURCES["paper-untiled"]] = run_case("paper-untiled", built).out
         if device == "cuda":
             outputs.update({name: run_case(name, built).out for name in SDPA})
         rows = {name: (out, (d_out.float() * out).sum(-1)) for name, out in outputs.items()}
