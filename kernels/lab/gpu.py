@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import lab, results
+from ..attention import registry
 
 
 def _triton_available(device, small) -> tuple[bool, str]:
@@ -50,7 +51,7 @@ def main(argv=None):
     impls = list(lab.SWEEP_IMPLS)
     ran = {"emulator": True}
     if device == "cuda":
-        impls += ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa2-mma"]
+        impls += [n for n in lab.GPU_ONLY if registry.get(n).kind != "book"]  # SDPA, fa2-mma
         ran["sdpa"] = True
     ok, why = _triton_available(device, args.small)
     ran["triton"] = why
