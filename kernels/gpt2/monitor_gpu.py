@@ -58,6 +58,11 @@ FULL = {key: full for key, (full, _) in _SIZES.items()}
 SMALL = {key: small for key, (_, small) in _SIZES.items()}
 
 
+def _model_sizes(sizes) -> dict:
+    """The sizes both models are built with (the book's GPT, transformers' GPT-2)."""
+    return {key: sizes[key] for key in ("n_layer", "n_head", "n_embd")}
+
+
 def _sync(device):
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -87,13 +92,7 @@ def overhead_stage(sizes, device, seed=0) -> dict:
     from .model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    cfg = GPTConfig(
-        n_layer=sizes["n_layer"],
-        n_head=sizes["n_head"],
-        n_embd=sizes["n_embd"],
-        block_size=sizes["block_size"],
-        attn="sdpa",
-    )
+    cfg = GPTConfig(**_model_sizes(sizes), block_size=sizes["block_size"], attn="sdpa")
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
     n_batches = 8
@@ -258,9 +257,7 @@ def _train_hf(sizes, device, name, corpus, order, curves, seconds):
         for implementation in ("sdpa", "fix"):
             torch.manual_seed(seed)
             cfg = GPT2Config(
-                n_layer=sizes["n_layer"],
-                n_head=sizes["n_head"],
-                n_embd=sizes["n_embd"],
+                **_model_sizes(sizes),
                 n_positions=n,
                 vocab_size=256,
                 attn_pdrop=0.0,
