@@ -16,7 +16,8 @@ Kinds:
                ``-untiled``: one tile of all the keys (the paper's own PyTorch code)
 ``reference``  standard attention in fp32 (``math32``) or fp64
 ``model``      an experiment's own model of a kernel (the lab's ``fa2-fma``, chapter 8's
-               ``fa1``): named here, run by the module :attr:`Implementation.home` names
+               ``fa1``): named here, run by the module :attr:`Implementation.home` names (the
+               lab's ``run_case``, chapter 8's ``run_in_format``)
 
 :data:`GROUPS` lists which implementations each experiment compares.
 """
