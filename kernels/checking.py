@@ -40,6 +40,7 @@ __all__ = [
     "need",
     "need_function",
     "need_names",
+    "need_tensor",
     "call",
     "fail",
     "correct",
@@ -117,6 +118,18 @@ def need_names(answer, name: str, allowed, example: str) -> set:
     if not given <= set(allowed):
         fail(f"use only the names {list(allowed)}")
     return given
+
+
+def need_tensor(got, name: str, shape, wrong_shape: str):
+    """``got`` if it is a tensor of ``shape``; else fail, saying ``wrong_shape`` (what the shape
+    should be) and the shape it has."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        fail(f"{name} should return a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(shape):
+        fail(f"{wrong_shape}, got shape {tuple(got.shape)}")
+    return got
 
 
 def call(fn, name: str, *args, **kwargs):
@@ -292,7 +305,7 @@ FORBIDDEN = {
         "the exercise asks you to predict the error, not to round",
         modules={"ml_dtypes", "torch", "jax"},
         names={"torch"},
-        attributes={"bfloat16", "round_to"},
+        attributes={"bfloat16", "round_to", "round_to_dtype"},
     ),
     "6.3": _rule("the exercise asks you to write the rule", attributes={"offset_rule"}),
     "7.3": _rule("the exercise asks you to write the walk", attributes={"departure"}),
@@ -330,7 +343,7 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
     ``exercise``, such as ``"2.2"``); ``module_names``: the names the chapter binds to modules
     (``ex``, ``torch``, ``np``, ...); ``package_names``: the names the chapter's earlier cells
-    bind to the book's package (``report``, ``tiling``, ``round_to``), which answers may not
+    bind to the book's package (``report``, ``tiling``, ``round_to_dtype``), which answers may not
     use."""
     try:
         tree = ast.parse(source)

@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from .checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
+from . import checking as ck
 from .env import interpreting
 
 
@@ -30,42 +30,42 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
     """Exercise 2.1: ``fn(n, block) -> (programs, masked_lanes)`` for ``vector_add``'s launch.
 
     Fresh (n, block) pairs: n a multiple of block, n below block, and n anywhere."""
-    need_function(fn, "launch_grid")
-    forbid(fn, "2.1")
-    rng = fresh_rng()
+    ck.need_function(fn, "launch_grid")
+    ck.forbid(fn, "2.1")
+    rng = ck.fresh_rng()
     count = 300 if thorough else 30
     blocks = 2 ** rng.integers(4, 11, count)  # 16 ... 1024
     ns = rng.integers(1, 200_000, count)
     ns[: count // 3] = blocks[: count // 3] * rng.integers(1, 50, count // 3)  # no remainder
     ns[count // 3 : count // 2] = rng.integers(1, blocks[count // 3 : count // 2])  # n < block
     for n, block in zip(ns.tolist(), blocks.tolist()):
-        got = call(fn, "launch_grid", n, block)
+        got = ck.call(fn, "launch_grid", n, block)
         try:
             programs, masked = (int(v) for v in got)
         except (TypeError, ValueError):
-            fail(f"launch_grid should return a pair (programs, masked_lanes), got {got!r}")
+            ck.fail(f"launch_grid should return a pair (programs, masked_lanes), got {got!r}")
         want_programs, want_masked = _launch_grid_expected(n, block)
         if programs != want_programs:
             if programs == n // block:
-                fail(
+                ck.fail(
                     "too few programs when n is not a multiple of block: the last, partly "
                     "filled block needs a program too"
                 )
-            fail(
+            ck.fail(
                 "wrong number of programs: one program per block of `block` lanes, and "
                 "together they must cover all n elements"
             )
         if masked != want_masked:
             if masked == n % block:
-                fail(
+                ck.fail(
                     "the masked lanes are the ones past n in the last program, not the ones "
                     "it keeps"
                 )
-            fail(
+            ck.fail(
                 "wrong number of masked lanes: count the lanes of all programs, then the ones "
                 "at index n or beyond"
             )
-    correct(f"{count} fresh launches (n up to 200,000, block 16 to 1,024)")
+    ck.correct(f"{count} fresh launches (n up to 200,000, block 16 to 1,024)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,10 +132,10 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
     Fresh rows of lengths that are not powers of two, all negative; and rows whose next element
     in memory is larger than all of theirs. ``thorough`` (the grader's hidden test) adds more
     and longer rows and a single column."""
-    need_function(fn, "row_max")
-    forbid(fn, "2.2")
+    ck.need_function(fn, "row_max")
+    ck.forbid(fn, "2.2")
     device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
-    gen, rng = fresh_generator(), fresh_rng()
+    gen, rng = ck.fresh_generator(), ck.fresh_rng()
     lengths = [int(n) for n in rng.integers(3, 200, 6 if thorough else 3)]
     lengths = [n + 1 if n & (n - 1) == 0 else n for n in lengths]  # never a power of two
     if thorough:
@@ -149,36 +149,36 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
         want = x.amax(dim=1)
         launches: list = []
         with _triton_only(launches):
-            got = call(fn, "row_max", x)
+            got = ck.call(fn, "row_max", x)
         launches += getattr(fn, "remote_launches", [])  # the grader's worker counted them
         if not launches:
-            fail(
+            ck.fail(
                 "row_max launched no Triton kernel: write the kernel and launch it with "
                 "kernel[grid](...)"
             )
-        if not isinstance(got, torch.Tensor):
-            fail(f"row_max should return a tensor, got {type(got).__name__}")
-        if tuple(got.shape) != tuple(want.shape):
-            fail(
-                f"for x of shape {tuple(x.shape)} row_max should return one value per row, "
-                f"shape {tuple(want.shape)}; it returned shape {tuple(got.shape)}"
-            )
+        ck.need_tensor(
+            got,
+            "row_max",
+            want.shape,
+            f"for x of shape {tuple(x.shape)} row_max should return one value per row, "
+            f"shape {tuple(want.shape)}",
+        )
         got = got.to(device=want.device, dtype=want.dtype)
         if torch.equal(got, want):
             continue
         rows = f"rows of {x.shape[1]} entries"
         if kind == "negative" and bool((got == 0).any()):
-            fail(
+            ck.fail(
                 f"on {rows}, all negative, some maximum came out as 0: what do the masked "
                 "lanes read?"
             )
         if bool((got > want).any()):
-            fail(
+            ck.fail(
                 f"on {rows} some maximum is larger than every entry of its row: does the mask "
                 "let one lane read past the end of the row?"
             )
-        fail(
+        ck.fail(
             f"wrong maxima on {rows}: check the pointer of each row (row index times the "
             "row stride) and the mask"
         )
-    correct(f"{len(cases)} fresh tensors ({len(lengths)} row lengths) match torch.amax exactly")
+    ck.correct(f"{len(cases)} fresh tensors ({len(lengths)} row lengths) match torch.amax exactly")

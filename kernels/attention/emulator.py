@@ -44,7 +44,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to, work_dtype
+from ..numerics.rounding import (
+    round_mantissa,
+    round_mantissa_stochastic,
+    round_to_dtype,
+    work_dtype,
+)
 from . import fused
 from .options import AttentionOptions, check_tensors
 
@@ -115,10 +120,10 @@ class _Rounding:
         self.low, self.is_paper, self.opts = low, opts.numerics == "paper", opts
 
     def rnd(self, x):
-        return round_to(x, self.low)
+        return round_to_dtype(x, self.low)
 
     def paper(self, x):
-        return round_to(x, self.low) if self.is_paper else x
+        return round_to_dtype(x, self.low) if self.is_paper else x
 
     def acc(self, x):
         bits = self.opts.acc_bits
@@ -270,7 +275,7 @@ def flash_forward(
 # ----------------------------------------------------------------------------------------------
 def paper_scores(q, k, scale, low, causal=True):
     """S as the paper's bf16 code forms it: rnd(rnd(QKᵀ)·scale), causal mask applied."""
-    s = round_to(round_to(q @ k.transpose(-1, -2), low) * scale, low)
+    s = round_to_dtype(round_to_dtype(q @ k.transpose(-1, -2), low) * scale, low)
     if causal:
         n_q, n_k = q.shape[-2], k.shape[-2]
         mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
@@ -283,7 +288,7 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
     says: "o" rowsum(dO ∘ O_low) (the failing path), "dp" rowsum(dP ∘ P), "o_fp32" rowsum(dO ∘ PV)
     with PV in fp32 (the paper's stable control)."""
     work = work_dtype(low)
-    qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
+    qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
     if fused.usable(qw, low):  # the same bits, fewer passes

@@ -13,16 +13,7 @@ import math
 
 import torch
 
-from ..checking import (
-    call,
-    correct,
-    fail,
-    forbid,
-    fresh_generator,
-    fresh_rng,
-    need_function,
-    need_names,
-)
+from .. import checking as ck
 from ..env import interpreting
 from . import reference, tiling
 from .autograd import backward_pass
@@ -61,44 +52,44 @@ def _merge_case(gen, rng):
 def check_merge(fn, thorough: bool = False) -> None:
     """Exercise 3.1: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial results of
     the online softmax over disjoint halves of the keys. Fresh problems whose L reach ±3,000."""
-    need_function(fn, "merge")
-    forbid(fn, "3.1")
-    gen, rng = fresh_generator(), fresh_rng()
+    ck.need_function(fn, "merge")
+    ck.forbid(fn, "3.1")
+    gen, rng = ck.fresh_generator(), ck.fresh_rng()
     trials = 8 if thorough else 2
     for _ in range(trials):
         args, (want_o, want_lse) = _merge_case(gen, rng)
-        got = call(fn, "merge", *(t.clone() for t in args))
+        got = ck.call(fn, "merge", *(t.clone() for t in args))
         try:
             o, lse = got
         except (TypeError, ValueError):
-            fail(f"merge should return a pair (o, lse), got {type(got).__name__}")
+            ck.fail(f"merge should return a pair (o, lse), got {type(got).__name__}")
         if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
-            fail("merge should return two tensors (o, lse)")
+            ck.fail("merge should return two tensors (o, lse)")
         if o.shape != want_o.shape or lse.shape != want_lse.shape:
-            fail(
+            ck.fail(
                 f"shapes: o should be {tuple(want_o.shape)} like o_a and lse "
                 f"{tuple(want_lse.shape)} like lse_a; got {tuple(o.shape)} and "
                 f"{tuple(lse.shape)}"
             )
         o, lse = o.double(), lse.double()
         if not (torch.isfinite(o).all() and torch.isfinite(lse).all()):
-            fail(
+            ck.fail(
                 "o or lse holds inf or NaN where L is in the thousands: e^L overflows (and "
                 "e^-L underflows to 0); weigh the halves relative to a maximum"
             )
         lse_ok = ((lse - want_lse).abs() <= 1e-9 * want_lse.abs().clamp(min=1)).all()
         o_ok = (o - want_o).abs().max() <= 1e-9 * want_o.abs().max()
         if not lse_ok:
-            fail(
+            ck.fail(
                 "lse is wrong: it is the log of the total mass of both halves, e^L_a + e^L_b "
                 "(neither their maximum nor their sum)"
             )
         if not o_ok:
-            fail(
+            ck.fail(
                 "o is wrong although lse is right: each half's O is normalised by its own "
                 "mass, so weigh it by that half's share of the total before adding"
             )
-    correct(f"{trials} fresh split-key problems with L up to ±3,000 merged to 1e-9")
+    ck.correct(f"{trials} fresh split-key problems with L up to ±3,000 merged to 1e-9")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,9 +100,9 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
     ``tiling.peak_live_bytes`` measures for ``reference.standard_attention``, within 15%.
 
     Fresh shapes with n at least 8 d (the regime where attention's memory matters)."""
-    need_function(fn, "peak_bytes")
-    forbid(fn, "3.2")
-    rng = fresh_rng()
+    ck.need_function(fn, "peak_bytes")
+    ck.forbid(fn, "3.2")
+    rng = ck.fresh_rng()
     trials = 6 if thorough else 3
     for _ in range(trials):
         b, h = (int(x) for x in rng.integers(1, 4, 2))
@@ -123,17 +114,17 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
         q, k, v = (torch.randn(b, h, n, d, dtype=dtype) for _ in range(3))
         measured = tiling.peak_live_bytes(reference.standard_attention, q, k, v)
         itemsize = q.element_size()
-        got = call(fn, "peak_bytes", b, h, n, d, itemsize)
+        got = ck.call(fn, "peak_bytes", b, h, n, d, itemsize)
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            fail(f"peak_bytes should return a number of bytes, got {type(got).__name__}")
+            ck.fail(f"peak_bytes should return a number of bytes, got {type(got).__name__}")
         if abs(got - measured) > 0.15 * measured:
             way = "too low" if got < measured else "too high"
-            fail(
+            ck.fail(
                 f"the prediction for (b, h, n, d) = {(b, h, n, d)} with {itemsize}-byte "
                 f"numbers is {way} by more than 15%: how many n x n matrices are alive at "
                 "once, for how many heads, and how many bytes is each number?"
             )
-    correct(f"{trials} fresh shapes predicted within 15%")
+    ck.correct(f"{trials} fresh shapes predicted within 15%")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,9 +139,9 @@ def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
 def check_key_tiles(fn, thorough: bool = False) -> None:
     """Exercise 3.3: ``fn(i, block_m, block_n, n) -> tiles``, the number of key tiles the causal
     forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and lengths."""
-    need_function(fn, "key_tiles")
-    forbid(fn, "3.3")
-    rng = fresh_rng()
+    ck.need_function(fn, "key_tiles")
+    ck.forbid(fn, "3.3")
+    rng = ck.fresh_rng()
     trials = 400 if thorough else 40
     for trial in range(trials):
         block_m, block_n = (int(2**x) for x in rng.integers(4, 8, 2))
@@ -158,31 +149,31 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
         i = int(rng.integers(0, -(-n // block_m)))
         if trial % 3 == 0:  # the last query tile, often a partial one
             i = -(-n // block_m) - 1
-        got = call(fn, "key_tiles", i, block_m, block_n, n)
+        got = ck.call(fn, "key_tiles", i, block_m, block_n, n)
         if not _is_int(got):
-            fail(f"key_tiles should return an int, got {type(got).__name__}")
+            ck.fail(f"key_tiles should return an int, got {type(got).__name__}")
         want = _key_tiles_expected(i, block_m, block_n, n)
         if got != want:
             if got == want - 1:
-                fail(
+                ck.fail(
                     "one tile short: the tile that holds the diagonal (and any partly "
                     "filled tile) must be loaded too"
                 )
             if got == want + 1:
-                fail(
+                ck.fail(
                     "one tile too many: a tile whose keys all come after the query tile's "
                     "last row is skipped"
                 )
             if n % block_m and i == -(-n // block_m) - 1:
-                fail(
+                ck.fail(
                     "wrong for the last query tile when n is not a multiple of block_m: "
                     "there are no keys beyond n"
                 )
-            fail(
+            ck.fail(
                 "wrong count: which is the last key a row of query tile i may see, and in "
                 "which key tile does it lie?"
             )
-    correct(f"{trials} fresh (tile, block sizes, length) cases")
+    ck.correct(f"{trials} fresh (tile, block sizes, length) cases")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,9 +188,9 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
 
     Fresh P (rows: queries, columns: keys, fewer keys than queries so that a transpose cannot be
     missed), Q, two δ's and α."""
-    need_function(fn, "dk_gap")
-    forbid(fn, "4.1")
-    gen, rng = fresh_generator(), fresh_rng()
+    ck.need_function(fn, "dk_gap")
+    ck.forbid(fn, "4.1")
+    gen, rng = ck.fresh_generator(), ck.fresh_rng()
     trials = 6 if thorough else 2
     for _ in range(trials):
         b, h = (int(x) for x in rng.integers(1, 3, 2))
@@ -214,14 +205,13 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         delta_lp = delta_hp + 0.01 * torch.randn(b, h, n_q, generator=gen, dtype=torch.float64)
         alpha = 1 / math.sqrt(d)
         want = _dk_gap_expected(p, q, delta_lp, delta_hp, alpha)
-        got = call(fn, "dk_gap", p.clone(), q.clone(), delta_lp.clone(), delta_hp.clone(), alpha)
-        if not isinstance(got, torch.Tensor):
-            fail(f"dk_gap should return a tensor, got {type(got).__name__}")
-        if got.shape != want.shape:
-            fail(
-                f"dK has one row per key: with {n_k} keys and {n_q} queries it is "
-                f"{tuple(want.shape)}, got {tuple(got.shape)}"
-            )
+        got = ck.call(fn, "dk_gap", p.clone(), q.clone(), delta_lp.clone(), delta_hp.clone(), alpha)
+        ck.need_tensor(
+            got,
+            "dk_gap",
+            want.shape,
+            f"dK has one row per key: with {n_k} keys and {n_q} queries it is {tuple(want.shape)}",
+        )
         got = got.double()
         scale = want.abs().max()
 
@@ -231,17 +221,17 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
         if close(got):
             continue
         if close(-got):
-            fail(
+            ck.fail(
                 "the sign is flipped: the question asks for dK_hp - dK_lp, and "
                 "dS_hp - dS_lp = P o (delta_lp - delta_hp)"
             )
         if close(got * alpha) or close(got / alpha):
-            fail("off by the factor alpha: where does the scale enter dK?")
-        fail(
+            ck.fail("off by the factor alpha: where does the scale enter dK?")
+        ck.fail(
             "not dK_hp - dK_lp: which rows of dS change when only δ changes, and which "
             "factor of dK = alpha dS^T Q do they multiply?"
         )
-    correct(f"{trials} fresh problems (rectangular P) agree to 1e-9")
+    ck.correct(f"{trials} fresh problems (rectangular P) agree to 1e-9")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +243,7 @@ GRADIENTS = ("dQ", "dK", "dV")
 def _changed_expected(gen=None) -> set[str]:
     """Run the book's backward kernels twice on fresh inputs, once with O in fp32 and once with
     the same O rounded to bf16 (only δ differs), and name the gradients that differ."""
-    gen = gen or fresh_generator()
+    gen = gen or ck.fresh_generator()
     device = _device()
     q, k, v, d_out = (torch.randn(1, 2, 32, 16, generator=gen).to(device) for _ in range(4))
     hp = backward_pass(q, k, v, d_out, causal=True)
@@ -265,10 +255,10 @@ def _changed_expected(gen=None) -> set[str]:
 def check_changed(answer) -> None:
     """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
     when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
-    given = need_names(answer, "changed", GRADIENTS, '{"dQ"}')
+    given = ck.need_names(answer, "changed", GRADIENTS, '{"dQ"}')
     want = _changed_expected()
     if given == want:
-        return correct(f"{sorted(want)} change, the rest stay bit-identical")
+        return ck.correct(f"{sorted(want)} change, the rest stay bit-identical")
     if given - want:
-        fail("a gradient in your set does not change: does its formula contain dS?")
-    fail("a gradient that changes is missing: which gradients are computed from dS?")
+        ck.fail("a gradient in your set does not change: does its formula contain dS?")
+    ck.fail("a gradient that changes is missing: which gradients are computed from dS?")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .registry import label
+
 GRADS = ("dq", "dk", "dv")
 
 
@@ -153,7 +155,7 @@ def plot_stored_backward(bwd):
             0.2,
             color="k",
             alpha=0.6,
-            label="SDPA flash",
+            label=label("sdpa-flash"),
         )
         ax.set_xticks(x, ["dQ", "dK", "dV"])
         ax.set_ylim(0.002, None)

@@ -61,31 +61,45 @@ def _same_dtype(*tensors):
     return [t.to(dtype) for t in tensors]
 
 
+def _refuse(*rules) -> None:
+    """Raise a ValueError with the message of the first ``(broken, message)`` that holds."""
+    for broken, message in rules:
+        if broken:
+            raise ValueError(message)
+
+
+def _attention(query, key, value, causal: bool, scale):
+    """The book's kernels in the dtype autocast computes in (or the tensors' own)."""
+    with torch.autocast(query.device.type, enabled=False):
+        q, k, v = _same_dtype(query, key, value)
+        return flash_attention(q, k, v, _options(causal, scale))
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     """``torch.nn.functional.scaled_dot_product_attention``'s signature, computed by the
     book's kernels with δ from rowsum(dP ∘ P). (B, H, N, D) tensors; no mask other
     than the causal one, no dropout, no grouped-query heads."""
-    if attn_mask is not None:
-        raise ValueError(
+    _refuse(
+        (
+            attn_mask is not None,
             "the book's attention takes no attn_mask: use is_causal=True for "
-            "causal attention (padding masks are not supported)"
-        )
-    if dropout_p:
-        raise ValueError(
+            "causal attention (padding masks are not supported)",
+        ),
+        (
+            dropout_p,
             f"the book's attention has no dropout, got dropout_p="
-            f"{dropout_p!r}: set the attention dropout to 0"
-        )
-    if enable_gqa or query.shape[-3] != key.shape[-3]:
-        raise ValueError(
+            f"{dropout_p!r}: set the attention dropout to 0",
+        ),
+        (
+            enable_gqa or query.shape[-3] != key.shape[-3],
             f"the book's attention needs as many key/value heads as query "
             f"heads, got {query.shape[-3]} and {key.shape[-3]} (grouped-query "
-            "attention is not supported)"
-        )
-    with torch.autocast(query.device.type, enabled=False):
-        q, k, v = _same_dtype(query, key, value)
-        return flash_attention(q, k, v, _options(is_causal, scale))
+            "attention is not supported)",
+        ),
+    )
+    return _attention(query, key, value, is_causal, scale)
 
 
 def attention_forward(
@@ -93,39 +107,38 @@ def attention_forward(
 ):
     """The function transformers calls for ``attn_implementation=NAME``: (B, H, N, D)
     q, k, v in; the output as (B, N, H, D) and no attention weights out."""
-    where = type(module).__name__
-    if dropout:
-        raise ValueError(
-            f"{NAME} ({where}) has no attention dropout, got p = {dropout:g}: "
-            "build the model with attn_pdrop=0 (or config.attention_dropout=0)"
-        )
-    if _hides_a_visible_key(attention_mask):
-        raise ValueError(
-            f"{NAME} ({where}) got an attention mask with padding: it reads "
-            "causal attention without padding only; pack the sequences or "
-            "train this batch with attn_implementation='sdpa'"
-        )
-    if getattr(module, "is_causal", True) is False:
-        raise ValueError(
-            f"{NAME} ({where}) reads causal self-attention only; this layer "
-            "is not causal (cross-attention?)"
-        )
+    where = f"{NAME} ({type(module).__name__})"
     n_q, n_k = query.shape[-2], key.shape[-2]
-    if n_q not in (n_k, 1):
-        raise ValueError(
-            f"{NAME} ({where}): {n_q} queries against {n_k} keys; it takes "
-            "equal lengths (training) or one new query (generation)"
-        )
-    if key.shape[-3] != query.shape[-3]:
-        repeat = query.shape[-3] // key.shape[-3]
-        raise ValueError(
-            f"{NAME} ({where}): {key.shape[-3]} key/value heads for "
-            f"{query.shape[-3]} query heads ({repeat} per group); grouped-"
-            "query attention is not supported"
-        )
-    with torch.autocast(query.device.type, enabled=False):
-        q, k, v = _same_dtype(query, key, value)
-        out = flash_attention(q, k, v, _options(n_q == n_k and n_q > 1, scaling))
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    _refuse(
+        (
+            dropout,
+            f"{where} has no attention dropout, got p = {dropout or 0:g}: "
+            "build the model with attn_pdrop=0 (or config.attention_dropout=0)",
+        ),
+        (
+            _hides_a_visible_key(attention_mask),
+            f"{where} got an attention mask with padding: it reads "
+            "causal attention without padding only; pack the sequences or "
+            "train this batch with attn_implementation='sdpa'",
+        ),
+        (
+            getattr(module, "is_causal", True) is False,
+            f"{where} reads causal self-attention only; this layer "
+            "is not causal (cross-attention?)",
+        ),
+        (
+            n_q not in (n_k, 1),
+            f"{where}: {n_q} queries against {n_k} keys; it takes "
+            "equal lengths (training) or one new query (generation)",
+        ),
+        (
+            kv_heads != heads,
+            f"{where}: {kv_heads} key/value heads for {heads} query heads "
+            f"({heads // kv_heads} per group); grouped-query attention is not supported",
+        ),
+    )
+    out = _attention(query, key, value, n_q == n_k and n_q > 1, scaling)
     return out.transpose(1, 2), None
 
 

@@ -16,7 +16,8 @@ Kinds:
                ``-untiled``: one tile of all the keys (the paper's own PyTorch code)
 ``reference``  standard attention in fp32 (``math32``) or fp64
 ``model``      an experiment's own model of a kernel (the lab's ``fa2-fma``, chapter 8's
-               ``fa1``): named here, run by the module :attr:`Implementation.home` names
+               ``fa1``): named here, run by the module :attr:`Implementation.home` names (the
+               lab's ``run_case``, chapter 8's ``run_in_format``)
 
 :data:`GROUPS` lists which implementations each experiment compares.
 """
@@ -44,6 +45,7 @@ class Implementation:
 
 _LAB = "kernels.lab.implementations"
 _GOLDEN = "kernels.golden.implementations"
+_RUNS = {_LAB: f"{_LAB}.run_case", _GOLDEN: f"{_GOLDEN}.run_in_format"}  # of the models
 _ALL = (
     Implementation("sdpa", "torch SDPA", "SDPA", "sdpa"),
     Implementation("sdpa-flash", "SDPA flash", "SDPA flash", "sdpa", True, aliases=("sdpa_flash",)),
@@ -122,6 +124,17 @@ FLASH_BENCH = {
 }
 # ... and of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
 FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
+# ... and the rows of results/bias_sources_gpu.json (python -m kernels.lab.fixes_gpu), read by
+# chapter 5: the book's kernel once per fix ("triton/none", "triton/delta_dp", ...)
+BIAS_SOURCES = {
+    "ideal": "ideal",
+    "fa2": "emulator/fa2",
+    "paper-untiled": "emulator/paper-untiled",
+    "sdpa-flash": "sdpa-flash",
+    "sdpa-cudnn": "sdpa-cudnn",
+    "sdpa-efficient": "sdpa-efficient",
+    "triton": "triton/none",
+}
 
 
 def parse(name: str) -> tuple[Implementation, str]:
@@ -226,7 +239,7 @@ def runner(name: str, opts: AttentionOptions | None = None, **options):
             return standard_attention(*(t.to(work) for t in (q, k, v)), opts.causal, opts.scale)
 
     else:
-        raise ValueError(f"{name} is a model of its experiment: run it with {impl.home}.run")
+        raise ValueError(f"{name} is a model of its experiment: run it with {_RUNS[impl.home]}")
     attn.__name__ = impl.name
     return attn
 

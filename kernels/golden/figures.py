@@ -214,7 +214,7 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
         ax.plot([], [], markers[bm], color="0.6", mec="black", mew=0.5, ms=7, label=f"B_r = {bm}")
     for r in pick(records, impl="fa2", format=fmt):
         ax.axhline(r["vs_golden"]["max_abs"], color=COLOURS["fa2"], lw=0.8, ls="-")
-    ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label="FA2 (every B_c)")
+    ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label=f"{SHORT['fa2']} (every B_c)")
     for (label, areas), style in zip((marks or {}).items(), (":", "--", "-.")):
         for i, area in enumerate(np.atleast_1d(areas)):
             ax.axvline(area, color="0.3", ls=style, lw=1.2, label=label if i == 0 else None)

@@ -42,7 +42,7 @@ import torch
 from ..attention import emulator, registry
 from ..attention.options import AttentionOptions
 from ..attention.reference import attention_fp64, default_scale
-from ..numerics.rounding import round_to, work_dtype
+from ..numerics.rounding import round_to_dtype, work_dtype
 
 FORMATS = {
     "bf16": torch.bfloat16,
@@ -81,7 +81,7 @@ def _scale(q, scale):
 
 def _inputs(q, k, v, low):
     work = work_dtype(low)
-    return tuple(round_to(t.to(work), low) for t in (q, k, v))
+    return tuple(round_to_dtype(t.to(work), low) for t in (q, k, v))
 
 
 def golden(q, k, v, low=torch.bfloat16, scale=None) -> torch.Tensor:
@@ -93,12 +93,12 @@ def golden(q, k, v, low=torch.bfloat16, scale=None) -> torch.Tensor:
 
 def ideal(gold: torch.Tensor, low=torch.bfloat16) -> torch.Tensor:
     """The golden value rounded once to ``low`` (fp64 stays as it is)."""
-    return gold if low == torch.float64 else round_to(gold.to(torch.float64), low)
+    return gold if low == torch.float64 else round_to_dtype(gold.to(torch.float64), low)
 
 
 def baseline(q, k, v, low=torch.bfloat16, scale=None, **_) -> torch.Tensor:
     """Standard attention with S, P and O stored in ``low``."""
-    rnd = lambda x: round_to(x, low)  # noqa: E731
+    rnd = lambda x: round_to_dtype(x, low)  # noqa: E731
     q, k, v = _inputs(q, k, v, low)
     s = rnd(rnd(q @ k.transpose(-1, -2)) * _scale(q, scale))
     return rnd(rnd(torch.softmax(s, dim=-1)) @ v)
@@ -109,7 +109,7 @@ def baseline_fp32(q, k, v, low=torch.bfloat16, scale=None, **_) -> torch.Tensor:
     rounded once."""
     q, k, v = _inputs(q, k, v, low)
     s = (q @ k.transpose(-1, -2)) * _scale(q, scale)
-    return round_to(torch.softmax(s, dim=-1) @ v, low)
+    return round_to_dtype(torch.softmax(s, dim=-1) @ v, low)
 
 
 def _emulated(numerics):
@@ -136,7 +136,7 @@ def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_
     rescalings that change m)."""
     if block_n < 1 or (block_m is not None and block_m < 1):
         raise ValueError(f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}")
-    rnd = lambda x: round_to(x, low)  # noqa: E731
+    rnd = lambda x: round_to_dtype(x, low)  # noqa: E731
     q, k, v = _inputs(q, k, v, low)
     scale = _scale(q, scale)
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -181,7 +181,7 @@ RUNNERS = {
 }
 
 
-def run(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
+def run_in_format(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
     """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype."""
     if impl not in RUNNERS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")

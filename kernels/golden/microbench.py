@@ -130,7 +130,7 @@ def outputs(
     outs["ideal"] = ideal(outs["golden"], low)
     for name in impls:
         outs[name] = per_head(
-            lambda q, k, v: impl.run(
+            lambda q, k, v: impl.run_in_format(
                 name, q, k, v, low, inputs.scale, block_m=block_m, block_n=block_n
             ),
             inputs,
@@ -342,7 +342,7 @@ def tile_sweep(
                     continue
                 done.add(key)
                 out = per_head(
-                    lambda q, k, v: impl.run(
+                    lambda q, k, v: impl.run_in_format(
                         name, q, k, v, low, inputs.scale, block_m=key[1], block_n=bc
                     ),
                     inputs,

@@ -38,7 +38,7 @@ import torch
 
 from ..gpt2.diagnostics import find_explosion
 from ..gpt2.train import TrainConfig, Trainer
-from ..numerics.rounding import ulp
+from ..numerics.rounding import ulp_in_dtype
 
 METRICS = ("max_diff", "wasserstein")
 
@@ -147,7 +147,7 @@ def nudge(model) -> tuple[str, float]:
     (where, by)."""
     with torch.no_grad():
         w = model.blocks[0].mlp.c_fc.weight
-        step = float(ulp(w[0, 0].detach().cpu().to(torch.float64), torch.bfloat16))
+        step = float(ulp_in_dtype(w[0, 0].detach().cpu().to(torch.float64), torch.bfloat16))
         w[0, 0] += step
     return "0.mlp_in[0, 0]", step
 

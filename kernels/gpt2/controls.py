@@ -31,7 +31,7 @@ import torch
 
 from ..attention.emulator import flash_forward, paper_scores
 from ..attention.options import AttentionOptions
-from ..numerics.rounding import round_to
+from ..numerics.rounding import round_to_dtype
 
 ERR_MODES = ("keep", "mean", "sign")
 OUT_MODES = ("low", "exact")
@@ -97,7 +97,7 @@ def exact_output(q, k, v, lse, opts: AttentionOptions, low):
     """O_hp = PV in the working precision, P = exp(S − L) from the forward's S and L: the O the
     fp32-O control's δ uses (the paper's "PV recomputed in fp32")."""
     work = torch.float64 if low == torch.float64 else torch.float32
-    qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
+    qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
     scores = paper_scores(qw, kw, opts.scale_for(q.shape[-1]), low, opts.causal)
     return torch.exp(scores - lse.to(work).unsqueeze(-1)) @ vw
 
@@ -129,7 +129,7 @@ class ControlledAttention(torch.autograd.Function):
         opts, low, c = ctx.opts, ctx.low, ctx.control
         with torch.autocast(device_type=q.device.type, enabled=False):
             work = torch.float64 if low == torch.float64 else torch.float32
-            qw, kw, vw = (round_to(t.to(work), low) for t in (q, k, v))
+            qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
             d_out = grad_out.to(work)
             scale = opts.scale_for(q.shape[-1])
             scores = paper_scores(qw, kw, scale, low, opts.causal)

@@ -38,36 +38,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FULL = dict(
-    n_layer=4,
-    n_head=4,
-    n_embd=256,
-    block_size=256,
-    batch=64,
-    block=100,
-    rounds=5,
-    warmup=20,
-    every=(1, 10, 100),
-    hf_steps=200,
-    hf_batch=32,
-    hf_width=20,
-    seeds=(0, 1),
-)
-SMALL = dict(
-    n_layer=1,
-    n_head=2,
-    n_embd=32,
-    block_size=16,
-    batch=2,
-    block=6,
-    rounds=3,
-    warmup=2,
-    every=(1, 2, 3),
-    hf_steps=6,
-    hf_batch=2,
-    hf_width=2,
-    seeds=(0, 1),
-)
+# the measurement's sizes: (full run, --small smoke test)
+_SIZES = {
+    "n_layer": (4, 1),
+    "n_head": (4, 2),
+    "n_embd": (256, 32),
+    "block_size": (256, 16),
+    "batch": (64, 2),
+    "block": (100, 6),
+    "rounds": (5, 3),
+    "warmup": (20, 2),
+    "every": ((1, 10, 100), (1, 2, 3)),
+    "hf_steps": (200, 6),
+    "hf_batch": (32, 2),
+    "hf_width": (20, 2),
+    "seeds": ((0, 1), (0, 1)),
+}
+FULL = {key: full for key, (full, _) in _SIZES.items()}
+SMALL = {key: small for key, (_, small) in _SIZES.items()}
+
+
+def _model_sizes(sizes) -> dict:
+    """The sizes both models are built with (the book's GPT, transformers' GPT-2)."""
+    return {key: sizes[key] for key in ("n_layer", "n_head", "n_embd")}
 
 
 def _sync(device):
@@ -99,13 +92,7 @@ def overhead_stage(sizes, device, seed=0) -> dict:
     from .model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    cfg = GPTConfig(
-        n_layer=sizes["n_layer"],
-        n_head=sizes["n_head"],
-        n_embd=sizes["n_embd"],
-        block_size=sizes["block_size"],
-        attn="sdpa",
-    )
+    cfg = GPTConfig(**_model_sizes(sizes), block_size=sizes["block_size"], attn="sdpa")
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
     n_batches = 8
@@ -270,9 +257,7 @@ def _train_hf(sizes, device, name, corpus, order, curves, seconds):
         for implementation in ("sdpa", "fix"):
             torch.manual_seed(seed)
             cfg = GPT2Config(
-                n_layer=sizes["n_layer"],
-                n_head=sizes["n_head"],
-                n_embd=sizes["n_embd"],
+                **_model_sizes(sizes),
                 n_positions=n,
                 vocab_size=256,
                 attn_pdrop=0.0,

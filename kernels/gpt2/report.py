@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention.registry import label
 from ..results import load
 from .diagnostics import find_explosion
 from .plans import VARIANTS
@@ -18,7 +19,7 @@ VARIANT_NAMES = {
     "F": "control (δ from fp32 O)",
     "S": "fix: β = 2 rule",
     "P": "δ from rowsum(dP∘P)",
-    "A": "torch SDPA",
+    "A": label("sdpa"),
     "R": "failing path, Ō rounded stochastically",
     "T": "failing path, tiles of 64",
     "L": "failing path in layer 0 only",

@@ -11,23 +11,14 @@ import math
 
 import numpy as np
 
+from .. import checking as ck
 from ..attention.reference import default_scale
-from ..checking import (
-    call,
-    correct,
-    fail,
-    forbid,
-    fresh_generator,
-    fresh_rng,
-    need_function,
-    need_names,
-)
 from .roofline import intensity, p_bar
 
 
 def _number(x, name: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-        fail(f"{name} should return a number, got {type(x).__name__}")
+        ck.fail(f"{name} should return a number, got {type(x).__name__}")
     return float(x)
 
 
@@ -40,38 +31,38 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
     """Exercise 10.1: ``fn(n, d, itemsize, fused) -> FLOP per byte`` of one head's forward
     attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
     formats and both implementations."""
-    need_function(fn, "flop_per_byte")
-    forbid(fn, "10.1")
-    rng = fresh_rng()
+    ck.need_function(fn, "flop_per_byte")
+    ck.forbid(fn, "10.1")
+    rng = ck.fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
         n = int(rng.integers(16, 65_536))
         d = int(rng.choice([16, 32, 64, 96, 128, 256]))
         itemsize = int(rng.choice([1, 2, 4]))
         fused = bool(i % 2)  # both kinds in every run
-        got = _number(call(fn, "flop_per_byte", n, d, itemsize, fused), "flop_per_byte")
+        got = _number(ck.call(fn, "flop_per_byte", n, d, itemsize, fused), "flop_per_byte")
         want = intensity(n, d, "fused" if fused else "math", itemsize)
         if _close(got, want):
             continue
         kind = "fused kernel" if fused else "math backend"
         where = f"for the {kind} at n = {n}, d = {d}, itemsize = {itemsize}"
         if itemsize > 1 and _close(got, want * itemsize):
-            fail(f"too large {where}: the traffic is counted in values, not bytes")
+            ck.fail(f"too large {where}: the traffic is counted in values, not bytes")
         if not fused and _close(got, intensity(n, d, "fused", itemsize)):
-            fail(
+            ck.fail(
                 f"wrong {where}: the math backend also moves the N×N scores and "
                 "probabilities through HBM"
             )
         if _close(got, want / 2) or _close(got, want * 2):
-            fail(
+            ck.fail(
                 f"off by a factor of two {where}: how many FLOPs does one multiply-add "
                 "take, and how many N×N matmuls are there?"
             )
-        fail(
+        ck.fail(
             f"not the model's intensity {where}: FLOPs of the two matmuls divided by the "
             "bytes that go through HBM"
         )
-    correct(f"{cases} fresh shapes and formats, fused and math")
+    ck.correct(f"{cases} fresh shapes and formats, fused and math")
 
 
 # Exercise 10.2 -------------------------------------------------------------------------
@@ -85,16 +76,16 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
     """Exercise 10.2: ``fn(flops, host_us, kernel_us) -> TFLOP/s`` of a long stream of calls
     that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
     µs of GPU time; fresh calls, host-bound and GPU-bound."""
-    need_function(fn, "stream_tflops")
-    forbid(fn, "10.2")
-    rng = fresh_rng()
+    ck.need_function(fn, "stream_tflops")
+    ck.forbid(fn, "10.2")
+    rng = ck.fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
         flops = float(10 ** rng.uniform(9, 13))
         fast, slow = sorted(float(x) for x in 10 ** rng.uniform(0.7, 3.7, 2))
         slow = max(slow, 1.3 * fast)
         host_us, kernel_us = (slow, fast) if i % 2 else (fast, slow)
-        got = _number(call(fn, "stream_tflops", flops, host_us, kernel_us), "stream_tflops")
+        got = _number(ck.call(fn, "stream_tflops", flops, host_us, kernel_us), "stream_tflops")
         want = _stream_tflops_expected(flops, host_us, kernel_us)
         if _close(got, want, 1e-3):
             continue
@@ -105,19 +96,19 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
             and abs(math.log10(ratio) - round(math.log10(ratio))) < 1e-3
             and round(math.log10(ratio)) != 0
         ):
-            fail(f"off by a power of ten on a {bound} call: FLOPs per µs are not TFLOP/s")
+            ck.fail(f"off by a power of ten on a {bound} call: FLOPs per µs are not TFLOP/s")
         if _close(got, flops / (host_us + kernel_us) * 1e-6, 1e-3):
-            fail(
+            ck.fail(
                 f"too slow on a {bound} call: does the CPU wait for the GPU to finish a "
                 "call before it issues the next one?"
             )
         if bound == "host-bound" and _close(got, flops / kernel_us * 1e-6, 1e-3):
-            fail(
+            ck.fail(
                 "too fast on a host-bound call: the GPU cannot run a call before the CPU "
                 "has issued it"
             )
-        fail(f"wrong on a {bound} call: which of the two times sets the pace of a stream?")
-    correct(f"{cases} fresh calls, host-bound and GPU-bound")
+        ck.fail(f"wrong on a {bound} call: which of the two times sets the pace of a stream?")
+    ck.correct(f"{cases} fresh calls, host-bound and GPU-bound")
 
 
 # Exercise 10.3 -------------------------------------------------------------------------
@@ -144,8 +135,8 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
     from ..attention import flash_attention, launch
     from ..timing import on_gpu
 
-    gen = gen or fresh_generator()
-    rng = rng or fresh_rng()
+    gen = gen or ck.fresh_generator()
+    rng = rng or ck.fresh_rng()
     device = "cuda" if on_gpu() else "cpu"
     n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
     q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3))
@@ -174,18 +165,18 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
 def check_bit_changes(answer) -> None:
     """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
     the kernel's output. The check makes each change on fresh inputs and compares bits."""
-    given = need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
+    given = ck.need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
     want = _bit_changes_expected()
     if given == want:
-        return correct(
+        return ck.correct(
             f"{len(want)} of the {len(CHANGES)} change bits of O on fresh inputs, the others none"
         )
     if given - want:
-        fail(
+        ck.fail(
             "a change in your set leaves every bit of O as it was: does it change which "
             "numbers are added, in which order, or how they are rounded?"
         )
-    fail(
+    ck.fail(
         "a change that moves bits of O is missing: which ones change the order of the sums "
         "or the rounding of an intermediate?"
     )

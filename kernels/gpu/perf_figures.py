@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention.registry import short
 from ..tools.style import WIDTH_IN
 from .records import PEAK_TFLOPS, SETTINGS, STYLE, host_label, impls_in, select, setting
 from .targets import TARGET_TEXT
@@ -140,7 +141,8 @@ def plot_targets(target_rows):
     import matplotlib.pyplot as plt
 
     keys = ["fwd_vs_cudnn", "fb_vs_flash", "fb_vs_cudnn"]
-    titles = ["fwd ÷ cuDNN", "fwd+bwd ÷ SDPA flash", "fwd+bwd ÷ cuDNN"]
+    cudnn, flash = short("sdpa-cudnn"), short("sdpa-flash")
+    titles = [f"fwd ÷ {cudnn}", f"fwd+bwd ÷ {flash}", f"fwd+bwd ÷ {cudnn}"]
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH_IN, 3.3), sharey=True, layout="constrained")
     for ax, key, title in zip(axes, keys, titles):
         ns = sorted({r["n"] for r in target_rows})

@@ -3,7 +3,7 @@ what the cross-tile rule costs (:func:`targets`, :func:`targets_met`, the tables
 
 from __future__ import annotations
 
-from ..attention.registry import label
+from ..attention.registry import label, short
 from .records import BOOK_CROSS, BOOK_OFF
 
 CUDNN, FLASH = label("sdpa-cudnn"), label("sdpa-flash")
@@ -91,9 +91,9 @@ def print_targets(target_rows, dtype="bf16", causal=True):
 
 
 TARGET_TEXT = {
-    "fwd_vs_cudnn": ("forward ≥ 0.8 × cuDNN", 0.8),
-    "fb_vs_flash": ("fwd + bwd ≥ SDPA flash", 1.0),
-    "fb_vs_cudnn": ("fwd + bwd ≥ 0.7 × cuDNN", 0.7),
+    "fwd_vs_cudnn": (f"forward ≥ 0.8 × {short('sdpa-cudnn')}", 0.8),
+    "fb_vs_flash": (f"fwd + bwd ≥ {short('sdpa-flash')}", 1.0),
+    "fb_vs_cudnn": (f"fwd + bwd ≥ 0.7 × {short('sdpa-cudnn')}", 0.7),
     "rule_cost_fwd": ("cross-tile rule costs ≤ 3%, fwd", 0.03),
     "rule_cost_fb": ("cross-tile rule costs ≤ 3%, f+b", 0.03),
 }

@@ -3,7 +3,7 @@ implementation gives them (the bias chapters).
 
 * :mod:`.cases`            the construction: :class:`Case`, :func:`build`, the fp64
   :func:`reference`
-* :mod:`.implementations`  :func:`run` one implementation (named in
+* :mod:`.implementations`  :func:`run_case` one implementation (named in
   :mod:`kernels.attention.registry`) on a built case, :func:`measure` its bias
 * :mod:`.sweep`            the sweep over ties, gaps and V, and what it finds
 * :mod:`.explorer`         :func:`lab`, one function of the sliders, and its widget
@@ -42,7 +42,7 @@ from .implementations import (
     fa2_fused_accumulation,
     measure,
     parse_impl,
-    run,
+    run_case,
 )
 from .sweep import (
     SWEEP_GAPS,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..numerics.rounding import next_below, round_to, ulp
+from ..numerics.rounding import next_below, round_to_dtype, ulp_in_dtype
 
 V_FAMILIES = ("normal", "uniform", "laplace", "one-signed")
 PLACEMENTS = ("split", "same", "any")
@@ -165,24 +165,26 @@ def build(case: Case, seed: int = 0, device="cpu") -> Built:
     b, n, d = case.batch, case.n_keys, case.head_dim
     tie_pos = _tie_positions(case, gen)
     jitter = (torch.rand((b, d), generator=gen, dtype=torch.float64) * 2 - 1) * case.row_max_jitter
-    rm = round_to(case.row_max + jitter, torch.bfloat16)
+    rm = round_to_dtype(case.row_max + jitter, torch.bfloat16)
     rest = (
         rm.unsqueeze(-1)
         - case.gap
         - case.rest_spread * torch.randn((b, d, n), generator=gen, dtype=torch.float64).abs()
     )
-    rest = round_to(rest, torch.bfloat16)
+    rest = round_to_dtype(rest, torch.bfloat16)
     below = next_below(rm).unsqueeze(-1).expand_as(rest)
     scores = torch.where(rest < rm.unsqueeze(-1), rest, below)
     tied = (
-        round_to(rm.unsqueeze(-1) - case.tie_jitter, torch.bfloat16).expand(b, d, case.ties).clone()
+        round_to_dtype(rm.unsqueeze(-1) - case.tie_jitter, torch.bfloat16)
+        .expand(b, d, case.ties)
+        .clone()
     )
     tied[..., 0] = rm
     scores.scatter_(-1, tie_pos.unsqueeze(1).expand(b, d, case.ties), tied)
     v = case.v_rest.sample((b, n, d), gen)
     v_tied = case.v_tied.sample((b, case.ties, d), gen)
     v.scatter_(1, tie_pos.unsqueeze(-1).expand(b, case.ties, d), v_tied)
-    v = round_to(v, torch.bfloat16)
+    v = round_to_dtype(v, torch.bfloat16)
     q = torch.eye(d, dtype=torch.float64).expand(b, d, d)
     f32 = dict(dtype=torch.float32, device=device)
     return Built(
@@ -207,7 +209,7 @@ def residual_in_ulps(built: Built, o_hp: torch.Tensor | None = None) -> float:
     idx = built.tie_pos.unsqueeze(-1).expand(b, built.tie_pos.shape[1], d)
     tied_only = built.v.to(torch.float64).gather(1, idx).mean(1, keepdim=True)
     tied_only = tied_only.expand_as(o_hp)
-    shift = (o_hp - tied_only).abs() / ulp(tied_only.to(torch.bfloat16).to(torch.float64))
+    shift = (o_hp - tied_only).abs() / ulp_in_dtype(tied_only.to(torch.bfloat16).to(torch.float64))
     shift = shift[torch.isfinite(shift)]
     return float(shift.median()) if shift.numel() else math.nan
 

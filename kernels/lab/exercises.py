@@ -14,27 +14,17 @@ import math
 import numpy as np
 import torch
 
+from .. import checking as ck
 from ..attention.emulator import offset_rule
-from ..checking import (
-    call,
-    correct,
-    fail,
-    forbid,
-    fresh_generator,
-    fresh_rng,
-    fresh_seed,
-    need,
-    need_function,
-)
 from ..numerics.formats import round_to as round_np
 from .cases import EXP_ROUNDS_TO_ONE, VDist, small_lab_case
 from .implementations import measure
 
 
 def _number(answer, name: str) -> float:
-    need(answer, name, "a number")
+    ck.need(answer, name, "a number")
     if isinstance(answer, bool) or not isinstance(answer, (int, float, np.integer, np.floating)):
-        fail(f"{name} should be a number, got {type(answer).__name__}")
+        ck.fail(f"{name} should be a number, got {type(answer).__name__}")
     return float(answer)
 
 
@@ -47,19 +37,19 @@ def _mirror_sign(seed: int | None = None) -> int:
     case = small_lab_case(
         ties=2, gap=16.0, v_tied=VDist("normal", 1.0, 0.3), v_rest=VDist("normal", 0.0, 0.3)
     )
-    st = measure(case, "ideal", "off", seed=fresh_seed() if seed is None else seed)
+    st = measure(case, "ideal", "off", seed=ck.fresh_seed() if seed is None else seed)
     return int(np.sign(st["mean"])) if abs(st["mean"]) > 4 * st["se"] else 0
 
 
 def check_mirror(answer) -> None:
     """Exercise 5.1: +1, -1 or 0, the sign of the ideal output's bias in the mirrored setting.
     The check measures it on freshly built rows."""
-    need(answer, "mirror", "+1, -1 or 0")
+    ck.need(answer, "mirror", "+1, -1 or 0")
     if isinstance(answer, bool) or answer not in (1, -1, 0):
-        fail(f"mirror should be +1, -1 or 0, got {answer!r}")
+        ck.fail(f"mirror should be +1, -1 or 0, got {answer!r}")
     if answer == _mirror_sign():
-        return correct("the measurement on fresh rows has that sign")
-    fail(
+        return ck.correct("the measurement on fresh rows has that sign")
+    ck.fail(
         "not that one: in which direction do the other tokens nudge an output that sits on a "
         "midpoint, and where does the nudged value round to?"
     )
@@ -95,33 +85,35 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
     Two tied maxima with BF16 values ``va`` and ``vb`` (one sign, one binade); the other tokens
     pull O = (va + vb)/2 by a tiny amount in the direction ``pull`` (±1). Predict bf16(O) - O
     in ulps of O. Fresh pairs."""
-    need_function(fn, "ideal_error")
-    forbid(fn, "5.2")
-    rng = fresh_rng()
+    ck.need_function(fn, "ideal_error")
+    ck.forbid(fn, "5.2")
+    rng = ck.fresh_rng()
     va, vb, pull = _bf16_pairs(rng, 2000 if thorough else 200)
     want = _ideal_error_expected(va, vb, pull)
-    got = call(fn, "ideal_error", va.copy(), vb.copy(), pull.copy())
+    got = ck.call(fn, "ideal_error", va.copy(), vb.copy(), pull.copy())
     got = np.asarray(got, dtype=np.float64)
     if got.shape != want.shape:
-        fail(f"ideal_error should return one error per pair: shape {want.shape}, got {got.shape}")
+        ck.fail(
+            f"ideal_error should return one error per pair: shape {want.shape}, got {got.shape}"
+        )
     wrong = np.abs(got - want) > 0.01
     if not wrong.any():
-        return correct(f"{want.size:,} fresh pairs predicted")
+        return ck.correct(f"{want.size:,} fresh pairs predicted")
     mid = (va + vb) / 2
     on_midpoint = np.abs(want) > 0.25
     if (wrong & ~on_midpoint).any():
-        fail(
+        ck.fail(
             "wrong where (va + vb)/2 is itself a BF16 number: how far can a tiny pull move "
             "it from where it rounds to?"
         )
     if (wrong & on_midpoint & (mid * pull > 0)).any() and (
         wrong & on_midpoint & (mid * pull < 0)
     ).any():
-        fail(
+        ck.fail(
             "wrong on midpoints: the rounding there is decided by the pull, not by ties to "
             "even; which way does it go, and what is the sign of the error?"
         )
-    fail(
+    ck.fail(
         "wrong on midpoints for one direction of the pull: check the sign of the error "
         "(rounded minus exact)"
     )
@@ -137,29 +129,29 @@ def _window_expected(beta: float) -> float:
 
 def check_window(fn, thorough: bool = False) -> None:
     """Exercise 6.1: ``fn(beta) -> r_max`` within 0.5%, for fresh β between 1.01 and 8."""
-    need_function(fn, "r_max")
-    forbid(fn, "6.1")
-    rng = fresh_rng()
+    ck.need_function(fn, "r_max")
+    ck.forbid(fn, "6.1")
+    rng = ck.fresh_rng()
     betas = np.exp(rng.uniform(math.log(1.01), math.log(8.0), 200 if thorough else 20))
     for beta in betas.tolist():
-        got = _number(call(fn, "r_max", beta), "r_max(beta)")
+        got = _number(ck.call(fn, "r_max", beta), "r_max(beta)")
         want = _window_expected(beta)
         if abs(got - want) <= 5e-3 * want:
             continue
         if got <= 0:
-            fail("r_max is a positive row maximum")
+            ck.fail("r_max is a positive row maximum")
         if abs(got * (beta - 1) / beta - want) <= 5e-3 * want:
-            fail(
+            ck.fail(
                 "the tied entries get P̄ = e^(r_m - β r_m): which multiple of r_m is in the "
                 "exponent?"
             )
         if abs(got / 2 - want) <= 5e-3 * want or abs(got * 2 - want) <= 5e-3 * want:
-            fail(
+            ck.fail(
                 "off by a factor of two: where is the rounding boundary between 1.0 and the "
                 "largest BF16 number below it?"
             )
-        fail("not within 0.5%: which value of e^(-x) rounds up to 1.0 in BF16, and what is x?")
-    correct(f"{betas.size} fresh values of β within 0.5%")
+        ck.fail("not within 0.5%: which value of e^(-x) rounds up to 1.0 in BF16, and what is x?")
+    ck.correct(f"{betas.size} fresh values of β within 0.5%")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,9 +160,9 @@ def check_window(fn, thorough: bool = False) -> None:
 def check_delta_dp(fn, thorough: bool = False) -> None:
     """Exercise 6.2: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO Vᵀ, shaped
     (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden test)."""
-    need_function(fn, "delta_dp")
-    forbid(fn, "6.2")
-    gen, rng = fresh_generator(), fresh_rng()
+    ck.need_function(fn, "delta_dp")
+    ck.forbid(fn, "6.2")
+    gen, rng = ck.fresh_generator(), ck.fresh_rng()
     shapes = [(int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
     if thorough:
         shapes += [(2, 3, int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
@@ -181,20 +173,15 @@ def check_delta_dp(fn, thorough: bool = False) -> None:
         v = torch.randn(*lead, keys, d, generator=gen, dtype=torch.float64)
         d_out = torch.randn(*lead, rows, d, generator=gen, dtype=torch.float64)
         want = (d_out * (p @ v)).sum(-1)  # rowsum(dO ∘ O)
-        got = call(fn, "delta_dp", p.clone(), d_out @ v.transpose(-1, -2))
-        if not isinstance(got, torch.Tensor):
-            fail(f"delta_dp should return a tensor, got {type(got).__name__}")
-        if got.shape != want.shape:
-            fail(
-                f"one δ per row: for p of shape {tuple(shape)} expected shape "
-                f"{tuple(want.shape)}, got {tuple(got.shape)}"
-            )
+        got = ck.call(fn, "delta_dp", p.clone(), d_out @ v.transpose(-1, -2))
+        why = f"one δ per row: for p of shape {tuple(shape)} expected shape {tuple(want.shape)}"
+        ck.need_tensor(got, "delta_dp", want.shape, why)
         if not torch.allclose(got.double(), want, atol=1e-10, rtol=1e-10):
-            fail(
+            ck.fail(
                 "the shape is right but the values are not δ = rowsum(dO ∘ O): which two "
                 "tensors are multiplied, and along which axis is the sum?"
             )
-    correct(f"fresh P and dP of shapes {[tuple(s) for s in shapes]}: δ agrees to 1e-10")
+    ck.correct(f"fresh P and dP of shapes {[tuple(s) for s in shapes]}: δ agrees to 1e-10")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,25 +231,22 @@ def check_offset(fn, thorough: bool = False) -> None:
     """Exercise 6.3: ``fn(scores, beta, eps) -> m``, one offset per row of the (rows, keys) fp64
     ``scores``. Fresh rows: the maximum positive or negative, alone, tied exactly, tied within
     ε, or with a second score just outside ε."""
-    need_function(fn, "offset")
-    forbid(fn, "6.3")
-    gen, rng = fresh_generator(), fresh_rng()
+    ck.need_function(fn, "offset")
+    ck.forbid(fn, "6.3")
+    gen, rng = ck.fresh_generator(), ck.fresh_rng()
     for _ in range(5 if thorough else 1):
         beta, eps = float(rng.uniform(1.5, 8.0)), float(10 ** rng.uniform(-4, -2))
         scores, kinds, rm = _offset_rows(gen, rng, 60, eps)
         want = _offset_expected(scores, beta, eps)
-        got = call(fn, "offset", scores.clone(), beta, eps)
-        if not isinstance(got, torch.Tensor):
-            fail(f"offset should return a tensor, got {type(got).__name__}")
-        if got.shape != want.shape:
-            fail(f"one m per row: expected shape {tuple(want.shape)}, got {tuple(got.shape)}")
+        got = ck.call(fn, "offset", scores.clone(), beta, eps)
+        ck.need_tensor(got, "offset", want.shape, f"one m per row: expected {tuple(want.shape)}")
         bad = ~torch.isclose(got.double(), want, rtol=1e-12, atol=1e-12)
         if not bad.any():
             continue
         r = int(bad.nonzero()[0])
         sign = "positive" if rm[r] > 0 else "negative"
-        fail(
+        ck.fail(
             f"wrong m for a row with {_ROW_KINDS[int(kinds[r])]} and a {sign} maximum: "
             "when does the rule count a score as a tie, and what does it choose in each case?"
         )
-    correct("fresh rows: single, tied, within ε, just outside ε; maxima of both signs")
+    ck.correct("fresh rows: single, tied, within ε, just outside ε; maxima of both signs")

@@ -12,7 +12,7 @@ import torch
 
 from ..attention import emulator
 from ..attention.options import STABLE_MODES
-from ..numerics.rounding import error_in_ulps, round_to, ulp
+from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import bias_summary
 from .cases import (
     EXP_ROUNDS_TO_ONE,
@@ -25,7 +25,7 @@ from .cases import (
     residual_in_ulps,
 )
 from .figures import LabResult, plot_lab
-from .implementations import EMULATED, GPU_ONLY, run
+from .implementations import EMULATED, GPU_ONLY, run_case
 
 
 def largest_rm_rounding_to_one(beta: float) -> float:
@@ -61,7 +61,7 @@ def running_error(scores_row, v_col, offset, numerics):
     p_lp = emulator.p_bar(torch.from_numpy(s - offset).float(), 0.0, numerics).double().numpy()
     lp32 = np.add.accumulate((p_lp * v).astype(np.float32), dtype=np.float32)  # sequential
     if numerics == "paper":  # bf16 × bf16 is exact in fp32; the paper holds the sum in bf16
-        lp = round_to(torch.from_numpy(lp32), torch.bfloat16).double().numpy()
+        lp = round_to_dtype(torch.from_numpy(lp32), torch.bfloat16).double().numpy()
         hp = np.cumsum(p_lp * v)
     else:
         lp = lp32.astype(np.float64)
@@ -140,7 +140,7 @@ def lab(
         return empty
     with np.errstate(all="ignore"):
         try:
-            res = run(
+            res = run_case(
                 impl, built, stable=stable, beta=beta, eps=eps, offset=offset, block_n=case.block_n
             )
         except (ValueError, TypeError, RuntimeError, ImportError) as exc:
@@ -257,7 +257,7 @@ def _running_for_row(built, res, impl, o_hp):
     col = int(errs.argmax())
     r = running_error(s_row.numpy(), built.v[0, :, col].cpu().numpy(), m, impl.split("-")[0])
     final = r["hp"][-1]
-    unit = float(ulp(torch.tensor(final))) if final != 0 else 1.0
+    unit = float(ulp_in_dtype(torch.tensor(final))) if final != 0 else 1.0
     o_lp, o_exact = float(res.out[0, 0, col]), float(o_hp[0, 0, col])
     ell = float(np.exp(s_row.double().numpy() - m).sum())  # exact ℓ for this offset
     r.update(column=col, unit=unit, offset=m, final_output_error=(o_lp - o_exact) * ell)

@@ -24,7 +24,7 @@ import torch
 
 from ..attention import emulator
 from ..attention.options import AttentionOptions
-from ..numerics.rounding import error_in_ulps, round_to
+from ..numerics.rounding import error_in_ulps, round_to_dtype
 from ..numerics.stats import mean_ci
 from .cases import Built, Case, build, reference
 
@@ -59,7 +59,7 @@ def upstream_gradient(built: Built, mean: float = -0.5, seed: int = 0) -> torch.
     d_out = mean + torch.randn(
         built.v.shape[0], built.q.shape[1], built.v.shape[-1], generator=gen, dtype=torch.float64
     )
-    return round_to(d_out, torch.bfloat16).to(built.v.device)
+    return round_to_dtype(d_out, torch.bfloat16).to(built.v.device)
 
 
 def delta_from(source: str, built: Built, res, d_out: torch.Tensor) -> torch.Tensor:
@@ -71,8 +71,8 @@ def delta_from(source: str, built: Built, res, d_out: torch.Tensor) -> torch.Ten
         return (d32 * res.out_fp32.float()).sum(-1)
     if source == "o_hilo":
         o32 = res.out_fp32.float()
-        o_hi = round_to(o32, torch.bfloat16)
-        o_lo = round_to(o32 - o_hi, torch.bfloat16)
+        o_hi = round_to_dtype(o32, torch.bfloat16)
+        o_lo = round_to_dtype(o32 - o_hi, torch.bfloat16)
         return (d32 * o_hi).sum(-1) + (d32 * o_lo).sum(-1)
     if source == "dp":
         s = built.scores.float()
@@ -86,7 +86,7 @@ def output_stats(out: torch.Tensor, o_exact: torch.Tensor) -> dict:
     """Bias, rms, worst case, non-finite count and share equal to the ideal, in bf16 ulps."""
     err = error_in_ulps(out, o_exact)
     fin = err[torch.isfinite(err)]
-    ideal = round_to(o_exact, torch.bfloat16)
+    ideal = round_to_dtype(o_exact, torch.bfloat16)
     stats = mean_ci(fin)
     return dict(
         bias=stats["mean"],
@@ -123,7 +123,7 @@ def measure_fix(
     opts = AttentionOptions(scale=1.0, block_n=case.block_n, **fix.forward)
     res = emulator.flash_forward(built.q, built.k, built.v, opts)
     delta_exact = (d_out * o_exact).sum(-1)
-    delta_ideal = (d_out * round_to(o_exact, torch.bfloat16)).sum(-1)
+    delta_ideal = (d_out * round_to_dtype(o_exact, torch.bfloat16)).sum(-1)
     return dict(
         fix=key,
         label=fix.label,

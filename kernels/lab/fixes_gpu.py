@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 from .. import results
-from ..attention import backward_pass, flash_attention
-from ..numerics.rounding import round_to
+from ..attention import backward_pass, flash_attention, registry
+from ..attention.registry import BIAS_SOURCES
+from ..numerics.rounding import round_to_dtype
 from . import gpu as sweep_gpu
 from .cases import Case, VDist, build, reference
 from .fixes import CAP, FIXES, delta_stats, output_stats, upstream_gradient
-from .implementations import run
+from .implementations import run_case
 
 SETTINGS = [
     (2, -1.0, 0.0),
@@ -39,7 +40,7 @@ SETTINGS = [
     (1, -1.0, 0.0),
     (2, 0.0, -1.0),
 ]  # (ties, vmax, vrest), as in the chapters' tables
-SDPA = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+SDPA = tuple(n for n in registry.group("lab-gpu") if registry.get(n).kind == "sdpa")
 SPEED_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64)]
 SPEED_VARIANTS = {
     "FA2 (book kernel)": {},
@@ -82,8 +83,8 @@ def _triton_rows(built, d_out, block_n):
             ).delta.squeeze(1)
         elif fix.delta == "o_hilo":
             o32 = _fp32_output(q, k, v, opts).squeeze(1)  # O_hi + O_lo carries O to ~2^-16
-            o_hi = round_to(o32, torch.bfloat16)
-            o_lo = round_to(o32 - o_hi, torch.bfloat16)
+            o_hi = round_to_dtype(o32, torch.bfloat16)
+            o_lo = round_to_dtype(o32 - o_hi, torch.bfloat16)
             delta = (d_out.float() * o_hi).sum(-1) + (d_out.float() * o_lo).sum(-1)
         else:
             delta = (d_out.float() * out).sum(-1)
@@ -107,11 +108,11 @@ def bias_sources(small=False, device="cuda") -> list[dict]:
         o_exact = reference(built)
         d_out = upstream_gradient(built, -0.5, 0)
         delta_exact = (d_out * o_exact).sum(-1)
-        outputs = {"ideal": round_to(o_exact, torch.bfloat16).float()}
-        outputs["emulator/fa2"] = run("fa2", built, block_n=case.block_n).out
-        outputs["emulator/paper-untiled"] = run("paper-untiled", built).out
+        outputs = {BIAS_SOURCES["ideal"]: round_to_dtype(o_exact, torch.bfloat16).float()}
+        outputs[BIAS_SOURCES["fa2"]] = run_case("fa2", built, block_n=case.block_n).out
+        outputs[BIAS_SOURCES["paper-untiled"]] = run_case("paper-untiled", built).out
         if device == "cuda":
-            outputs.update({name: run(name, built).out for name in SDPA})
+            outputs.update({name: run_case(name, built).out for name in SDPA})
         rows = {name: (out, (d_out.float() * out).sum(-1)) for name, out in outputs.items()}
         rows.update(_triton_rows(built, d_out, case.block_n))
         for name, (out, delta) in rows.items():

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import lab, results
+from ..attention import registry
 
 
 def _triton_available(device, small) -> tuple[bool, str]:
@@ -35,7 +36,7 @@ def _triton_available(device, small) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"[:300]
     try:  # one tiny call: a kernel that imports but does not run is also 'not available'
         built = lab.build(lab.Case(n_keys=128, batch=1, head_dim=64, ties=1), 0, device)
-        lab.run("triton", built, stable="off")
+        lab.run_case("triton", built, stable="off")
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"[:300]
     return True, "ran" + (" (Triton interpreter)" if device != "cuda" else " (native)")
@@ -50,7 +51,7 @@ def main(argv=None):
     impls = list(lab.SWEEP_IMPLS)
     ran = {"emulator": True}
     if device == "cuda":
-        impls += ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa2-mma"]
+        impls += [n for n in lab.GPU_ONLY if registry.get(n).kind != "book"]  # SDPA, fa2-mma
         ran["sdpa"] = True
     ok, why = _triton_available(device, args.small)
     ran["triton"] = why

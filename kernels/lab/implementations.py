@@ -10,7 +10,7 @@ import torch
 
 from ..attention import emulator, registry
 from ..attention.options import STABLE_MODES
-from ..numerics.rounding import error_in_ulps, round_to
+from ..numerics.rounding import error_in_ulps, round_to_dtype
 from ..numerics.stats import bias_summary
 from .cases import Built, Case, build, reference
 
@@ -68,10 +68,10 @@ def _fa2_mma(built: Built) -> torch.Tensor:
     s = built.scores
     p = torch.exp(s - s.amax(-1, keepdim=True))  # fp32
     acc = torch.bmm(p.to(torch.bfloat16), built.v.to(torch.bfloat16), out_dtype=torch.float32)
-    return round_to(acc / p.sum(-1, keepdim=True), torch.bfloat16)
+    return round_to_dtype(acc / p.sum(-1, keepdim=True), torch.bfloat16)
 
 
-def run(
+def run_case(
     impl: str, built: Built, *, stable="off", beta=2.0, eps=1e-3, offset=0.0, block_n=None
 ) -> Output:
     """Compute O with implementation ``impl`` (see :data:`IMPLEMENTATIONS`).
@@ -80,7 +80,7 @@ def run(
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl == "ideal":
-        return Output(round_to(reference(built), torch.bfloat16).float(), None, None, None)
+        return Output(round_to_dtype(reference(built), torch.bfloat16).float(), None, None, None)
     if impl == "fa2-fma":
         if stable != "off":
             raise ValueError("fa2-fma models the kernel without the offset rule: use stable='off'")
@@ -124,10 +124,12 @@ def measure(
     """Bias of one implementation on one case: the numbers a sweep cell holds."""
     built = build(case, seed, device) if built is None else built
     o_hp = reference(built)
-    res = run(impl, built, stable=stable, beta=beta, eps=eps, offset=offset, block_n=case.block_n)
+    res = run_case(
+        impl, built, stable=stable, beta=beta, eps=eps, offset=offset, block_n=case.block_n
+    )
     stats = bias_summary(error_in_ulps(res.out, o_hp))
     stats["correctly_rounded"] = float(
-        (res.out.double() == round_to(o_hp, torch.bfloat16)).double().mean()
+        (res.out.double() == round_to_dtype(o_hp, torch.bfloat16)).double().mean()
     )
     return stats
 
@@ -164,8 +166,8 @@ def fa2_fused_accumulation(built: Built, block_n: int = 64) -> torch.Tensor:
         alpha = torch.exp(m - m_new)
         ell = alpha * ell + p.sum(-1)
         acc = alpha.unsqueeze(-1) * acc
-        p_low = round_to(p, torch.bfloat16)
+        p_low = round_to_dtype(p, torch.bfloat16)
         for t in range(s_j.shape[-1]):  # one fused multiply-add per key, in order
             acc = acc + p_low[..., t : t + 1] * v[:, None, start + t, :]
         m = m_new
-    return round_to(acc / ell.unsqueeze(-1), torch.bfloat16)
+    return round_to_dtype(acc / ell.unsqueeze(-1), torch.bfloat16)

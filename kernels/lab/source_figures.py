@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention.registry import BIAS_SOURCES, label
 from ..numerics.stats import is_biased
 
 V_SETTINGS = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))
-KERNELS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton/none")
-KERNEL_LABELS = {
-    "sdpa-flash": "SDPA flash",
-    "sdpa-cudnn": "cuDNN",
-    "sdpa-efficient": "memory-efficient",
-    "triton/none": "book's Triton",
-    "emulator/paper-untiled": "paper's bf16 path",
-    "ideal": "ideal bf16(O)",
-}
+KERNELS = tuple(BIAS_SOURCES[n] for n in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton"))
+# the stored rows' labels, from the registry
+KERNEL_LABELS = {stored: label(name) for name, stored in BIAS_SOURCES.items()}
 SOURCE_NAMES = ("no bias", "storage (the ideal's)", "accumulation (beyond the ideal)")
 
 
@@ -114,7 +109,7 @@ def plot_paper_path(bias_records, settings, ax=None):
         _, ax = plt.subplots(figsize=(6.8, 3.6), layout="constrained")
     table = kernel_excess(bias_records, settings)
     x = np.arange(len(settings))
-    for i, impl in enumerate(("ideal", "emulator/paper-untiled")):
+    for i, impl in enumerate((BIAS_SOURCES["ideal"], BIAS_SOURCES["paper-untiled"])):
         ax.bar(
             x + (i - 0.5) * 0.38,
             [table[s][impl][0] for s in settings],
@@ -129,7 +124,7 @@ def plot_paper_path(bias_records, settings, ax=None):
     return ax.figure
 
 
-def source_map(records, kernel="sdpa-flash", threshold=0.02):
+def source_map(records, kernel=BIAS_SOURCES["sdpa-flash"], threshold=0.02):
     """For each (V setting, ties, gap) of the GPU sweep: 0 no bias, 1 the ideal's (storage)
     bias and the kernel adds nothing that matters, 2 the kernel adds ≥ threshold beyond it."""
     by = {
@@ -153,7 +148,7 @@ def source_map(records, kernel="sdpa-flash", threshold=0.02):
     return maps, ties, gaps
 
 
-def plot_source_map(records, kernel="sdpa-flash"):
+def plot_source_map(records, kernel=BIAS_SOURCES["sdpa-flash"]):
     """Four small maps (one per V setting) of which source dominates, k against gap; one colour
     bar under them names the three sources."""
     import matplotlib.pyplot as plt

@@ -10,10 +10,10 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from ..numerics.rounding import error_in_ulps, round_to
+from ..numerics.rounding import error_in_ulps, round_to_dtype
 from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
-from .implementations import measure, parse_impl, run
+from .implementations import measure, parse_impl, run_case
 
 # ----------------------------------------------------------------------------------------------
 # the sweep
@@ -92,7 +92,7 @@ def sweep(
         for label in impls:
             impl, stable = parse_impl(label)
             try:
-                outs[label] = run(
+                outs[label] = run_case(
                     impl, built, stable=stable, beta=beta, eps=eps, block_n=case.block_n
                 ).out
             except Exception as exc:  # a GPU backend that refuses this shape: recorded, not fatal
@@ -102,7 +102,7 @@ def sweep(
                 continue
             stats = bias_summary(error_in_ulps(outs[label], o_hp))
             stats["correctly_rounded"] = float(
-                (outs[label].double() == round_to(o_hp, torch.bfloat16)).double().mean()
+                (outs[label].double() == round_to_dtype(o_hp, torch.bfloat16)).double().mean()
             )
             records.append({**common, "impl": label, **stats})
         for a, b in pairs:
@@ -281,7 +281,7 @@ def underflow_scan(row_maxes, beta=2.0, stable="always", ties=1, impl="fa2", see
     for rm in row_maxes:
         case = small_lab_case(ties=ties, row_max=float(rm), row_max_jitter=0.0, batch=2)
         built = build(case, seed)
-        res = run(impl, built, stable=stable, beta=beta, block_n=case.block_n)
+        res = run_case(impl, built, stable=stable, beta=beta, block_n=case.block_n)
         o_hp = reference(built)
         rows.append(
             {

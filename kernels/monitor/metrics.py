@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ..numerics.rounding import round_to
+from ..numerics.rounding import round_to_dtype
 
 
 def spectral_norm(matrix: torch.Tensor) -> float:
@@ -48,7 +48,7 @@ def causal_scores(q: torch.Tensor, k: torch.Tensor, low=None, scale=None) -> tor
     if low is None:
         s = q @ k.transpose(-1, -2) * scale
     else:
-        s = round_to(round_to(q @ k.transpose(-1, -2), low) * scale, low)
+        s = round_to_dtype(round_to_dtype(q @ k.transpose(-1, -2), low) * scale, low)
     n = q.shape[-2]
     mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
     return s.masked_fill(mask, -math.inf)
@@ -58,7 +58,7 @@ def rows_rounding_to_one(scores: torch.Tensor, low=torch.bfloat16) -> int:
     """Rows with ≥ 2 entries whose P̄ = exp(S − rowmax) is exactly 1.0 after rounding
     to ``low``."""
     p_bar = torch.exp(scores - scores.amax(-1, keepdim=True))
-    ones = (round_to(p_bar, low) == 1.0).sum(-1)
+    ones = (round_to_dtype(p_bar, low) == 1.0).sum(-1)
     return int((ones >= 2).sum())
 
 

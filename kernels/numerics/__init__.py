@@ -7,14 +7,14 @@ checks' shared rules, :mod:`kernels.checking`.
                             (any format)
 * :mod:`.addition`         one addition traced with integers (align, normalise, round, check);
   :mod:`.addition_view` shows a trace as text or HTML
-* :mod:`.rounding`         the torch helpers: ``round_to``, ``round_mantissa``, ``ulp``,
-  ``error_in_ulps``, ``ulp_distance``
+* :mod:`.rounding`         the torch helpers: ``round_to_dtype``, ``round_mantissa``,
+  ``ulp_in_dtype``, ``error_in_ulps``, ``ulp_distance``
 * :mod:`.triton_rounding`  round-to-nearest-even inside Triton kernels (explicit or hardware)
 * :mod:`.stats`            a mean with its standard error; bias verdicts
 * :mod:`.experiments`, :mod:`.exercises`, :mod:`.widgets`  chapter 1's experiments, checks, sliders
 
 Chapter 1 uses the NumPy side by name from here (``numerics.bits``, ``numerics.add_trace``); the
-torch helpers are imported from :mod:`.rounding` so the two ``round_to`` never meet.
+torch helpers (which take a torch dtype, not a format name) are imported from :mod:`.rounding`.
 """
 
 from .addition import AddTrace, Operand, add_trace

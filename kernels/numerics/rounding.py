@@ -2,11 +2,12 @@
 
 One helper per operation, shared by the emulator, the lab and the GPT-2 code:
 
-* :func:`round_to`         nearest value of a torch dtype (ties to even), keeping the tensor's
-  dtype;
+* :func:`round_to_dtype`   nearest value of a torch dtype (ties to even), keeping the tensor's
+  dtype (NumPy values and named formats: :func:`.formats.round_to`);
 * :func:`round_mantissa`   fp32 rounded to k explicit mantissa bits (k = 7 is bf16), ties to even;
 * :func:`round_mantissa_stochastic`  the same width, rounded stochastically (unbiased);
-* :func:`ulp`              spacing of the format's numbers in the binade of x;
+* :func:`ulp_in_dtype`     spacing of the dtype's numbers in the binade of x (NumPy:
+  :func:`.formats.ulp`);
 * :func:`error_in_ulps`    (low − exact) / ulp(low): the unit every bias in the book is quoted in;
 * :func:`next_below`       the largest bf16 strictly below x;
 * :func:`ulp_distance`     how many representable numbers lie between two tensors (exact).
@@ -32,7 +33,7 @@ def work_dtype(low: torch.dtype) -> torch.dtype:
     return torch.float64 if low == torch.float64 else torch.float32
 
 
-def round_to(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+def round_to_dtype(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
     """Round ``x`` to the nearest ``low`` value (ties to even), keeping ``x``'s dtype."""
     if low == x.dtype or (low == torch.float64):
         return x
@@ -81,11 +82,11 @@ def round_mantissa_stochastic(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(torch.isfinite(x), out, x)
 
 
-def ulp(x: torch.Tensor, low: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def ulp_in_dtype(x: torch.Tensor, low: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Spacing of ``low`` numbers in the binade of ``x``: 2^(⌊log2|x|⌋ − fraction bits), in fp64;
     NaN for x = 0 (subnormals share the smallest normal binade's spacing)."""
     if low not in _FRACTION_BITS:
-        raise ValueError(f"ulp knows bfloat16, float16 and float32, got {low}")
+        raise ValueError(f"ulp_in_dtype knows bfloat16, float16 and float32, got {low}")
     ax = x.abs().to(torch.float64)
     exponent = torch.clamp(torch.floor(torch.log2(ax)), min=float(_EMIN[low]))
     spacing = torch.pow(2.0, exponent - _FRACTION_BITS[low])
@@ -100,7 +101,7 @@ def error_in_ulps(
     Non-finite O_lp gives NaN (counted separately by the callers). A correctly rounded result is
     always within ±0.5."""
     o_lp, o_hp = o_lp.to(torch.float64), o_hp.to(torch.float64)
-    unit = torch.where(o_lp != 0, ulp(o_lp, low), ulp(o_hp, low))
+    unit = torch.where(o_lp != 0, ulp_in_dtype(o_lp, low), ulp_in_dtype(o_hp, low))
     err = (o_lp - o_hp) / unit
     both_zero = (o_lp == 0) & (o_hp == 0)
     err = torch.where(both_zero, torch.zeros_like(err), err)

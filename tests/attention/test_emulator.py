@@ -7,7 +7,7 @@ import torch
 
 from kernels.attention.emulator import flash_forward
 from kernels.attention.reference import attention_fp64, relative_error as rel_err
-from kernels.numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to
+from kernels.numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to_dtype
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
@@ -16,7 +16,7 @@ from kernels.numerics.rounding import round_mantissa, round_mantissa_stochastic,
 def test_close_to_fp64(numerics, stable, causal):
     q, k, v = (torch.randn(2, 3, 77, 32) for _ in range(3))
     res = flash_forward(q, k, v, causal=causal, numerics=numerics, stable=stable, block_n=16)
-    ref = attention_fp64(*(round_to(t, torch.bfloat16) for t in (q, k, v)), causal=causal)
+    ref = attention_fp64(*(round_to_dtype(t, torch.bfloat16) for t in (q, k, v)), causal=causal)
     bound = 4e-3 if numerics == "fa2" else 2e-2
     assert res.out.dtype == torch.bfloat16
     assert rel_err(res.out, ref) < bound
@@ -43,7 +43,7 @@ def test_cross_tile_ties_detected_and_tile_rule_misses_them():
     n = 32
     scores = 2.0 - 6.0 - torch.rand(4, n)
     scores[:, [3, 20]] = 2.0  # a tie split between tile 0 and tile 1 (block 16)
-    scores = round_to(scores, torch.bfloat16)
+    scores = round_to_dtype(scores, torch.bfloat16)
     q = torch.eye(n)[:4].view(1, 1, 4, n)  # q_i · k_j = scores[i, j] with k = scores^T (D = n)
     k = torch.zeros(1, 1, n, n)
     k[0, 0, :, :4] = scores.T
@@ -94,7 +94,7 @@ def test_cross_rule_survives_a_far_negative_tie_followed_by_a_larger_maximum():
     res = flash_forward(q, k, v, scale=1.0, stable="cross", block_n=16)
     assert torch.isfinite(res.out.float()).all()
     assert torch.allclose(
-        res.out.float()[0, 0, 0], round_to(v[0, 0, 20], torch.bfloat16), atol=1e-2
+        res.out.float()[0, 0, 0], round_to_dtype(v[0, 0, 20], torch.bfloat16), atol=1e-2
     )
 
 

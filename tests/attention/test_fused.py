@@ -10,13 +10,13 @@ import torch
 
 from kernels.attention import fused
 from kernels.attention.emulator import paper_scores
-from kernels.numerics.rounding import round_to
+from kernels.numerics.rounding import round_to_dtype
 
 BF16 = torch.bfloat16
 
 
 def inputs(gen, b=2, h=3, n=48, d=16):
-    q, k, v = (round_to(torch.randn(b, h, n, d, generator=gen) * 2, BF16) for _ in range(3))
+    q, k, v = (round_to_dtype(torch.randn(b, h, n, d, generator=gen) * 2, BF16) for _ in range(3))
     return q, k, v
 
 
@@ -41,7 +41,7 @@ def test_p_bar_and_probs_match_the_formulas():
     q, k, _ = inputs(gen)
     s = paper_scores(q, k, 0.25, BF16, True)
     m = s.amax(-1)
-    expected = round_to(torch.exp(round_to(s - m.unsqueeze(-1), BF16)), BF16)
+    expected = round_to_dtype(torch.exp(round_to_dtype(s - m.unsqueeze(-1), BF16)), BF16)
     got = fused.p_bar(s, m)
     # the interpreter's exp is NumPy's: the rare fp32 exp that lands on a bf16 rounding
     # boundary may round the other way; on a GPU (libdevice, as torch) the check is exact

@@ -78,3 +78,27 @@ def test_one_place_for_backends_and_switches():
             assert "SDPBackend" not in text, f"{path}: name SDPA backends in the registry"
         if path.name != "launch.py":
             assert "SPEEDUPS.update" not in text, f"{path}: use launch.speedups(...)"
+
+
+def test_stored_spellings_and_figure_labels_come_from_the_registry():
+    from kernels.lab import source_figures
+
+    for table in (registry.FLASH_BENCH, registry.FIX_SPEED, registry.BIAS_SOURCES):
+        for name in table:
+            registry.parse(name)  # every key is a registry name
+    assert source_figures.KERNEL_LABELS == {
+        stored: registry.label(name) for name, stored in registry.BIAS_SOURCES.items()
+    }
+    assert set(source_figures.KERNELS) <= set(source_figures.KERNEL_LABELS)
+
+
+def test_one_name_per_function():
+    """The torch rounding helpers do not share names with the NumPy ones (issue 23), and the
+    registry's run is the only run() among the implementations' modules."""
+    from kernels.golden import implementations as golden
+    from kernels.lab import implementations as lab
+    from kernels.numerics import formats, rounding
+
+    assert {"round_to", "ulp"} <= set(dir(formats))
+    assert not {"round_to", "ulp"} & set(dir(rounding))
+    assert not hasattr(lab, "run") and not hasattr(golden, "run")

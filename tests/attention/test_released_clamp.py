@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kernels.attention import emulator
-from kernels.numerics.rounding import round_to
+from kernels.numerics.rounding import round_to_dtype
 
 BF16 = torch.bfloat16
 
@@ -84,7 +84,7 @@ def assert_same_as_released(res, ref):
     assert torch.equal(res.row_sum.to(BF16), row_sum), "the clamped row sums differ"
     assert torch.equal(res.row_offset.to(BF16), row_max), "the offsets m differ"
     # the emulator keeps L in fp32; rounded as the released code rounds it, the bits agree
-    lse_bf16 = round_to(round_to(torch.log(res.row_sum), BF16) + res.row_offset, BF16)
+    lse_bf16 = round_to_dtype(round_to_dtype(torch.log(res.row_sum), BF16) + res.row_offset, BF16)
     assert torch.equal(lse_bf16.to(BF16), lse), "L is not formed from the clamped sums"
 
 
@@ -138,7 +138,7 @@ def test_final_only_clamp_disagrees_with_its_log_sum_exp():
     tiles = emulated(q, k, v, 512, at="tiles", causal=True)
     final = emulated(q, k, v, 512, at="out", causal=True)
     assert torch.equal(tiles.out, final.out)  # the same O either way
-    assert (tiles.row_sum[..., 2:] == round_to(torch.tensor(1e-10), BF16)).all()
+    assert (tiles.row_sum[..., 2:] == round_to_dtype(torch.tensor(1e-10), BF16)).all()
     assert (final.lse[..., 2:] < tiles.lse[..., 2:] - 20).all()
 
 

@@ -26,7 +26,7 @@ def inputs(n=96, d=32, heads=2, seed=None):
 def test_every_implementation_is_exact_in_fp64(name):
     q, k, v = inputs()
     gold = impl.golden(q, k, v, torch.float64)
-    out = impl.run(name, q, k, v, "fp64", block_n=16)
+    out = impl.run_in_format(name, q, k, v, "fp64", block_n=16)
     assert out.dtype == torch.float64
     assert (out - gold).abs().max() < 1e-13
 
@@ -36,7 +36,7 @@ def test_every_implementation_is_exact_in_fp64(name):
 def test_outputs_are_values_of_the_format_and_close_to_golden(name, fmt):
     low = impl.format_dtype(fmt)
     q, k, v = inputs()
-    out = impl.run(name, q, k, v, low, block_n=32)
+    out = impl.run_in_format(name, q, k, v, low, block_n=32)
     assert out.dtype == torch.float32
     assert torch.equal(out.to(low).float(), out)  # representable in the format
     gold = impl.golden(q, k, v, low)
@@ -114,7 +114,7 @@ def test_bad_input_names_what_is_wrong():
     with pytest.raises(ValueError, match="format"):
         impl.format_dtype("bf8")
     with pytest.raises(ValueError, match="implementation"):
-        impl.run("fa3", q, k, v)
+        impl.run_in_format("fa3", q, k, v)
     with pytest.raises(ValueError, match="block"):
         impl.fa1(q, k, v, block_n=0)
     with pytest.raises(RuntimeError, match="no emulator call"):

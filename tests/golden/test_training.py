@@ -11,7 +11,7 @@ from scipy.stats import wasserstein_distance
 import kernels  # noqa: F401
 from kernels.golden import training
 from kernels.gpt2 import GPT, GPTConfig, load_corpus
-from kernels.numerics.rounding import ulp
+from kernels.numerics.rounding import ulp_in_dtype
 
 TINY = dict(
     n_layer=1,
@@ -64,7 +64,7 @@ def test_nudge_moves_one_weight_by_one_bf16_ulp():
     after = training.weight_matrices(model)
     diff = after["0.mlp_in"] - before["0.mlp_in"]
     assert (diff != 0).sum() == 1 and where == "0.mlp_in[0, 0]"
-    expected = float(ulp(before["0.mlp_in"][0, 0].double(), torch.bfloat16))
+    expected = float(ulp_in_dtype(before["0.mlp_in"][0, 0].double(), torch.bfloat16))
     assert diff[0, 0].item() == pytest.approx(expected, rel=1e-6) and step == expected
     assert all(torch.equal(before[k], after[k]) for k in before if k != "0.mlp_in")
 

@@ -16,7 +16,7 @@ from kernels.attention.emulator import EmulatedAttention, flash_forward, paper_s
 from kernels.gpt2 import GPT, GPTConfig, parse_spec
 from kernels.gpt2.attention import attend
 from kernels.gpt2.controls import ControlledAttention, control_delta, exact_output
-from kernels.numerics.rounding import round_to
+from kernels.numerics.rounding import round_to_dtype
 
 
 def _parts(b=2, h=2, n=16, d=8):
@@ -120,7 +120,7 @@ def test_shift_changes_dq_as_equation_1_says():
     out_c, dq_c, dk_c, dv_c = _grads(f"paper:delta=o_fp32,dshift={c}", q, k, v, d_out)
     assert torch.equal(out_f, out_c) and torch.equal(dv_f, dv_c)  # forward and dV untouched
     opts = parse_spec("paper").options(q.shape[-2])
-    qw, kw = (round_to(t.detach(), torch.bfloat16) for t in (q, k))
+    qw, kw = (round_to_dtype(t.detach(), torch.bfloat16) for t in (q, k))
     scale = 1 / math.sqrt(q.shape[-1])
     lse = flash_forward(q.detach(), k.detach(), v.detach(), opts).lse
     probs = torch.exp(paper_scores(qw, kw, scale, torch.bfloat16) - lse.unsqueeze(-1))

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from kernels import lab
-from kernels.numerics.rounding import error_in_ulps, next_below, round_to, ulp as ulp_of
+from kernels.numerics.rounding import error_in_ulps, next_below, round_to_dtype, ulp_in_dtype
 from kernels.numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased, mean_ci
 
 
 def to_bf16(x):
-    return round_to(x, torch.bfloat16)
+    return round_to_dtype(x, torch.bfloat16)
 
 
 def fresh_seed():
@@ -67,7 +67,7 @@ def test_gap_and_rest_spread(gap):
     spread_case = replace(case, rest_spread=1.0)
     s2 = lab.build(spread_case, fresh_seed()).scores.double()
     rest2 = (s2.amax(-1, keepdim=True) - s2)[s2 < s2.amax(-1, keepdim=True)]
-    ulp = float(ulp_of(torch.tensor(2.0 - gap)))
+    ulp = float(ulp_in_dtype(torch.tensor(2.0 - gap)))
     assert rest2.min() >= gap - ulp
     assert abs(float((rest2 - gap).mean()) - math.sqrt(2 / math.pi)) < 0.05  # E|z| = √(2/π)
 
@@ -107,14 +107,14 @@ def test_impossible_placements_are_value_errors():
     with pytest.raises(ValueError, match="family"):
         lab.VDist("cauchy")
     with pytest.raises(ValueError, match="implementation"):
-        lab.run("nope", lab.build(small_case()))
+        lab.run_case("nope", lab.build(small_case()))
 
 
 # ------------------------------------------------------------------ units and statistics
 def test_ulp_definition_and_next_below():
     x = torch.tensor([1.0, 1.5, 0.75, -3.0, 2.0**-130])
     want = torch.tensor([2.0**-7, 2.0**-7, 2.0**-8, 2.0**-6, 2.0**-133], dtype=torch.float64)
-    assert torch.equal(ulp_of(x), want)
+    assert torch.equal(ulp_in_dtype(x), want)
     vals = to_bf16(torch.randn(5000) * 10.0 ** torch.randint(-3, 4, (5000,)))
     vals = torch.cat([vals, torch.tensor([0.0, -0.0, 1.0, -1.0])])
     below = next_below(vals)
@@ -198,8 +198,8 @@ def test_tile_rule_misses_split_ties_cross_rule_sees_them():
     for placement, tile_sees in (("split", False), ("same", True)):
         built = lab.build(small_case(placement=placement, ties=2), seed)
         rm = built.row_max  # in [1, 3]: beta * rm when seen
-        tile = lab.run("fa2", built, stable="tile", block_n=32)
-        cross = lab.run("fa2", built, stable="cross", block_n=32)
+        tile = lab.run_case("fa2", built, stable="tile", block_n=32)
+        cross = lab.run_case("fa2", built, stable="cross", block_n=32)
         assert torch.equal(tile.row_offset, 2 * rm if tile_sees else rm)
         assert torch.equal(cross.row_offset, 2 * rm) and cross.ties_seen.all()
 
@@ -320,10 +320,10 @@ def test_fused_accumulation_model_loses_tiny_terms_against_a_large_accumulator()
         row_max=scores[..., 0],
     )
     exact = lab.reference(built)
-    tiled = lab.run("fa2", built).out
-    fused = lab.run("fa2-fma", built).out
+    tiled = lab.run_case("fa2", built).out
+    fused = lab.run_case("fa2-fma", built).out
     assert torch.equal(tiled.double(), to_bf16(exact))
     assert torch.all(tiled == sign * (-1.0 - 2.0**-7))
     assert torch.all(fused == sign * -1.0)
     with pytest.raises(ValueError, match="stable='off'"):
-        lab.run("fa2-fma", built, stable="cross")
+        lab.run_case("fa2-fma", built, stable="cross")
