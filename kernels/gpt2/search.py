@@ -21,6 +21,15 @@ of this model, are too large to carry between machines). With ``--minutes 8`` a 
 The GPU plans of the GPT-2 chapter, one command each (repeat the command until every run has
 ended; each line says how many calls that takes at the speeds measured on H200s):
 
+    # real bf16 on one GPU, the fast step (fused kernels + CUDA graphs, checked first by
+    # python -m kernels.gpt2.fastpath, which writes fast.env): one H100 trains ~82 steps/s
+    # in all, alone or shared, so a 30-minute lease (checkpoints stay on its disk, not
+    # beyond it) takes ~130,000 steps. Done: U in seeds 0 and 1 (seed 1 exploded at step
+    # 53,110), F in seed 1 to 56,518. Left, each line one lease, calls back to back:
+    python -m kernels.gpt2.search --plan bf16_real --only P-s1,Z-s1 --fast --minutes 8.6 \
+        --work /tmp/gpt2_real --out $OUT     # past 53,110 each: 3 calls (~22 min)
+    python -m kernels.gpt2.search --plan bf16_real --only F-s0 --fast --minutes 8.6 \
+        --work /tmp/gpt2_real --out $OUT     # to 80,000: 2 calls (~17 min); then P-s0, Z-s0
     # real bf16, U and F, seeds 1 and 2, until U explodes or 120,000 steps (one GPU per run:
     # ~68 steps/s, so about 4 calls of 8 minutes on a 4-GPU machine)
     python -m kernels.gpt2.search --plan bf16_long --minutes 8 --work /tmp/gpt2_search --out $OUT
