@@ -55,7 +55,7 @@
       return s.data.slice(k, k + 2 * P);
     });
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 780, H = 340, top = 70, bottom = 40, pw = W / P, fs = 14;
+    var W = 780, H = 350, top = 72, bottom = 42, pw = W / P, fs = 15;
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     spec.series.forEach(function (s, i) {  // the legend
       var x = 8 + i * (W / S);

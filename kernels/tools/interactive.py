@@ -1,11 +1,13 @@
 """Interactive figures that work on the static website, with no kernel and no CDN.
 
 Sliders in Jupyter and Colab are ipywidgets (they call Python on every move). The website has no
-Python behind it, so there the same figure is a Plotly figure with its own slider over a grid of
-values computed when the page was built. :func:`site_figure` writes it as a ``<div>`` plus a
-script that draws it with ``window.Plotly``; the book's Sphinx extension (book/_ext/plotly_local.py)
-serves ``plotly.min.js`` from the site itself. Where Plotly is not loaded (Colab, Jupyter) the
-script writes a one-line note instead of failing.
+Python behind it, so there the same controls move over a grid of values computed in Python.
+:func:`site_explorer` writes an explorer (labelled ``<select>`` and ``<input type=range>``
+controls, an SVG plot, a one-line reading) with its data and ``explorer.js`` inline: nothing is
+fetched, and it works in Jupyter too. :func:`site_figure` writes a Plotly figure as a ``<div>``
+plus a script that draws it with ``window.Plotly``; the book's Sphinx extension
+(book/_ext/plotly_local.py) serves ``plotly.min.js`` from the site itself. Where Plotly is not
+loaded (Colab, Jupyter) that script writes a one-line note instead of failing.
 """
 
 from __future__ import annotations
