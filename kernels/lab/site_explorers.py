@@ -38,9 +38,9 @@ SOURCE_PANELS = [
     NAN_PANEL,
 ]
 SOURCE_SERIES = [
-    ("ideal", "storage: ideal bf16(O_exact)", "#7f7f7f"),
-    ("sdpa-flash", "accumulation: SDPA flash − ideal", "#1f77b4"),
-    ("paper-untiled/off", "paper's bf16 path − ideal", "#ff7f0e"),
+    ("ideal", "storage: bf16(O_exact)", "#7f7f7f"),
+    ("sdpa-flash", "accumulation: SDPA flash", "#1f77b4"),
+    ("paper-untiled/off", "the paper's bf16 path", "#ff7f0e"),
 ]
 SOURCE_GAPS_NOTE = "the other scores sit this far below the tied maximum"
 SHORT = {"ideal": "ideal", "fa2": "FA2", "rule": "β rule", "sdpa-flash": "SDPA flash"}
@@ -68,8 +68,8 @@ def fixes_reading(c: dict, beta: float, eps: float, ties: int) -> str:
     fa2, rule = c["fa2"], c["rule"]
     if rule["bad"] > 0:
         return (
-            f"ℓ underflows: {100 * rule['bad']:.0f} % of the rule's outputs are NaN or inf "
-            "((β − 1)·r_m is too large in those rows)"
+            f"ℓ underflows: {100 * rule['bad']:.0f} % of the rule's outputs are NaN or inf, "
+            "in the rows where (β − 1)·r_m is too large"
         )
     if all(rule[f] == fa2[f] for f in sg.FIELDS):
         why = (

@@ -55,7 +55,7 @@
       return s.data.slice(k, k + 2 * P);
     });
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 780, H = 350, top = 72, bottom = 42, pw = W / P, fs = 15;
+    var W = 720, H = 350, top = 72, bottom = 42, pw = W / P, fs = 15;
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     spec.series.forEach(function (s, i) {  // the legend
       var x = 8 + i * (W / S);
@@ -80,16 +80,16 @@
         panel.axis + " [" + panel.unit + "]");
       ticks(lo, hi).forEach(function (t) {
         node("line", { x1: x0, x2: x1, y1: y(t), y2: y(t), stroke: "#e0e0e0" });
-        node("text", { x: x0 - 4, y: y(t) + 5, "font-size": fs - 1, "text-anchor": "end" },
+        node("text", { x: x0 - 4, y: y(t) + 5, "font-size": fs, "text-anchor": "end" },
           Math.abs(t) < 1e-12 ? "0" : +t.toPrecision(3) + "");
       });
       node("line", { x1: x0, x2: x1, y1: y(0), y2: y(0), stroke: "#555" });
       var slot = (x1 - x0) / S, bw = slot * 0.62;
       bars.forEach(function (b, s) {
         var v = b[2 * p], e = b[2 * p + 1] || 0, cx = x0 + slot * (s + 0.5);
-        var label = { x: cx, "font-size": fs - 1, "text-anchor": "middle",
+        var label = { x: cx, "font-size": fs, "text-anchor": "middle",
           "class": "book-explorer-value", "data-series": spec.series[s].key, "data-panel": p };
-        node("text", { x: cx, y: H - bottom + 18, "font-size": fs - 1, "text-anchor": "middle" },
+        node("text", { x: cx, y: H - bottom + 18, "font-size": fs, "text-anchor": "middle" },
           spec.series[s].short);
         if (v === null) {
           label.y = y(0) - 6;

@@ -47,10 +47,10 @@ SCRIPT = Path(__file__).with_name("explorer.js")
 CSS = (
     ".book-explorer{border:1px solid #ccc;border-radius:6px;padding:10px 12px;margin:1em 0}"
     ".book-explorer-control{display:flex;align-items:center;gap:10px;margin:4px 0;font-size:15px}"
-    ".book-explorer-control label{flex:0 0 230px}"
+    ".book-explorer-control label{flex:0 0 210px}"
     ".book-explorer-control input,.book-explorer-control select{flex:0 0 260px}"
     ".book-explorer-control output{font-weight:bold}"
-    ".book-explorer-plot{width:100%;max-width:780px;height:auto;display:block}"
+    ".book-explorer-plot{width:100%;max-width:720px;height:auto;display:block}"
     ".book-explorer-reading{font-size:16px;font-weight:bold;margin:6px 0}"
     ".book-explorer-note{font-size:14px;margin:0}"
 )
