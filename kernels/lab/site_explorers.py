@@ -280,7 +280,9 @@ def plot_bars(panels, series, bars):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained")
+    # a fixed layout: constrained layout costs more than the rest of one widget update
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0))
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.12, top=0.9, wspace=0.45)
     axes = np.atleast_1d(axes)
     x = np.arange(len(series))
     for p, (ax, panel) in enumerate(zip(axes, panels)):
@@ -288,11 +290,14 @@ def plot_bars(panels, series, bars):
         errs = [bars[s][p][1] for s in range(len(series))]
         shown = [v if v is not None and math.isfinite(v) else 0.0 for v in values]
         ax.bar(x, shown, yerr=errs, capsize=4, color=[s[2] for s in series])
-        for xi, v in zip(x, values):
+        for xi, v, e in zip(x, values, errs):
             text = "n/a" if v is None or not math.isfinite(v) else f"{v:.3g}"
-            ax.annotate(text, (xi, 0), ha="center", va="bottom", fontsize=9)
+            top = 0.0 if text == "n/a" else max(v + e, 0.0)
+            ax.annotate(text, (xi, top), ha="center", va="bottom", fontsize=9)
         ax.axhline(0, color="gray", lw=0.8)
-        ax.set_xticks(x, [s[0].split("/")[0] for s in series])
+        if panel["unit"] == "%":
+            ax.set_ylim(0, max(10.0, 1.2 * max(shown)))
+        ax.set_xticks(x, [SHORT[s[0]] for s in series])
         ax.set(title=panel["title"], ylabel=f"{panel['axis']} [{panel['unit']}]")
     return fig
 
