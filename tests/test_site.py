@@ -481,51 +481,149 @@ def save_screenshot(browser, page: str) -> None:
         browser.execute_script("window.scrollTo(0, 0);")
 
 
-def chapters_with_interactive_figures() -> list[str]:
-    """Chapter pages whose built HTML holds a Plotly figure made by kernels.tools.interactive."""
-    return [
-        c
-        for c in CHAPTERS
-        if (SITE / f"{c}.html").is_file()
-        and 'class="book-plotly"' in (SITE / f"{c}.html").read_text(errors="replace")
-    ]
+# ---------------------------------------------------------------- the explorers (issue 25)
+# Chapter 5's sources explorer and chapter 6's fixes explorer: HTML controls over a grid computed
+# in Python (kernels/lab/site_explorers.py), drawn as SVG by kernels/tools/explorer.js.
+EXPLORERS = {"book/05_bias_sources": "sources", "book/06_fixes": "fixes"}
+MAX_PAGE_BYTES = 2_000_000
+MAX_FIRST_PAINT_MS = 1000
 
 
-def test_interactive_figures_move(browser, site_url):
-    """The bias chapters promise sliders on the static site: at least one page carries them,
-    and on each such page Plotly is served by the site itself, the figure is drawn, and
-    clicking its slider rail changes what is shown (no kernel behind the page)."""
-    pages = chapters_with_interactive_figures()
-    assert pages, "no chapter page holds an interactive figure"
-    for chapter in pages:
-        check_interactive_figure(browser, site_url, chapter)
+def explorer_spec(name: str) -> dict:
+    from kernels import results
+    from kernels.lab import site_explorers
+
+    if name == "fixes":
+        return site_explorers.fixes_spec(results.load("fix_explorer")["data"])
+    return site_explorers.sources_spec(results.load("lab_sweep_gpu")["data"]["records"])
 
 
-def check_interactive_figure(browser, site_url, chapter):
-    from selenium.webdriver.common.action_chains import ActionChains
+def explorer_state(browser, name: str) -> dict:
+    return browser.execute_script(
+        "const r = document.querySelector(`.book-explorer[data-name='${arguments[0]}']`);"
+        "return {state: r.getAttribute('data-state'),"
+        "  plot: r.querySelector('svg.book-explorer-plot').innerHTML,"
+        "  reading: r.querySelector('.book-explorer-reading').textContent,"
+        "  shown: Array.from(r.querySelectorAll('output')).map(o => o.textContent),"
+        "  active: document.activeElement && document.activeElement.id};",
+        name,
+    )
+
+
+def expected_reading(spec: dict, state: str) -> str:
+    index = 0
+    for control, pick in zip(spec["controls"], map(int, state.split(","))):
+        index = index * len(control["values"]) + pick
+    return spec["readings"][spec["reading"][index]]
+
+
+def open_explorer(browser, site_url, chapter, name):
     from selenium.webdriver.support.ui import WebDriverWait
 
     errors = [e for e in open_page(browser, page_url(site_url, chapter)) if not forgivable(e)]
     assert errors == [], f"{chapter}: browser errors {errors}"
-    sources = browser.execute_script("return Array.from(document.scripts).map(s => s.src)")
-    plotly = [s for s in sources if s.endswith("plotly.min.js")]
-    assert plotly and all(urlparse(s).hostname == LOCAL_HOST for s in plotly), plotly
-    WebDriverWait(browser, 20).until(
-        lambda b: b.execute_script(
-            "const g = document.querySelector('.book-plotly'); return g && g.data && g.layout;"
+    WebDriverWait(browser, 20).until(lambda b: explorer_state(b, name)["state"])
+    return browser.find_element("css selector", f".book-explorer[data-name='{name}']")
+
+
+def save_explorer_shot(root, name: str, setting: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser = root.parent
+    browser.execute_script("arguments[0].scrollIntoView();", root)
+    shot = SCREENSHOTS / f"explorer_{name}_{setting}.png"
+    assert root.screenshot(str(shot)) and shot.stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("chapter, name", EXPLORERS.items())
+def test_explorer_moves_with_the_keyboard(browser, site_url, chapter, name):
+    """Each control of the explorer is reached with Tab, carries a visible label and value, and
+    an arrow key moves it: the plot is redrawn and the reading under it changes (to the words
+    Python wrote for that setting). The page stays small, paints fast and fetches nothing from
+    another host."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    size = (SITE / f"{chapter}.html").stat().st_size
+    assert size < MAX_PAGE_BYTES, f"{chapter}.html is {size:,} bytes"
+    root = open_explorer(browser, site_url, chapter, name)
+    spec = explorer_spec(name)
+    paint = float(root.get_attribute("data-first-paint-ms"))
+    assert paint < MAX_FIRST_PAINT_MS, f"{chapter}: the explorer first drew at {paint:.0f} ms"
+    assert external_resources(browser) == [], f"{chapter}: loads {external_resources(browser)}"
+    controls = root.find_elements("css selector", "[data-control]")
+    assert [c.get_attribute("data-control") for c in controls] == [
+        c["name"] for c in spec["controls"]
+    ]
+    start = explorer_state(browser, name)
+    assert start["reading"] == expected_reading(spec, start["state"])
+    browser.execute_script("arguments[0].focus();", controls[0])
+    for i, (control, meta) in enumerate(zip(controls, spec["controls"])):
+        cid = control.get_attribute("id")
+        if i:  # Tab from the previous control lands on this one
+            ActionChains(browser).send_keys(Keys.TAB).perform()
+        assert explorer_state(browser, name)["active"] == cid, f"{name}: Tab missed {cid}"
+        label = root.find_element("css selector", f"label[for='{cid}']")
+        assert label.is_displayed() and label.text.strip() == meta["label"]
+        if meta["kind"] == "range":
+            shown = root.find_element("css selector", f"output[for='{cid}']")
+            assert shown.is_displayed() and shown.text.strip()
+        before = explorer_state(browser, name)
+        pick = int(before["state"].split(",")[i])
+        last = len(meta["values"]) - 1
+        forward = Keys.ARROW_RIGHT if meta["kind"] == "range" else Keys.ARROW_DOWN
+        back = Keys.ARROW_LEFT if meta["kind"] == "range" else Keys.ARROW_UP
+        # to the end and back if need be, until both the plot and the reading have changed
+        # (one step nearly always does it)
+        keys = [forward] * (last - pick) + [back] * last
+        for key in keys:
+            moved = explorer_state(browser, name)["state"]
+            ActionChains(browser).send_keys(key).perform()
+            WebDriverWait(browser, 10).until(
+                lambda b, s=moved: explorer_state(b, name)["state"] != s
+            )
+            after = explorer_state(browser, name)
+            assert after["reading"] == expected_reading(spec, after["state"])
+            if after["plot"] != before["plot"] and after["reading"] != before["reading"]:
+                break
+        assert after["plot"] != before["plot"], f"{name}: {meta['name']} never moved the plot"
+        assert after["reading"] != before["reading"], f"{name}: {meta['name']} never changed it"
+        if meta["kind"] == "range":
+            value = meta["values"][int(after["state"].split(",")[i])]
+            assert value in after["shown"] and control.get_attribute("aria-valuetext") == value
+    save_explorer_shot(root, name, "moved")
+
+
+def test_fixes_explorer_shows_the_nan_share_at_beta_64(browser, site_url):
+    """At β = 64 ℓ underflows in most rows: the NaN/inf share is drawn as a bar with its value
+    on the plot and said in the reading. Screenshots at three settings."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    root = open_explorer(browser, site_url, "book/06_fixes", "fixes")
+    save_explorer_shot(root, "fixes", "1_default")
+
+    def rule_nan_label(b):
+        return b.execute_script(
+            "return Array.from(arguments[0].querySelectorAll("
+            "  \"text.book-explorer-value[data-series='rule'][data-panel='2']\"))"
+            "  .map(t => t.textContent).join('');",
+            root,
         )
-    )
-    state = (
-        "const g = document.querySelector('.book-plotly');"
-        "return [g.layout.sliders[0].active, g.data.map(t => t.visible === false ? 0 : 1)];"
-    )
-    before = browser.execute_script(state)
-    rail = browser.find_element("css selector", ".book-plotly .slider-rail-touch-rect")
-    width = rail.size["width"]
-    ActionChains(browser).move_to_element_with_offset(rail, -width // 2 + 3, 0).click().perform()
-    WebDriverWait(browser, 10).until(lambda b: b.execute_script(state) != before)
-    after = browser.execute_script(state)
-    assert after[0] != before[0] and after[1] != before[1], (before, after)
+
+    assert rule_nan_label(browser) == "0 %"
+    beta = root.find_element("css selector", "[data-control='beta']")
+    beta.send_keys(Keys.END)
+    WebDriverWait(browser, 10).until(lambda b: "64" in explorer_state(b, "fixes")["shown"])
+    label = rule_nan_label(browser)
+    assert label.endswith(" %") and float(label[:-2]) > 30, label
+    reading = explorer_state(browser, "fixes")["reading"]
+    assert reading.startswith("ℓ underflows") and "NaN" in reading, reading
+    save_explorer_shot(root, "fixes", "2_beta64")
+    beta.send_keys(Keys.HOME)  # β = 1 + 2⁻¹⁰: the tied P̄ rounds back to 1 in many rows
+    root.find_element("css selector", "[data-control='eps']").send_keys(Keys.HOME)
+    WebDriverWait(browser, 10).until(lambda b: explorer_state(b, "fixes")["shown"][-1] == "0")
+    save_explorer_shot(root, "fixes", "3_beta_near_1_eps_0")
 
 
 def test_none_as_a_value_is_caught_but_not_the_english_word():

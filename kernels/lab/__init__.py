@@ -8,6 +8,8 @@ implementation gives them (the bias chapters).
 * :mod:`.sweep`            the sweep over ties, gaps and V, and what it finds
 * :mod:`.explorer`         :func:`lab`, one function of the sliders, and its widget
 * :mod:`.figures`          the lab's plots
+* :mod:`.slider_grid`      the fixes explorer's stored grid (``python -m kernels.lab.slider_grid``)
+* :mod:`.site_explorers`   the explorers of chapters 5 and 6, for the website and for Jupyter
 * :mod:`.gpu`              the GPU sweep (``python -m kernels.lab.gpu``)
 * :mod:`.exercises`        the checks of the exercises of chapters 5 and 6
 """
