@@ -170,11 +170,11 @@ def plot_stored_backward(bwd):
             "x",
             color="k",
         )
-        ax.set_yscale("log")
         ax.set_xticks(x, ["dQ", "dK", "dV"])
         ax.set_xlim(-0.6, 2.6)
         ax.set_title(f"d = {d}")
-    axes[0].set_ylabel("relative error vs fp64 autograd")
+    axes[0].yaxis.set_major_formatter(lambda y, _: f"{y * 1e3:.2f}")
+    axes[0].set_ylabel("relative error vs fp64 autograd [10⁻³]")
     plt.tight_layout()
     fig.legend(
         *axes[0].get_legend_handles_labels(),
