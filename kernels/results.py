@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 import sys
 
 from .env import RESULTS_DIR
@@ -70,7 +71,9 @@ def describe(record: dict, prefix: str = "", width: int = 80) -> str:
 
     p = record["provenance"]
     where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
-    command = p["command"].replace(" ", "\0")  # a command is never split across lines
+    # where the measuring machine wrote its files (``--out /root/out``) is not the reader's business
+    command = re.sub(r"\s--out(?:-dir)?[= ]\S+", "", p["command"])
+    command = command.replace(" ", "\0")  # a command is never split across lines
     text = (
         f"{prefix}{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "
         f"with `{command}`"

@@ -15,7 +15,10 @@ repository named in ``_config.yml`` (the repository and issue buttons too); that
 output or display equation is cut off at the column edge; that every figure's smallest text is at
 least 9 pt (12 CSS px) as displayed and every heatmap has a colour bar; that no internal word
 (``INTERNAL_WORDS``, or ``None`` standing in prose) reaches the reader; and that the page fetches
-nothing from another host. A full-page screenshot of every page is kept under
+nothing from another host. Debris of the workshop fails too (``test_chapter_debris``): progress
+bars and empty output boxes, a run of repeated lines in a code cell, a cell whose executed output
+the page does not show, bar charts whose value axis does not start at 0, overlapping figure texts
+and printed tables whose columns do not line up. A full-page screenshot of every page is kept under
 ``_build/screenshots`` for review. One more test builds a one-chapter book with the
 real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
 
@@ -342,8 +345,176 @@ def table_problems(text: str) -> list[str]:
             problems.append(f"table rows up to {max(map(len, run))} characters: {run[0][:50]!r}")
         if len(run) > MAX_TABLE_ROWS:
             problems.append(f"table of {len(run)} rows: {run[0][:50]!r}")
+        if len(run) >= MIN_ALIGNED_ROWS and misaligned_columns(run):
+            problems.append(f"table columns do not line up: {misaligned_columns(run)}")
         run = []
     return problems
+
+
+MIN_ALIGNED_ROWS = 3  # two lines with gaps are a listing, not yet a table
+
+
+TABLE_FIELD = re.compile(r"\S+(?: \S+)*")  # one cell of a printed row: words one space apart
+
+
+def misaligned_columns(rows: list[str]) -> list[str]:
+    """The columns of a printed table whose cells neither start nor end at one position.
+
+    A row is split into cells at runs of two or more spaces. The rows with the most common cell
+    count make the columns; each column must be left-aligned (one start) or right-aligned (one
+    end) over its data rows, and the first row (a header) may sit anywhere over the column's span.
+    A row with fewer cells (a header over an unnamed index column) must put each cell's start or
+    end on a column's; a row with more (a header with a title or a unit added) all but one of
+    them. Returns a description of each column that fails."""
+    spans = [[m.span() for m in TABLE_FIELD.finditer(row)] for row in rows]
+    counts = [len(s) for s in spans]
+    width = max(set(counts), key=lambda c: (counts.count(c), c))
+    full = [s for s in spans if len(s) == width]
+    data = full[1:] if len(full) > 2 and spans[0] is full[0] else full
+    problems = []
+    columns = []
+    for j in range(width):
+        starts = {s[j][0] for s in data}
+        ends = {s[j][1] for s in data}
+        low, high = min(s[j][0] for s in data), max(s[j][1] for s in data)
+        columns.append((starts, ends))
+        text = rows[spans.index(full[-1])][full[-1][j][0] : full[-1][j][1]]
+        if len(starts) > 1 and len(ends) > 1:
+            problems.append(f"column {j + 1} ({text!r}) starts at {sorted(starts)}")
+        elif data is not full and not (full[0][j][0] < high and full[0][j][1] > low):
+            problems.append(f"column {j + 1}'s header is not over it")
+    edges = {x for starts, ends in columns for x in starts | ends}
+    for row, s in zip(rows, spans):
+        if len(s) < width and not all(a in edges or b in edges for a, b in s):
+            problems.append(f"row {row.strip()[:40]!r} does not sit on the columns")
+        elif len(s) > width and sum(a in edges or b in edges for a, b in s) < width - 1:
+            problems.append(f"row {row.strip()[:40]!r} has {len(s)} cells, the table {width}")
+    return problems
+
+
+# A progress bar (tqdm and the like) printed into an output: "45%|████▌  | 9/20 [00:01<00:02,
+# 4.5it/s]". It belongs to a terminal, not a page.
+PROGRESS_BAR = re.compile(r"\d+(?:\.\d+)?\s*(?:it/s|s/it)\]|\d+%\|[^|\n]*\||[█▏▎▍▌▋▊▉]{3,}")
+REPEATED_LINES = 4  # this many identical lines in a row in a code cell are a slip, not code
+
+
+def progress_bars(text: str) -> list[str]:
+    """Progress-bar fragments in an output's text."""
+    return [m.group(0) for m in PROGRESS_BAR.finditer(text)]
+
+
+def repeated_lines(code: str) -> list[str]:
+    """Runs of REPEATED_LINES or more identical non-blank lines in a code cell (indentation
+    counts: the closing brackets of nested calls differ in it)."""
+    runs, previous, length = [], None, 0
+    for line in code.splitlines() + [None]:
+        line = line.rstrip() if line is not None else None
+        if line and line == previous:
+            length += 1
+            continue
+        if previous and length >= REPEATED_LINES:
+            runs.append(f"{length} x {previous.strip()[:40]!r}")
+        previous, length = line, 1
+    return runs
+
+
+HIDDEN_OUTPUT_TAGS = {"remove-output", "remove_output", "hide-output", "hide_output"}
+REMOVED_CELL_TAGS = {"remove-cell", "remove_cell"}
+
+
+def missing_outputs(notebook: dict, shown: list[bool]) -> list[str]:
+    """Code cells that produced an output when the book was executed but show none on the page.
+
+    ``notebook`` is the executed notebook; ``shown`` says, for each code cell on the page in
+    order, whether its output box shows something. A cell tagged to hide or remove its output is
+    allowed to show nothing. (A widget, for one, has no output a static page can draw.)"""
+    cells = [
+        c
+        for c in notebook["cells"]
+        if c["cell_type"] == "code"
+        and not REMOVED_CELL_TAGS & set(c.get("metadata", {}).get("tags", []))
+    ]
+    if len(cells) != len(shown):
+        return [f"{len(cells)} code cells in the notebook, {len(shown)} on the page"]
+    problems = []
+    for number, (cell, visible) in enumerate(zip(cells, shown), start=1):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.get("outputs") and not visible and not HIDDEN_OUTPUT_TAGS & tags:
+            first = "".join(cell["source"]).strip().splitlines()[:1] or [""]
+            problems.append(f"code cell {number} ({first[0][:40]!r}) shows no output")
+    return problems
+
+
+# What the browser reports about each code cell of a page: its code, its output's text, whether
+# its output box shows anything at all (text, an image, a drawn figure or table).
+PAGE_CELLS = """
+const visible = el => el && ((el.innerText || '').trim().length > 0
+    || el.querySelector('img, svg, canvas, iframe, table, .book-plotly, mjx-container'));
+return Array.from(document.querySelectorAll('article div.cell')).map(cell => {
+  const input = cell.querySelector('div.cell_input');
+  const outputs = Array.from(cell.querySelectorAll('div.cell_output'));
+  return {code: input ? input.innerText : '',
+          text: outputs.map(o => o.innerText || '').join('\\n'),
+          boxes: outputs.length,
+          empty: outputs.filter(o => !visible(o)).length,
+          shown: outputs.some(o => visible(o))};
+});
+"""
+
+
+def executed_notebook(page: str) -> dict:
+    """The notebook MyST-NB executed for a page (written next to the site by the build)."""
+    path = REPO_ROOT / "_build" / "jupyter_execute" / f"{page}.ipynb"
+    assert path.is_file(), f"{path} is missing: build the site first"
+    return json.loads(path.read_text())
+
+
+def figure_debris(browser) -> list[str]:
+    """Figures whose PNG record (kernels.tools.style) counts a bar chart with a value axis that
+    does not start at 0, or texts printed over each other."""
+    paths = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article img'))"
+        "  .map(im => new URL(im.currentSrc).pathname);"
+    )
+    problems = []
+    for path in paths:
+        file = SITE / path.lstrip("/")
+        if file.suffix.lower() != ".png" or not file.is_file():
+            continue  # illegible_figures reports it
+        problems += record_debris(path, style.read_record(file.read_bytes()))
+    return problems
+
+
+def record_debris(name: str, record: dict) -> list[str]:
+    problems = []
+    for key in (style.PNG_KEY_BARS_OFF_ZERO, style.PNG_KEY_OVERLAPS):
+        if key not in record:
+            problems.append(f"{name}: no {key} in its record (made before the check existed)")
+    if int(record.get(style.PNG_KEY_BARS_OFF_ZERO, "0")):
+        problems.append(f"{name}: a bar chart whose value axis does not start at 0")
+    if int(record.get(style.PNG_KEY_OVERLAPS, "0")):
+        problems.append(
+            f"{name}: {record[style.PNG_KEY_OVERLAPS]} pair(s) of texts overlap: "
+            f"{record.get(style.PNG_KEY_OVERLAP_TEXTS, '')[:200]}"
+        )
+    return problems
+
+
+def page_debris(browser, page: str, notebook: dict | None) -> list[str]:
+    """Everything a reader should not find on a page: progress bars, empty output boxes, runs of
+    repeated code lines, outputs the page lost, cut bar charts, overlapping texts."""
+    cells = browser.execute_script(PAGE_CELLS)
+    problems = []
+    for number, cell in enumerate(cells, start=1):
+        bars = progress_bars(cell["text"])
+        if bars:
+            problems.append(f"cell {number}: progress bar {bars[0]!r}")
+        if cell["empty"]:
+            problems.append(f"cell {number}: {cell['empty']} empty output box(es)")
+        problems += [f"cell {number}: repeated lines {r}" for r in repeated_lines(cell["code"])]
+    if notebook is not None:
+        problems += missing_outputs(notebook, [cell["shown"] for cell in cells])
+    return problems + figure_debris(browser)
 
 
 def page_url(site_url: str, chapter: str) -> str:
@@ -460,6 +631,15 @@ def test_chapter_page(browser, site_url, chapter):
     assert widgets == [], f"{chapter}: {len(widgets)} live widget(s), blank on a static site"
 
     save_screenshot(browser, chapter)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_debris(browser, site_url, chapter):
+    """No progress bar, empty output box, repeated code line, lost output, bar chart cut above
+    0, overlapping figure text or misaligned printed table on a chapter page."""
+    open_page(browser, page_url(site_url, chapter))
+    problems = page_debris(browser, chapter, executed_notebook(chapter))
+    assert problems == [], f"{chapter}: {problems}"
 
 
 def save_screenshot(browser, page: str) -> None:
@@ -639,6 +819,99 @@ def test_the_table_rule_tells_tables_from_prose():
     assert len(table_problems(row + " " * 3 + "x" * 40)) == 1
     prose = "The tie share left the control's before ‖W_Q‖ did in 6 of 6 pairs, " * 3
     assert table_problems(prose) == []
+
+
+def test_misaligned_table_columns_are_caught():
+    aligned = [
+        "rule                  bias    rms",
+        "FA2                 +0.294   0.50",
+        "β across tiles      -0.004   0.61",
+    ]
+    assert table_problems("\n".join(aligned)) == []
+    index = ["          bias    rms", "FA2     +0.294   0.50", "β rule  -0.004   0.61"]
+    assert table_problems("\n".join(index)) == []  # a header over an unnamed index column
+    units = ["rule" + " " * 18 + "bias    rms  [ulp]"] + aligned[1:]
+    assert table_problems("\n".join(units)) == []  # a header that adds its unit
+    shifted = ["rule" + " " * 19 + "bias    rms  [ulp]"] + aligned[1:]
+    assert len(table_problems("\n".join(shifted))) == 1
+    seeded = aligned[:2] + ["β across tiles    -0.004     0.61"]  # printed without widths
+    problems = table_problems("\n".join(seeded))
+    assert len(problems) == 1 and "do not line up" in problems[0], problems
+
+
+def test_page_debris_on_a_seeded_page(browser, tmp_path):
+    """The browser side of the debris check, on a page made like MyST-NB's: a progress bar, an
+    empty output box and a code cell with a run of repeated lines are each found."""
+    cell = (
+        '<div class="cell"><div class="cell_input"><pre>{code}</pre></div>'
+        '<div class="cell_output"><pre>{out}</pre></div></div>'
+    )
+    cells = [
+        cell.format(code="x = 1", out="0.5"),
+        cell.format(code="run()", out="100%|##########| 20/20 [00:04&lt;00:00, 4.9it/s]"),
+        cell.format(code="show()", out=""),
+        cell.format(code="print(\n" + '    f""\n' * 6 + ")", out="ok"),
+    ]
+    page = tmp_path / "page.html"
+    page.write_text(f"<html><body><article>{''.join(cells)}</article></body></html>")
+    browser.get(page.as_uri())
+    problems = page_debris(browser, "seeded", None)
+    assert len(problems) == 3, problems
+    assert "cell 2: progress bar" in problems[0]
+    assert "cell 3: 1 empty output box" in problems[1]
+    assert "cell 4: repeated lines 6 x" in problems[2]
+
+
+def test_progress_bars_and_repeated_lines_are_caught():
+    bar = " 45%|████▌     | 9/20 [00:01<00:02,  4.50it/s]"
+    assert progress_bars(bar)
+    assert progress_bars("100%|##########| 20/20 [00:04<00:00, 4.9it/s]")
+    assert progress_bars("epoch 3: 12.5s/it]")
+    assert progress_bars("bias 45% of rows | rms 0.5 | done") == []
+    assert progress_bars("mean +0.212 ulp (s.e. 0.004), 4,096 rows") == []
+    code = 'print(\n    f"x"\n' + '    f""\n' * 49 + ")\n"
+    assert repeated_lines(code) == ["49 x 'f\"\"'"]
+    nested = "f(\n    g(\n        h(\n            1\n        )\n    )\n)\n"
+    assert repeated_lines(nested) == []
+    assert repeated_lines("a = 1\n\n\n\n\nb = 2\n") == []  # blank lines are layout
+
+
+def test_missing_outputs_are_caught():
+    def cell(outputs, tags=()):
+        return {
+            "cell_type": "code",
+            "source": ["show()"],
+            "outputs": outputs,
+            "metadata": {"tags": list(tags)},
+        }
+
+    widget = {
+        "output_type": "display_data",
+        "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "1"}},
+    }
+    text = {"output_type": "stream", "name": "stdout", "text": "0.5\n"}
+    notebook = {
+        "cells": [
+            cell([text]),
+            cell([]),
+            cell([widget]),
+            cell([text], ["remove-cell"]),
+            cell([widget], ["remove-output"]),
+        ]
+    }
+    assert missing_outputs(notebook, [True, False, True, False]) == []
+    # the seeded fault: the widget's cell renders nothing on the site
+    problems = missing_outputs(notebook, [True, False, False, False])
+    assert len(problems) == 1 and "code cell 3" in problems[0]
+    assert missing_outputs(notebook, [True, False]) != []  # cells do not match the page
+
+
+def test_the_figure_record_rules():
+    clean = {style.PNG_KEY_BARS_OFF_ZERO: "0", style.PNG_KEY_OVERLAPS: "0"}
+    assert record_debris("a.png", clean) == []
+    assert len(record_debris("a.png", {**clean, style.PNG_KEY_BARS_OFF_ZERO: "1"})) == 1
+    assert len(record_debris("a.png", {**clean, style.PNG_KEY_OVERLAPS: "2"})) == 1
+    assert len(record_debris("a.png", {})) == 2  # a figure made before the checks existed
 
 
 def test_forgiven_log_entries_are_narrow():

@@ -42,24 +42,38 @@ def plot_online_stats(trace, row):
     return fig
 
 
-def plot_error_bars(labels, series, ylabel, title, figsize=(6.8, 3.6), legend=None, tight=False):
-    """Bars of relative errors on a log axis, one group per label: ``series`` is
-    ``{name: values}`` (one to a few), drawn side by side in each group. ``legend``: keyword
-    arguments of the legend (None: the default place). ``figsize`` None: the style's size;
-    ``tight``: ``tight_layout`` (a legend beside the axes)."""
+def plot_error_bars(
+    labels, series, ylabel, title, figsize=(6.8, 3.6), legend=None, tight=False, xlabel=None
+):
+    """Relative errors on a log axis, one group per label: ``series`` is ``{name: values}`` (one
+    to a few), drawn side by side in each group as points (on a log axis a bar has no base, so
+    its length would mean nothing). ``legend``: keyword arguments of the legend (None: the
+    default place). ``figsize`` None: the style's size; ``tight``: ``tight_layout`` (a legend
+    beside the axes)."""
     fig, ax = _plt().subplots(figsize=figsize)
     x = np.arange(len(labels))
     width = 0.8 / len(series)
-    for i, (name, values) in enumerate(series.items()):
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, list(values), width, label=name)
+    for i, ((name, values), marker) in enumerate(zip(series.items(), MARKERS)):
+        _points(ax, x + (i - (len(series) - 1) / 2) * width, values, name, marker)
     ax.set_yscale("log")
     ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.legend(**(legend or {}))
     if tight:
         fig.tight_layout()
     return fig
+
+
+MARKERS = "osD^v<>"
+
+
+def _points(ax, x, values, label, marker, **style):
+    """One series of a grouped dot plot: markers only, no line, no bar."""
+    ax.plot(x, list(values), marker=marker, linestyle="none", markersize=7, label=label, **style)
 
 
 def plot_measured_memory(memory, sizes, element_bytes, title, head_dim=64):
@@ -142,25 +156,27 @@ def plot_stored_backward(bwd):
     for ax, d in zip(axes, dims):
         rows_d = [r for r in bwd if r["d"] == d]
         x = np.arange(3)
-        for i, r in enumerate(rows_d):
-            ax.bar(
+        for i, (r, marker) in enumerate(zip(rows_d, MARKERS)):
+            _points(
+                ax,
                 x + (i - 1.5) * 0.2,
                 [r[g]["rel_err_native"] for g in GRADS],
-                0.2,
-                label=f'ours, delta_source="{r["delta_source"]}"',
+                f'ours, delta_source="{r["delta_source"]}"',
+                marker,
             )
-        ax.bar(
+        _points(
+            ax,
             x + 1.5 * 0.2,
             [rows_d[0][g]["rel_err_sdpa_flash"] for g in GRADS],
-            0.2,
+            label("sdpa-flash"),
+            "x",
             color="k",
-            alpha=0.6,
-            label=label("sdpa-flash"),
         )
         ax.set_xticks(x, ["dQ", "dK", "dV"])
-        ax.set_ylim(0.002, None)
+        ax.set_xlim(-0.6, 2.6)
         ax.set_title(f"d = {d}")
-    axes[0].set_ylabel("relative error vs fp64 autograd")
+    axes[0].yaxis.set_major_formatter(lambda y, _: f"{y * 1e3:.2f}")
+    axes[0].set_ylabel("relative error vs fp64 autograd [10⁻³]")
     plt.tight_layout()
     fig.legend(
         *axes[0].get_legend_handles_labels(),

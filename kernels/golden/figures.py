@@ -42,7 +42,7 @@ def plot_precision(
     impls=("baseline", "baseline_fp32", "fa2", "paper", "fa1"),
 ):
     """Golden et al.'s Fig. 4: each implementation's deviation from the golden value,
-    grouped by format (log scale). Implementations missing in a format (a GPU kernel
+    grouped by format (log scale, a marker each). Implementations missing in a format (a GPU kernel
     without fp64) are left out of that group."""
     formats = [f for f in FORMAT_ORDER if pick(records, inputs=inputs, format=f)]
     impls = [i for i in impls if pick(records, inputs=inputs, impl=i)]
@@ -54,8 +54,18 @@ def plot_precision(
             if found and found[0]["vs_golden"][measure] > 0:
                 xs.append(i + (j - (len(impls) - 1) / 2) * width)
                 ys.append(found[0]["vs_golden"][measure])
-        ax.bar(xs, ys, width, color=COLOURS.get(name, None), label=SHORT.get(name, name))
+        # points, not bars: on a log axis a bar has no base, its length would mean nothing
+        ax.plot(
+            xs,
+            ys,
+            marker=TILE_MARKERS[j % len(TILE_MARKERS)],
+            linestyle="none",
+            markersize=7,
+            color=COLOURS.get(name, None),
+            label=SHORT.get(name, name),
+        )
     ax.set_yscale("log")
+    ax.set_xlim(-0.6, len(formats) - 0.4)
     ax.set_xticks(range(len(formats)), formats)
     word = {"max_abs": "max |O − O_golden|", "rel_norm": "‖O − O_golden‖ / ‖O_golden‖"}[measure]
     ax.set(xlabel="number format of inputs and intermediates", ylabel=word)

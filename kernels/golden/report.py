@@ -65,11 +65,11 @@ def print_ratios(records, inputs="gaussian", fmt="bf16"):
     baseline and measure: the quantity Golden et al. report as about 10 at BF16."""
     rows = ratio_table(records, fmt, inputs)
     print(f"flash error / baseline error ({inputs}, {fmt}):")
-    print(f"{'flash':14s}{'baseline':12s}{'max |dO|':>10s}{'rel. norm':>11s}")
+    print(f"  {'flash':14s}{'baseline':12s}{'max |dO|':>10s}{'rel. norm':>11s}")
     for f in ("fa2", "paper", "fa1"):
         for b in ("baseline", "baseline_fp32"):
             got = {r["measure"]: r["ratio"] for r in rows if r["flash"] == f and r["baseline"] == b}
-            print(f"  {SHORT[f]:12s}{SHORT[b]:12s}{got['max_abs']:10.2f}{got['rel_norm']:11.2f}")
+            print(f"  {SHORT[f]:14s}{SHORT[b]:12s}{got['max_abs']:10.2f}{got['rel_norm']:11.2f}")
     return rows
 
 
@@ -91,7 +91,7 @@ def print_ratio_grid(
             legend.append(f"sink {k} = {inp[6:]}")
         else:
             heads.append(inp)
-    print(f"{'ratio of ' + measure:28s}" + "".join(f"{h:>10s}" for h in heads))
+    print(f"{'ratio of ' + measure:31s}" + "".join(f"{h:>10s}" for h in heads))
     for fmt in formats:
         for flash, base in pairs:
             cells = []
@@ -99,7 +99,7 @@ def print_ratio_grid(
                 f = one(records, inputs=inp, format=fmt, impl=flash)["vs_golden"][measure]
                 b = one(records, inputs=inp, format=fmt, impl=base)["vs_golden"][measure]
                 cells.append(f"{f / b:10.2f}" if b else f"{'inf':>10s}")
-            print(f"  {fmt} {SHORT[flash] + ' / ' + SHORT[base]:21s}" + "".join(cells))
+            print(f"  {fmt} {SHORT[flash] + ' / ' + SHORT[base]:24s}" + "".join(cells))
     for line in legend:
         print("  " + line)
 
@@ -203,9 +203,9 @@ def print_tiles(records, fmt="bf16"):
     print(f"FA1, {fmt}, max |O − O_golden| by tile B_r × B_c:")
     for area in sorted({br * bc for br, bc in fa1}):
         cells = [f"{br}×{bc}: {fa1[(br, bc)]:.1e}" for br, bc in sorted(fa1) if br * bc == area]
-        print(f"  area {area:6d}: " + ",  ".join(cells))
+        print(f"  area {area:6d}: " + ", ".join(cells))
     fa2 = {r["block_n"]: r["vs_golden"]["max_abs"] for r in pick(records, impl="fa2", format=fmt)}
-    print("FA2 by B_c: " + ",  ".join(f"{bc}: {e:.1e}" for bc, e in sorted(fa2.items())))
+    print("FA2 by B_c: " + ", ".join(f"{bc}: {e:.1e}" for bc, e in sorted(fa2.items())))
 
 
 def print_weights(record, labels=None, steps=None, matrices="median"):

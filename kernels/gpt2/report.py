@@ -31,7 +31,7 @@ VARIANT_NAMES = {
     "C": "fix: β = 2, offset capped",
     "K": "fix: β = 2, ℓ clamped",
     "D": "fix: β = 2, capped and clamped",
-    "Z": "the paper's fix as released (β = 2, clamped ℓ)",
+    "Z": "paper's fix as released (β = 2, clamped ℓ)",
 }
 VARIANT_COLOURS = {
     "U": "tab:red",

@@ -25,6 +25,24 @@ def _bars(ax, cases, keys, value, labels):
     ax.invert_yaxis()
 
 
+def _points(ax, cases, keys, value, labels):
+    """Like :func:`_bars`, with a marker per value: for an axis that does not start at 0 (a zoom
+    or a log scale), where a bar's length would mean nothing."""
+    width = 0.8 / len(cases)
+    y = np.arange(len(keys))
+    for i, (case, marker) in enumerate(zip(cases, "osD^v")):
+        ax.plot(
+            [value(case, k) for k in keys],
+            y + (i - (len(cases) - 1) / 2) * width,
+            marker=marker,
+            linestyle="none",
+            markersize=7,
+            label=labels[i],
+        )
+    ax.set_yticks(y, [FIXES[k].label for k in keys])
+    ax.set_ylim(len(keys) - 0.5, -0.5)  # the first fix on top
+
+
 def _legend_below(fig, ax, **kw):
     """The axes' legend in one row under the figure, where it covers no bar or line."""
     handles, labels = ax.get_legend_handles_labels()
@@ -56,7 +74,7 @@ def plot_output_cost(records, keys=tuple(FIXES)):
     cases = list(dict.fromkeys(r["case"] for r in records))
     by = {(r["case"], r["fix"]): r for r in records}
     fig, ax = plt.subplots(figsize=(6.8, 4.6), layout="constrained")
-    _bars(ax, cases, keys, lambda c, k: 100 * by[(c, k)]["out"]["same_as_ideal"], cases)
+    _points(ax, cases, keys, lambda c, k: 100 * by[(c, k)]["out"]["same_as_ideal"], cases)
     ax.set(xlabel="outputs equal to the ideal bf16(O_exact) [%]", xlim=(50, 101))
     _legend_below(fig, ax, title="V tied / other")
     return fig
@@ -70,10 +88,10 @@ def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
     fig, ax = plt.subplots(figsize=(6.8, 4.2), layout="constrained")
     worst = [rows[f"triton/{k}"]["out"]["worst"] for k in keys]
     y = np.arange(len(keys))
-    ax.barh(y, worst, color=["tab:red" if w > 1 else "tab:blue" for w in worst])
+    ax.scatter(worst, y, s=60, color=["tab:red" if w > 1 else "tab:blue" for w in worst])
     ax.axvline(rows["ideal"]["out"]["worst"], color="gray", ls="--", label="ideal: 0.5 ulp")
     ax.set_yticks(y, [FIXES[k].label for k in keys])
-    ax.invert_yaxis()
+    ax.set_ylim(len(keys) - 0.5, -0.5)
     ax.set(
         xscale="log",
         xlabel="worst |O − O_exact| over 4,096 rows [ulp], H100",

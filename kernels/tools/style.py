@@ -9,8 +9,10 @@ browser scales the image by ``shown width / image width``. So a label is legible
 which a 14-inch, four-panel figure squeezed into one column fails however large its fonts look in
 Jupyter. :func:`apply` sets the book's sizes (nothing under :data:`MIN_FONT_PT`), and
 :func:`install` makes every figure a notebook displays carry, in its PNG, the smallest font it
-uses and how many heatmaps lack a colour bar; ``tests/test_site.py`` reads both back from the
-built site and computes the inequality above for every image, as it is really displayed.
+uses, how many heatmaps lack a colour bar, how many bar charts have a value axis that does not
+start at 0 (a bar's length is its value only from 0) and how many pairs of texts overlap;
+``tests/test_site.py`` reads them back from the built site and computes the inequality above for
+every image, as it is really displayed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ WIDTH_IN = 6.8  # the default figure width: 680 px, the site's text column (676 
 PNG_KEY_FONT = "min_font_pt"
 PNG_KEY_DPI = "dpi"
 PNG_KEY_NO_COLORBAR = "heatmaps_without_colorbar"
+PNG_KEY_BARS_OFF_ZERO = "bar_axes_not_from_zero"
+PNG_KEY_OVERLAPS = "overlapping_texts"
+PNG_KEY_OVERLAP_TEXTS = "overlapping_text_pairs"
+OVERLAP_PX = 2.0  # two texts overlap when their boxes share more than this, both ways (pixels)
 
 RC = {
     "figure.dpi": DPI,
@@ -55,14 +61,30 @@ def visible_texts(fig):
     annotations."""
     from matplotlib.text import Text
 
+    undrawn = _undrawn_tick_labels(fig)
     seen = []
     for text in fig.findobj(Text):
-        if not text.get_visible() or not text.get_text().strip():
+        if not text.get_visible() or not text.get_text().strip() or id(text) in undrawn:
             continue
         if text.axes is not None and not text.axes.get_visible():
             continue
         seen.append(text)
     return seen
+
+
+def _undrawn_tick_labels(fig) -> set[int]:
+    """Ids of tick labels an axis keeps but does not draw (ticks outside the view limits keep
+    stale, visible labels: they are no text the reader sees)."""
+    every, drawn = set(), set()
+    for ax in fig.axes:
+        for axis in ax._axis_map.values():
+            for tick in axis.majorTicks + axis.minorTicks:
+                every.update((id(tick.label1), id(tick.label2)))
+            if not axis.get_visible():  # a twin's hidden shared axis
+                continue
+            for tick in axis._update_ticks():
+                drawn.update((id(tick.label1), id(tick.label2)))
+    return every - drawn
 
 
 def smallest_font_pt(fig) -> float:
@@ -91,14 +113,65 @@ def heatmaps_without_colorbar(fig) -> int:
     return count
 
 
+def bar_axes_not_from_zero(fig) -> int:
+    """Axes with bars (``bar``, ``barh``, ``hist``) whose value axis is not linear or does not
+    include 0: a bar whose base is cut off shows a difference its length exaggerates."""
+    from matplotlib.container import BarContainer
+
+    count = 0
+    for ax in fig.axes:
+        bars = [c for c in ax.containers if isinstance(c, BarContainer) and len(c.patches)]
+        if not bars:
+            continue
+        horizontal = any(getattr(c, "orientation", None) == "horizontal" for c in bars)
+        scale = ax.get_xscale() if horizontal else ax.get_yscale()
+        low, high = sorted(ax.get_xlim() if horizontal else ax.get_ylim())
+        tolerance = 1e-9 * max(abs(low), abs(high), 1e-300)
+        if scale != "linear" or not (low <= tolerance and high >= -tolerance):
+            count += 1
+    return count
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts of a drawn figure whose boxes overlap by more than
+    :data:`OVERLAP_PX` in both directions (a label printed over another one)."""
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for text in visible_texts(fig):
+        try:
+            box = text.get_window_extent(renderer)
+        except (RuntimeError, ValueError):
+            continue
+        if box.width > 0 and box.height > 0 and all(map(_finite, box.extents)):
+            boxes.append((text.get_text().strip(), box))
+    pairs = []
+    for i, (name_a, a) in enumerate(boxes):
+        for name_b, b in boxes[i + 1 :]:
+            wide = min(a.x1, b.x1) - max(a.x0, b.x0)
+            tall = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if wide > OVERLAP_PX and tall > OVERLAP_PX:
+                pairs.append((name_a, name_b))
+    return pairs
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
 def png_with_record(fig) -> bytes:
     """The figure as PNG bytes (tight box, book DPI) with its legibility record in text chunks."""
     buffer = io.BytesIO()
     fig.canvas.draw()  # ticks and legends exist only after a draw
+    overlaps = overlapping_texts(fig)
     metadata = {
         PNG_KEY_FONT: f"{smallest_font_pt(fig):.2f}",
         PNG_KEY_DPI: str(DPI),
         PNG_KEY_NO_COLORBAR: str(heatmaps_without_colorbar(fig)),
+        PNG_KEY_BARS_OFF_ZERO: str(bar_axes_not_from_zero(fig)),
+        PNG_KEY_OVERLAPS: str(len(overlaps)),
+        PNG_KEY_OVERLAP_TEXTS: "; ".join(f"{a[:30]} / {b[:30]}" for a, b in overlaps)
+        .encode("ascii", "backslashreplace")  # a PNG text chunk holds Latin-1 only
+        .decode("ascii"),
     }
     fig.savefig(
         buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white", metadata=metadata

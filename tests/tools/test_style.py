@@ -100,3 +100,47 @@ def test_notebook_figures_carry_the_record():
         pngs = [o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})]
         assert len(pngs) == 1
         assert float(style.read_record(base64.b64decode(pngs[0]))[style.PNG_KEY_FONT]) == size
+
+
+def test_a_bar_chart_whose_value_axis_misses_zero_is_recorded():
+    fig, (vertical, horizontal) = plt.subplots(1, 2)
+    vertical.bar(["a", "b"], [0.98, 1.02])
+    horizontal.barh(["a", "b"], [5.0, 6.0])
+    assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_BARS_OFF_ZERO] == "0"
+    vertical.set_ylim(0.95, 1.05)  # the seeded fault: a 4 % difference drawn as a 3x one
+    assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_BARS_OFF_ZERO] == "1"
+    horizontal.set_xscale("log")  # on a log axis a bar has no base at all
+    assert style.bar_axes_not_from_zero(fig) == 2
+    vertical.set_ylim(-1, 2)
+    horizontal.set_xscale("linear")
+    horizontal.set_xlim(-3, 0)  # negative bars end at 0 from the other side: fine
+    assert style.bar_axes_not_from_zero(fig) == 0
+    plt.close(fig)
+
+
+def test_overlapping_texts_are_recorded():
+    style.apply()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_xlabel("step")
+    ax.text(0.1, 0.8, "first note")
+    record = style.read_record(style.png_with_record(fig))
+    assert record[style.PNG_KEY_OVERLAPS] == "0", record
+    ax.text(0.12, 0.8, "second note")  # the seeded fault: printed over the first
+    record = style.read_record(style.png_with_record(fig))
+    assert record[style.PNG_KEY_OVERLAPS] == "1", record
+    assert "first note / second note" in record[style.PNG_KEY_OVERLAP_TEXTS]
+    ax.set_title("‖W_Q‖ β")  # non-Latin-1 text still fits the PNG's text chunk
+    assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_OVERLAPS] == "1"
+    plt.close(fig)
+
+
+def test_tick_labels_outside_the_view_are_not_text():
+    """An axis keeps labels for ticks past its limits; they are not drawn and overlap nothing."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(6.8, 3))
+    left.plot(np.linspace(-0.55, 0.55, 5), [1e-3, 1, 10, 1, 1e-3])
+    left.set_yscale("log")
+    right.plot([0, 40_000], [0, 1])
+    right.set_xlim(-2_000, 35_000)
+    assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_OVERLAPS] == "0"
+    plt.close(fig)
