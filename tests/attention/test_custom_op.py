@@ -10,11 +10,14 @@ import torch
 
 from kernels.attention import AttentionOptions, flash_attention
 from kernels.attention.custom_op import flash_fwd_op, options_key, options_of
+from kernels.env import interpreting
 from kernels.gpt2 import GPT, GPTConfig
+
+DEVICE = "cpu" if interpreting() else "cuda"  # kernels.gpu.check runs this file on a GPU
 
 
 def fresh(*shape, dtype=torch.bfloat16):
-    return torch.randn(*shape).to(dtype).requires_grad_()
+    return torch.randn(*shape, device=DEVICE).to(dtype).requires_grad_()
 
 
 def test_options_survive_the_trip_through_a_string():
@@ -49,7 +52,7 @@ def test_compiled_attention_has_no_graph_break_and_the_same_bits(stable):
     explained = torch._dynamo.explain(call)(q, k, v)
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()
-    d_out = torch.randn(q.shape).bfloat16()
+    d_out = torch.randn(q.shape, device=DEVICE).bfloat16()
     eager = call(q, k, v)
     grads_eager = torch.autograd.grad(eager, (q, k, v), d_out)
     compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(q, k, v)
@@ -62,9 +65,9 @@ def test_compiled_attention_has_no_graph_break_and_the_same_bits(stable):
 def test_a_compiled_gpt2_block_with_the_books_attention_matches_eager():
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
     config = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, attn="triton")
-    model = GPT(config)
-    tokens = torch.randint(0, 256, (2, 32))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    model = GPT(config).to(DEVICE)
+    tokens = torch.randint(0, 256, (2, 32), device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
         eager_loss = model(tokens, tokens)[1]
         eager_grads = torch.autograd.grad(eager_loss, list(model.parameters()))
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
