@@ -298,11 +298,10 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
         loss_steps, loss = smooth(h["step"], h["loss"], width)
         axes[1].plot(loss_steps, loss, **style)
         boom = outcome(run)["step"]
-        if boom is not None:
-            at = min(np.searchsorted(loss_steps, boom), len(loss) - 1)
-            axes[1].plot(boom, loss[at], "X", color=style["color"], ms=9, mec="black")
-            at = min(np.searchsorted(steps, boom), len(wq) - 1)
-            axes[0].plot(boom, wq[at], "X", color=style["color"], ms=9, mec="black")
+        for ax, xs, ys in ((axes[0], steps, wq), (axes[1], loss_steps, loss)):
+            if boom is not None:  # the series' value at (or just after) the explosion
+                at = min(np.searchsorted(xs, boom), len(ys) - 1)
+                ax.plot(boom, ys[at], "X", color=style["color"], ms=9, mec="black")
         last = max(last, int(steps[-1]))
     axes[0].set_yscale("log")
     axes[0].set_ylabel(f"‖W_Q‖₂, layer {layer}, largest head", fontsize=FONT)
