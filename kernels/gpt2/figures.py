@@ -16,9 +16,9 @@ from .report import (
     outcome,
     pair_departures,
     parse_name,
+    ratio_to_control,
     rolling_mean,
     smooth,
-    wq_ratio,
 )
 
 
@@ -241,7 +241,7 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
         if variant == "F":
             continue
         for name in sorted(n for n in runs if parse_name(n)[1] == variant):
-            steps, ratio = wq_ratio(runs[name], runs[f"k4-F-{parse_name(name)[2]}"], layer)
+            steps, ratio = ratio_to_control(runs[name], runs[f"k4-F-{parse_name(name)[2]}"], layer)
             o = outcome(runs[name])
             end = o["step"] if o["step"] is not None else o["steps"]
             steps, ratio = steps[steps <= end], ratio[steps <= end]

@@ -222,8 +222,8 @@ __all__ = [
     "EVENT_WORDS",
     "FIX_ORDER",
     "fix_runs",
-    "wq_ratio",
-    "wq_growth",
+    "ratio_to_control",
+    "ratio_to_control_at",
     "fix_table",
     "run_label",
     "runaway_step",
@@ -373,7 +373,7 @@ def fix_runs(stored: dict) -> dict:
     }
 
 
-def wq_ratio(run: dict, control: dict, layer: int = 0, key: str = "wq"):
+def ratio_to_control(run: dict, control: dict, layer: int = 0, key: str = "wq"):
     """(steps, ratio): layer ``layer``'s largest-head ‖W_Q‖₂ (or the diagnostic ``key``) of
     ``run`` over its control's, at the checks both logged with finite values."""
     s_run, w_run = monitor_series(run, key, layer)
@@ -401,9 +401,12 @@ def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10
     return int(later[0]) if len(later) else None
 
 
-def wq_growth(run: dict, control: dict, step: int, layer: int = 0, key: str = "wq") -> float:
-    """:func:`wq_ratio` (of ``key``) at the last check at or before ``step`` (NaN if none)."""
-    steps, ratio = wq_ratio(run, control, layer, key)
+def ratio_to_control_at(
+    run: dict, control: dict, step: int, layer: int = 0, key: str = "wq"
+) -> float:
+    """:func:`ratio_to_control` (of ``key``) at the last check at or before ``step`` (NaN if
+    none)."""
+    steps, ratio = ratio_to_control(run, control, layer, key)
     before = ratio[steps <= step]
     return float(before[-1]) if len(before) else float("nan")
 

@@ -27,15 +27,15 @@ def test_fix_runs_hold_three_seeds_of_each_route_and_the_controls():
         assert seeds == {"s1", "s2", "s3"}, variant
 
 
-def test_wq_growth_is_one_against_itself_and_follows_a_scaled_run():
+def test_ratio_to_control_at_is_one_against_itself_and_follows_a_scaled_run():
     runs = _stored_fix_runs()
     control = runs["k4-F-s2"]
-    assert report.wq_growth(control, control, 5_000) == 1.0
+    assert report.ratio_to_control_at(control, control, 5_000) == 1.0
     scaled = copy.deepcopy(control)
     factor = 1.0 + np.random.default_rng().uniform(0.5, 3.0)
     for check in scaled["monitor"]:
         check["wq_norms"] = [[w * factor for w in layer] for layer in check["wq_norms"]]
-    assert abs(report.wq_growth(scaled, control, 5_000) - factor) < 1e-9
+    assert abs(report.ratio_to_control_at(scaled, control, 5_000) - factor) < 1e-9
 
 
 def test_fix_table_counts_every_run_once_and_matches_outcome():
