@@ -318,6 +318,9 @@ def widget(kind: str = "fixes", stored: dict | None = None):
         by = _sweep_index(stored)
         vs = sorted({(k[1], k[2]) for k in by}, key=lambda v: (v[0], -v[1]))
         axes = dict(v=vs, ties=sorted({k[3] for k in by}), gap=sorted({k[4] for k in by}))
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the live cell is computed
     style = {"description_width": "190px"}
     boxes = {}
     for c in controls:
@@ -333,7 +336,7 @@ def widget(kind: str = "fixes", stored: dict | None = None):
         start = time.perf_counter()
         values = {n: axes[n][i] for n, i in picked.items()}
         if kind == "fixes":
-            c = sg.cell(**values)
+            c = sg.cell(**values, device=device)
             bars, reading = (
                 fix_bars(c),
                 fixes_reading(c, values["beta"], values["eps"], values["ties"]),
@@ -359,14 +362,15 @@ def _fix_axes() -> dict:
     )  # fmt: skip
 
 
-def update_seconds(repeats: int = 3) -> float:
-    """Median seconds of one widget update of the fixes explorer (compute one cell, draw)."""
+def update_seconds(repeats: int = 3, device: str = "cpu") -> float:
+    """Median seconds of one widget update of the fixes explorer (compute one cell on
+    ``device``, draw)."""
     import matplotlib.pyplot as plt
 
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        c = sg.cell(**sg.DEFAULT)
+        c = sg.cell(**sg.DEFAULT, device=device)
         fixes_reading(c, sg.DEFAULT["beta"], sg.DEFAULT["eps"], sg.DEFAULT["ties"])
         fig = plot_bars(FIX_PANELS, FIX_SERIES, fix_bars(c))
         fig.canvas.draw()

@@ -6,7 +6,9 @@ One *base* (V preset, spread, k, gap) is one set of rows, built once; the ideal 
 measured on it once, the rule for every (β, ε). The grid is too large to compute while the book
 builds, so it is stored (``python -m kernels.lab.slider_grid --out results/``, CPU only: the
 provenance's gpu is null) and the live widget recomputes one cell with :func:`cell`, which gives
-the stored numbers bit for bit (same seed, same rows).
+the stored numbers bit for bit (same seed, same rows). On a machine with a GPU the widget
+computes on it; ``python -m kernels.lab.slider_grid --time-update --out results/`` times one
+update on the CPU and the GPU and says how far the GPU's numbers are from the CPU's.
 
 The rows: ``rm`` is drawn in [0.03, 3.97] and the tied keys after the first sit 0.0015 below it,
 rounded to bf16: where ``rm`` ≥ 0.5 that rounds back to ``rm`` (an exact tie); below 0.5 it is a
@@ -94,11 +96,14 @@ def _rule(built, beta, eps, block_n):
     return emulator.flash_forward(built.q, built.k, built.v, opts).out
 
 
-def base_cells(preset, spread, ties, gap, betas=BETAS, epsilons=EPSILONS, seed=0, rows=ROWS):
+def base_cells(
+    preset, spread, ties, gap, betas=BETAS, epsilons=EPSILONS, seed=0, rows=ROWS, device="cpu"
+):
     """Ideal and FA2 on one base's rows, and the rule for every (β, ε): a dict with 'ideal',
-    'fa2' (stats) and 'rule' (stats per (β, ε))."""
+    'fa2' (stats) and 'rule' (stats per (β, ε)). The rows are drawn on the CPU (the same rows
+    on every device) and computed on ``device``."""
     case = base_case(preset, spread, ties, gap, rows)
-    built = build(case, seed)
+    built = build(case, seed, device)
     exact = reference(built)
     off = AttentionOptions(scale=1.0, block_n=case.block_n, stable="off")
     fa2 = emulator.flash_forward(built.q, built.k, built.v, off).out
@@ -114,9 +119,9 @@ def base_cells(preset, spread, ties, gap, betas=BETAS, epsilons=EPSILONS, seed=0
     return out
 
 
-def cell(preset, spread, ties, gap, beta, eps, seed=0, rows=ROWS) -> dict:
+def cell(preset, spread, ties, gap, beta, eps, seed=0, rows=ROWS, device="cpu") -> dict:
     """One setting of the explorer, computed now: {'ideal', 'fa2', 'rule'} stats (the widget)."""
-    got = base_cells(preset, spread, ties, gap, (beta,), (eps,), seed, rows)
+    got = base_cells(preset, spread, ties, gap, (beta,), (eps,), seed, rows, device)
     return {"ideal": got["ideal"], "fa2": got["fa2"], "rule": got["rule"][(beta, eps)]}
 
 
@@ -173,12 +178,50 @@ def lookup(stored: dict, preset, spread, ties, gap, beta, eps) -> dict:
     }
 
 
+def largest_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between two cells' finite numbers (0.0: identical)."""
+    diffs = [
+        abs(a[impl][f] - b[impl][f])
+        for impl in IMPLS
+        for f in FIELDS
+        if math.isfinite(a[impl][f]) and math.isfinite(b[impl][f])
+    ]
+    return max(diffs, default=0.0)
+
+
+def time_update(repeats: int = 5) -> dict:
+    """One update of the live widget (compute one setting and draw it), timed on the CPU (all
+    its threads) and, where there is one, on the GPU; with how far the GPU's cell is from the
+    CPU's (the stored grid is the CPU's)."""
+    from .site_explorers import update_seconds
+
+    out = {"cpu_threads": torch.get_num_threads(), "repeats": repeats}
+    out["cpu_s"] = update_seconds(repeats, device="cpu")
+    if torch.cuda.is_available():
+        update_seconds(1, device="cuda")  # warm-up: first CUDA calls load kernels
+        out["gpu_s"] = update_seconds(repeats, device="cuda")
+        on_cpu, on_gpu = (cell(**DEFAULT, device=d) for d in ("cpu", "cuda"))
+        out["gpu_vs_cpu_largest_difference"] = largest_difference(on_cpu, on_gpu)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
+    parser.add_argument(
+        "--time-update",
+        action="store_true",
+        help="time one widget update on the CPU and the GPU instead of building the grid",
+    )
     args = parser.parse_args(argv)
     from .. import results
 
+    if args.time_update:
+        data = time_update()
+        print(data)
+        command = "python -m kernels.lab.slider_grid --time-update"
+        print(results.save("explorer_update", data, command, args.out))
+        return
     torch.set_num_threads(1)
     data = grid()
     print(results.save("fix_explorer", data, "python -m kernels.lab.slider_grid", args.out))

@@ -124,6 +124,31 @@ def test_one_widget_update_is_quick_enough():
     assert se.update_seconds(repeats=1) < 2.0  # the chapter prints the measured time
 
 
+def test_the_update_timer_reports_every_device_it_has(tmp_path):
+    import torch
+
+    timed = sg.time_update(repeats=1)
+    assert 0 < timed["cpu_s"] < 2.0 and timed["cpu_threads"] == torch.get_num_threads()
+    assert ("gpu_s" in timed) == torch.cuda.is_available()
+    if torch.cuda.is_available():  # the GPU's cell next to the CPU's (the stored grid's)
+        assert timed["gpu_vs_cpu_largest_difference"] < 0.05
+
+
+def test_largest_difference_sees_one_changed_number(stored):
+    pick = random.Random()
+    values = {name: pick.choice(axis) for name, axis in stored["data"]["axes"].items()}
+    c = sg.lookup(stored["data"], **values)
+    assert sg.largest_difference(c, c) == 0.0
+    changed = {impl: dict(stats) for impl, stats in c.items()}
+    impl, field = pick.choice(sg.IMPLS), pick.choice(("bias", "rms"))
+    if not math.isfinite(changed[impl][field]):
+        changed[impl][field] = 0.0  # a NaN cell: compare finite numbers only
+        assert sg.largest_difference(c, changed) == 0.0
+        return
+    changed[impl][field] += 0.25
+    assert sg.largest_difference(c, changed) == pytest.approx(0.25)
+
+
 def test_labels_of_every_axis_value_are_distinct():
     for c in se.fixes_controls(se._fix_axes()):
         assert len(set(c["values"])) == len(c["values"]), c
