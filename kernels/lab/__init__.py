@@ -34,6 +34,7 @@ from .explorer import (
     p_bar_of_tied,
     running_error,
     show,
+    sum_errors,
     widget,
 )
 from .figures import FA2_FAMILY, PAPER_FAMILY, plot_lab
@@ -55,14 +56,15 @@ from .sweep import (
     compare_settings,
     describe_cells,
     fixed_offset_bias,
+    offset_rounding,
     print_compare,
+    row_max_scan,
     save_cpu_sweep,
     sweep,
     sweep_cases,
     sweep_config,
     sweep_findings,
     sweep_table,
-    underflow_scan,
 )
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -53,20 +53,46 @@ def running_error(scores_row, v_col, offset, numerics):
     paper: P̄ = bf16(exp(bf16(S − m))); lp(t) = bf16(Σ in fp32), hp(t) = Σ in fp64 of the same P̄V.
     fa2:   lp(t) = the fp32 accumulator Σ bf16(P̄)V (P̄ = exp(S − m) in fp32), hp(t) = Σ in fp64 of
            the exact P·V. The FA2 output is rounded only once, after dividing by ℓ.
-    ``m`` is the row's final offset (a tiled kernel changes m between tiles; the rescaling by
-    α = exp(m_old − m_new) is an fp32 multiplication and does not change the picture)."""
+    ``ideal`` is bf16(hp(t)) − hp(t): the error of rounding the exact running sum once, the best
+    any BF16 running sum can do. ``v_col`` is one column of V (N,) or several (N, D): the errors
+    then have one column each. ``m`` is the row's final offset (a tiled kernel changes m between
+    tiles; the rescaling by α = exp(m_old − m_new) is an fp32 multiplication and does not change
+    the picture)."""
     s = np.asarray(scores_row, dtype=np.float64)
     v = np.asarray(v_col, dtype=np.float64)
     # P̄ as the emulator rounds it, from S − m rounded once to fp32
     p_lp = emulator.p_bar(torch.from_numpy(s - offset).float(), 0.0, numerics).double().numpy()
-    lp32 = np.add.accumulate((p_lp * v).astype(np.float32), dtype=np.float32)  # sequential
+    w = p_lp.reshape(-1, *([1] * (v.ndim - 1)))
+    lp32 = np.add.accumulate((w * v).astype(np.float32), axis=0, dtype=np.float32)  # sequential
     if numerics == "paper":  # bf16 × bf16 is exact in fp32; the paper holds the sum in bf16
         lp = round_to_dtype(torch.from_numpy(lp32), torch.bfloat16).double().numpy()
-        hp = np.cumsum(p_lp * v)
+        hp = np.cumsum(w * v, axis=0)
     else:
         lp = lp32.astype(np.float64)
-        hp = np.cumsum(np.exp(s - offset) * v)
-    return {"error": lp - hp, "p_is_one": np.flatnonzero(p_lp == 1.0), "lp": lp, "hp": hp}
+        hp = np.cumsum(np.exp(s - offset).reshape(w.shape) * v, axis=0)
+    ideal = round_to_dtype(torch.from_numpy(hp), torch.bfloat16).numpy() - hp
+    return {
+        "error": lp - hp,
+        "ideal": ideal,
+        "p_is_one": np.flatnonzero(p_lp == 1.0),
+        "lp": lp,
+        "hp": hp,
+    }
+
+
+def sum_errors(built, numerics="paper") -> dict:
+    """Eq. (5) at the last key for every output of ``built`` (offset m = the row maximum): the
+    error of the running sum Ō (``error``) and of the exact Ō rounded once to BF16 (``ideal``),
+    both in ulps of BF16 at the exact Ō, each shaped (batch, rows, columns)."""
+    error, ideal = [], []
+    for b in range(built.scores.shape[0]):
+        for row in built.scores[b].cpu():
+            r = running_error(row.numpy(), built.v[b].cpu().numpy(), float(row.max()), numerics)
+            unit = ulp_in_dtype(torch.from_numpy(r["hp"][-1])).numpy()
+            error.append(r["error"][-1] / unit)
+            ideal.append(r["ideal"][-1] / unit)
+    shape = (built.scores.shape[0], built.scores.shape[1], -1)
+    return {"error": np.reshape(error, shape), "ideal": np.reshape(ideal, shape)}
 
 
 def lab(

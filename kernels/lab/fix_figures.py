@@ -126,3 +126,91 @@ def plot_fix_speed(rows, n=4096):
     )
     _legend_below(fig, ax)
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper's Appendix C, measured (small live scans: kernels.lab.sweep)
+# ----------------------------------------------------------------------------------------------
+APPENDIX_C_LABELS = {
+    "ideal": "ideal bf16(O_exact)",
+    "fa2": "FA2 numerics",
+    "paper": "the paper's bf16 path",
+    "fa2/off": "FA2, no rule",
+    "fa2/cross": "FA2, the rule (m = 0)",
+    "fa2/always": "FA2, rule on every row",
+}
+
+
+def _errorbars(ax, x, rows, label, **kw):
+    ax.errorbar(
+        x,
+        [r["mean"] for r in rows],
+        yerr=[1.96 * r["se"] for r in rows],
+        marker="o",
+        ms=4,
+        capsize=2,
+        label=APPENDIX_C_LABELS.get(label, label),
+        **kw,
+    )
+
+
+def plot_fixed_offset(offsets, fixed, rounding):
+    """Appendix C's fixed offset m = r_m + c: the mean error of O per numerics against c (top),
+    and how the tied P̄ = e^−c is rounded to BF16 (bottom), from :func:`fixed_offset_bias` and
+    :func:`offset_rounding`."""
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 5.6), layout="constrained", sharex=True)
+    for num, rows in fixed.items():
+        _errorbars(top, offsets, rows, num)
+    top.axhline(0, color="black", lw=0.8)
+    top.set(ylabel="mean error of O [ulp]", title="a fixed offset m = r_m + c")
+    top.legend()
+    bottom.plot(offsets, np.asarray(rounding) * 1e3, marker="o", ms=4, color="C2")
+    bottom.axhline(0, color="black", lw=0.8)
+    bottom.set(
+        xlabel="offset c below the row maximum",
+        ylabel=r"$\mathrm{bf16}(e^{-c})/e^{-c} - 1$ [10⁻³]",
+        title=r"how the tied $\bar P = e^{-c}$ is rounded (the same in every row)",
+    )
+    return fig
+
+
+SCAN_PANELS = {
+    "mean": "mean error of O [ulp]",
+    "same": "outputs equal to the ideal [%]",
+    "wrong": "outputs NaN or wrongly 0 [%]",
+}
+
+
+def plot_rule_scan(scans, title, panels=("mean", "same"), xscale="linear", xlabel=None):
+    """Rows whose tied maximum sits at r_m (:func:`row_max_scan`), one line per entry of
+    ``scans``, drawn against |r_m|: the mean error of the outputs (where none is NaN or wrongly
+    0), the share equal to the ideal and the share NaN or wrongly 0, one panel each."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(6.8, 2.9 * len(panels) + 0.4), layout="constrained", sharex=True
+    )
+    axes = np.atleast_1d(axes)
+    for i, (label, rows) in enumerate(scans.items()):
+        name = APPENDIX_C_LABELS.get(label, label)
+        style = dict(marker="o", ms=4, ls=("-", "--", ":")[i % 3], color=f"C{i}")
+        for ax, panel in zip(axes, panels):
+            ok = [r for r in rows if panel == "wrong" or r["wrong"] == 0]
+            x = [abs(r["rm"]) for r in ok]
+            if panel == "mean":
+                y = [r["mean"] for r in ok]
+                ax.errorbar(x, y, yerr=[1.96 * r["se"] for r in ok], capsize=2, label=name, **style)
+            else:
+                key = "same_as_ideal" if panel == "same" else "wrong"
+                ax.plot(x, [100 * r[key] for r in ok], label=name, **style)
+    for ax, panel in zip(axes, panels):
+        ax.set_ylabel(SCAN_PANELS[panel])
+        if panel == "mean":
+            ax.axhline(0, color="black", lw=0.8)
+    axes[0].set_title(title)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=1)
+    axes[-1].set(xscale=xscale, xlabel=xlabel or "size of the tied row maximum |r_m|")
+    return fig

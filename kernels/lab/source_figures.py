@@ -181,3 +181,35 @@ def plot_source_map(records, kernel=BIAS_SOURCES["sdpa-flash"]):
     bar.ax.set_xticklabels(SOURCE_NAMES)
     bar.ax.set_xlabel(f"which source dominates {KERNEL_LABELS[kernel]}'s error")
     return fig
+
+
+def plot_running_error(run, sums, title):
+    """The paper's Fig. 6c for one output (top): the error of the running sum Ō(t) along the
+    keys (Eq. 5) and of the exact running sum rounded once (the ideal), in ulps of the final Ō,
+    from :func:`kernels.lab.running_error`; and (bottom) the mean error of the final Ō over all
+    outputs, ``sums`` = {setting: {"error": ..., "ideal": ...}} from
+    :func:`kernels.lab.sum_errors`."""
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.0), layout="constrained")
+    unit = float(2.0 ** (np.floor(np.log2(abs(run["hp"][-1]))) - 7))
+    t = np.arange(run["error"].size)
+    top.plot(t, run["ideal"] / unit, color="C1", lw=3, alpha=0.6, label="exact sum rounded once")
+    top.plot(t, run["error"] / unit, color="C0", lw=1, label="Eq. 5: fp32 sum rounded to BF16")
+    ones = run["p_is_one"]
+    top.plot(ones, run["error"][ones] / unit, "rv", ms=7, label="P̄ = 1 (a tied maximum)")
+    top.axhline(0, color="black", lw=0.6)
+    top.set(xlabel="key position t", ylabel="Ō_lp(t) − Ō_hp(t) [ulp of final Ō]")
+    top.set_title(title)
+    top.legend(loc="lower left")
+    names = list(sums)
+    x = np.arange(len(names))
+    series = (("error", "Eq. 5 (the paper's path)"), ("ideal", "ideal: the exact Ō rounded once"))
+    for j, (key, name) in enumerate(series):
+        means = [float(np.mean(sums[n][key])) for n in names]
+        bottom.bar(x + (j - 0.5) * 0.38, means, 0.38, label=name, color=f"C{j}")
+    bottom.axhline(0, color="black", lw=0.8)
+    bottom.set_xticks(x, names)
+    bottom.set(ylabel="mean error of final Ō [ulp]", title="every output, at the last key")
+    bottom.legend()
+    return fig

@@ -265,7 +265,8 @@ def compare_devices(
 
 
 def fixed_offset_bias(offsets, case: Case | None = None, numerics=("fa2", "paper"), seed=0):
-    """Bias with m = running max + offset (Appendix C's fixed offset) for each offset."""
+    """Bias with m = running max + offset (Appendix C's fixed offset) for each offset:
+    {numerics: [measure(...) per offset]}; ``"ideal"`` among ``numerics`` gives the baseline."""
     case = small_lab_case(ties=2) if case is None else case
     built = build(case, seed)
     return {
@@ -274,27 +275,54 @@ def fixed_offset_bias(offsets, case: Case | None = None, numerics=("fa2", "paper
     }
 
 
-def underflow_scan(row_maxes, beta=2.0, stable="always", ties=1, impl="fa2", seed=0):
-    """For tied (or single, with 'always') maxima of value rm: fraction of rows whose ℓ
-    underflows to 0, of NaN outputs and of outputs that are exactly 0 though O_hp is not."""
-    rows = []
+def offset_rounding(offsets) -> np.ndarray:
+    """How a tied P̄ = e^(−c) is rounded to BF16 under a fixed offset c: bf16(e^−c)/e^−c − 1,
+    with e^−c computed in fp32 as FA2 numerics do (the same relative error in every row)."""
+    exact = torch.exp(-torch.as_tensor(offsets, dtype=torch.float64))
+    p32 = exact.to(torch.float32).double()
+    return (round_to_dtype(p32, torch.bfloat16) / exact - 1).numpy()
+
+
+def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2, seed=0) -> dict:
+    """Rows whose (tied) maximum sits at each r_m of ``row_maxes`` (drawn within ±rel_jitter·|r_m|;
+    ``batch`` sequences of 32 rows), through each implementation label of ``impls``
+    ('fa2/always', 'ideal', ...).
+
+    Returns {label: [one dict per r_m]} with the bias of the finite outputs against the exact O
+    (``mean``, ``se``), the share equal to the ideal bf16(O_exact) (``same_as_ideal``), the share
+    of outputs that are wrong without a doubt (``wrong``: NaN or inf, or exactly 0 where the exact
+    O is not) and, for emulated rules, the share of rows whose ℓ is 0 (``ell_zero``: O is NaN) or
+    subnormal (``ell_subnormal``)."""
+    out = {label: [] for label in impls}
     for rm in row_maxes:
-        case = small_lab_case(ties=ties, row_max=float(rm), row_max_jitter=0.0, batch=2)
+        rm = float(rm)
+        jitter = rel_jitter * abs(rm)
+        case = small_lab_case(ties=ties, row_max=rm, row_max_jitter=jitter, batch=batch)
         built = build(case, seed)
-        res = run_case(impl, built, stable=stable, beta=beta, block_n=case.block_n)
-        o_hp = reference(built)
-        rows.append(
-            {
-                "rm": float(rm),
-                "ell_zero": float((res.row_sum == 0).double().mean()),
-                "ell_subnormal": float(
-                    ((res.row_sum > 0) & (res.row_sum < 2.0**-126)).double().mean()
-                ),
-                "nan": float(torch.isnan(res.out).double().mean()),
-                "zero_out": float(((res.out == 0) & (o_hp != 0)).double().mean()),
+        exact = reference(built)
+        ideal = round_to_dtype(exact, torch.bfloat16)
+        for label in impls:
+            impl, stable = parse_impl(label)
+            res = run_case(impl, built, stable=stable, beta=beta, block_n=case.block_n)
+            o = res.out.double()
+            zero = (o == 0) & (exact != 0)
+            err = error_in_ulps(res.out, exact)
+            stats = bias_summary(torch.where(zero, torch.full_like(err, math.nan), err))
+            row = {
+                "rm": rm,
+                "mean": stats["mean"],
+                "se": stats["se"],
+                "same_as_ideal": float((o == ideal).double().mean()),
+                "wrong": float((~torch.isfinite(o) | zero).double().mean()),
+                "ell_zero": None,
+                "ell_subnormal": None,
             }
-        )
-    return rows
+            if res.row_sum is not None:
+                ell = res.row_sum.double()
+                row["ell_zero"] = float((ell == 0).double().mean())
+                row["ell_subnormal"] = float(((ell > 0) & (ell < 2.0**-126)).double().mean())
+            out[label].append(row)
+    return out
 
 
 def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:

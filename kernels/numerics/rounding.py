@@ -14,7 +14,8 @@ One helper per operation, shared by the emulator, the lab and the GPT-2 code:
 * :func:`work_dtype`       the dtype arithmetic on low-precision values is done in (fp32, or fp64).
 
 torch's casts round to nearest-even on every device, so these give the same bits on a CPU and a
-GPU. (Triton's interpreter does not: see :mod:`.triton_rounding`.)
+GPU, and an fp64 input is rounded once (see :func:`round_to_dtype`). (Triton's interpreter does
+not: see :mod:`.triton_rounding`.)
 """
 
 from __future__ import annotations
@@ -34,10 +35,27 @@ def work_dtype(low: torch.dtype) -> torch.dtype:
 
 
 def round_to_dtype(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
-    """Round ``x`` to the nearest ``low`` value (ties to even), keeping ``x``'s dtype."""
+    """Round ``x`` to the nearest ``low`` value (ties to even), keeping ``x``'s dtype.
+
+    An fp64 ``x`` is rounded once, correctly: torch's fp64 → bf16 (or fp16) cast goes through
+    fp32 and rounds twice, so an fp64 value a hair above a bf16 midpoint (closer than fp32 can
+    see) lands on the midpoint and then rounds to even, the wrong way. Rounding to fp32 *to odd*
+    first (an inexact result keeps an odd last bit) makes the second rounding the correct one."""
     if low == x.dtype or (low == torch.float64):
         return x
+    if x.dtype == torch.float64 and low in (torch.bfloat16, torch.float16):
+        return _to_odd_fp32(x).to(low).to(x.dtype)
     return x.to(low).to(x.dtype)
+
+
+def _to_odd_fp32(x: torch.Tensor) -> torch.Tensor:
+    """fp64 → fp32 rounded to odd: exact values stay, inexact ones take the neighbour whose last
+    mantissa bit is 1 (enough for one correct rounding to any format with ≤ 21 fraction bits)."""
+    y = x.to(torch.float32)
+    inexact = y.to(torch.float64) != x  # NaN compares unequal, but moving a NaN keeps it NaN
+    even = (y.view(torch.int32) & 1) == 0
+    away = torch.where(x > y.to(torch.float64), math.inf, -math.inf).to(torch.float32)
+    return torch.where(inexact & even & torch.isfinite(y), torch.nextafter(y, away), y)
 
 
 def _dropped_bits(x: torch.Tensor, bits: int, who: str) -> int:

@@ -230,6 +230,54 @@ def test_running_error_definitions():
     assert set(r["p_is_one"]) == set(np.flatnonzero(s == m))
     r2 = lab.running_error(s, v, m, "fa2")
     assert np.all(np.abs(r2["error"]) < 0.01)  # fp32 accumulator: tiny errors
+    ideal = to_bf16(torch.tensor(np.cumsum(p * v))).numpy() - np.cumsum(p * v)
+    assert np.array_equal(r["ideal"], ideal)
+    cols = np.stack([v, -v, 2 * v], -1)  # several columns at once: the same, column by column
+    r3 = lab.running_error(s, cols, m, "paper")
+    for c in range(3):
+        one = lab.running_error(s, cols[:, c], m, "paper")
+        assert np.array_equal(r3["error"][:, c], one["error"])
+        assert np.array_equal(r3["ideal"][:, c], one["ideal"])
+
+
+def test_sum_errors_is_eq5_at_the_last_key_in_ulps():
+    built = lab.build(small_case(ties=2, gap=15.6, batch=2), fresh_seed())
+    sums = lab.sum_errors(built, "paper")
+    b, r, c = 1, 3, 5
+    row = built.scores[b, r]
+    one = lab.running_error(row.numpy(), built.v[b, :, c].numpy(), float(row.max()), "paper")
+    unit = float(ulp_in_dtype(torch.tensor(one["hp"][-1])))
+    assert sums["error"][b, r, c] == pytest.approx(one["error"][-1] / unit, abs=1e-12)
+    assert sums["ideal"].shape == built.scores.shape[:2] + (built.v.shape[-1],)
+    assert np.all(np.abs(sums["ideal"]) <= 0.5)  # a correctly rounded sum
+
+
+def test_offset_rounding_is_the_bf16_rounding_of_exp_minus_c():
+    offsets = np.array([0.0, random.uniform(0.01, 5.0)])
+    got = lab.offset_rounding(offsets)
+    assert got[0] == 0.0  # e^0 = 1 is a BF16 number
+    p = math.exp(-offsets[1])
+    want = float(to_bf16(torch.tensor(p, dtype=torch.float32)).double()) / p - 1
+    assert got[1] == pytest.approx(want, rel=1e-6) and abs(got[1]) <= 2.0**-8
+
+
+def test_fixed_offset_leaves_the_ideal_and_zero_offset_is_fa2():
+    case = small_case(ties=2, gap=8.0, batch=2)
+    fixed = lab.fixed_offset_bias([0.0, 0.25], case, numerics=("ideal", "fa2"))
+    assert fixed["ideal"][0]["mean"] == fixed["ideal"][1]["mean"]  # O_exact ignores the offset
+    plain = lab.measure(case, "fa2", "off")
+    assert fixed["fa2"][0]["mean"] == plain["mean"]
+    assert fixed["fa2"][1]["correctly_rounded"] < 1.0  # e^-0.25 rounds: O moves off the ideal
+
+
+def test_row_max_scan_finds_the_underflow_thresholds():
+    scan = lab.row_max_scan([60.0, 110.0], ["fa2/always", "ideal"], ties=1)
+    low, high = scan["fa2/always"]
+    assert low["wrong"] == 0.0 and low["ell_zero"] == 0.0
+    assert high["wrong"] == 1.0 and high["ell_zero"] == 1.0  # e^-110 is 0 in fp32: ℓ = 0, NaN
+    assert all(r["same_as_ideal"] == 1.0 and r["ell_zero"] is None for r in scan["ideal"])
+    negative = lab.row_max_scan([-95.0], ["fa2/cross"], ties=2)["fa2/cross"][0]
+    assert negative["ell_subnormal"] == 1.0  # m = 0: ℓ = 2e^-95, below fp32's smallest normal
 
 
 # --------------------------------------------------------------- the widget's function never raises
