@@ -377,3 +377,40 @@ def update_seconds(repeats: int = 3, device: str = "cpu") -> float:
         plt.close(fig)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def time_update(repeats: int = 5) -> dict:
+    """One update of the live widget (compute one setting and draw it), timed on the CPU (all
+    its threads) and, where there is one, on the GPU; with how far the GPU's cell is from the
+    CPU's (the stored grid is the CPU's)."""
+    import torch
+
+    out = {"cpu_threads": torch.get_num_threads(), "repeats": repeats}
+    out["cpu_s"] = update_seconds(repeats, device="cpu")
+    if torch.cuda.is_available():
+        update_seconds(1, device="cuda")  # warm-up: first CUDA calls load kernels
+        out["gpu_s"] = update_seconds(repeats, device="cuda")
+        on_cpu, on_gpu = (sg.cell(**sg.DEFAULT, device=d) for d in ("cpu", "cuda"))
+        out["gpu_vs_cpu_largest_difference"] = sg.largest_difference(on_cpu, on_gpu)
+    return out
+
+
+def main(argv=None):
+    """``python -m kernels.lab.site_explorers --out DIR``: :func:`time_update`, stored as
+    ``DIR/explorer_update.json`` with provenance."""
+    import argparse
+    from pathlib import Path
+
+    from .. import results
+
+    parser = argparse.ArgumentParser(description="Time one update of the fixes explorer.")
+    parser.add_argument("--out", type=Path, default=None, help="results directory")
+    args = parser.parse_args(argv)
+    data = time_update()
+    print(data)
+    command = "python -m kernels.lab.site_explorers"
+    print(results.save("explorer_update", data, command, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ measured on it once, the rule for every (β, ε). The grid is too large to compu
 builds, so it is stored (``python -m kernels.lab.slider_grid --out results/``, CPU only: the
 provenance's gpu is null) and the live widget recomputes one cell with :func:`cell`, which gives
 the stored numbers bit for bit (same seed, same rows). On a machine with a GPU the widget
-computes on it; ``python -m kernels.lab.slider_grid --time-update --out results/`` times one
+computes on it; ``python -m kernels.lab.site_explorers --out results/`` times one
 update on the CPU and the GPU and says how far the GPU's numbers are from the CPU's.
 
 The rows: ``rm`` is drawn in [0.03, 3.97] and the tied keys after the first sit 0.0015 below it,
@@ -189,39 +189,12 @@ def largest_difference(a: dict, b: dict) -> float:
     return max(diffs, default=0.0)
 
 
-def time_update(repeats: int = 5) -> dict:
-    """One update of the live widget (compute one setting and draw it), timed on the CPU (all
-    its threads) and, where there is one, on the GPU; with how far the GPU's cell is from the
-    CPU's (the stored grid is the CPU's)."""
-    from .site_explorers import update_seconds
-
-    out = {"cpu_threads": torch.get_num_threads(), "repeats": repeats}
-    out["cpu_s"] = update_seconds(repeats, device="cpu")
-    if torch.cuda.is_available():
-        update_seconds(1, device="cuda")  # warm-up: first CUDA calls load kernels
-        out["gpu_s"] = update_seconds(repeats, device="cuda")
-        on_cpu, on_gpu = (cell(**DEFAULT, device=d) for d in ("cpu", "cuda"))
-        out["gpu_vs_cpu_largest_difference"] = largest_difference(on_cpu, on_gpu)
-    return out
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
-    parser.add_argument(
-        "--time-update",
-        action="store_true",
-        help="time one widget update on the CPU and the GPU instead of building the grid",
-    )
     args = parser.parse_args(argv)
     from .. import results
 
-    if args.time_update:
-        data = time_update()
-        print(data)
-        command = "python -m kernels.lab.slider_grid --time-update"
-        print(results.save("explorer_update", data, command, args.out))
-        return
     torch.set_num_threads(1)
     data = grid()
     print(results.save("fix_explorer", data, "python -m kernels.lab.slider_grid", args.out))

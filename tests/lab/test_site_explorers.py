@@ -127,7 +127,7 @@ def test_one_widget_update_is_quick_enough():
 def test_the_update_timer_reports_every_device_it_has(tmp_path):
     import torch
 
-    timed = sg.time_update(repeats=1)
+    timed = se.time_update(repeats=1)
     assert 0 < timed["cpu_s"] < 2.0 and timed["cpu_threads"] == torch.get_num_threads()
     assert ("gpu_s" in timed) == torch.cuda.is_available()
     if torch.cuda.is_available():  # the GPU's cell next to the CPU's (the stored grid's)
