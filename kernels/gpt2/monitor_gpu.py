@@ -289,6 +289,83 @@ def _train_hf(sizes, device, name, corpus, order, curves, seconds):
             seconds[f"{implementation}, seed {seed}"] = time.perf_counter() - start
 
 
+def stored(directory=None) -> dict | None:
+    """The stored GPU record (``results/monitor_gpu.json``), or None while no GPU has made it
+    (absent, or a ``--small`` CPU test run, which is no measurement)."""
+    from .. import results
+
+    try:
+        record = results.load("monitor_gpu", directory=directory)
+    except FileNotFoundError:
+        return None
+    if record["data"]["small"] or not record["provenance"]["gpu"]:
+        return None
+    return record
+
+
+def plot_overhead(ax, data: dict):
+    """How much slower a training step is with the monitor (median over rounds, bars from
+    the fastest to the slowest round) against ``every``, with and without δ."""
+    from matplotlib.ticker import FuncFormatter
+
+    rows = [r for r in data["overhead"]["rows"] if r.get("every") is not None]
+    for delta, label, colour in (
+        (True, "reading δ too (delta=True)", "tab:red"),
+        (False, "without δ", "tab:blue"),
+    ):
+        part = sorted((r for r in rows if r["delta"] == delta), key=lambda r: r["every"])
+        mid = np.array([100 * r["overhead_median"] for r in part])
+        low = mid - np.array([100 * r["overhead_min"] for r in part])
+        high = np.array([100 * r["overhead_max"] for r in part]) - mid
+        every = [r["every"] for r in part]
+        ax.errorbar(every, mid, yerr=[low, high], marker="o", capsize=3, color=colour, label=label)
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set(
+        xscale="log",
+        yscale="symlog",
+        xlabel="every: steps between two readings",
+        ylabel="slower than without\nthe monitor (%)",
+    )
+    ax.set_xticks([1, 10, 100], ["1", "10", "100"])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.legend()
+
+
+def overhead_lines(data: dict) -> list[str]:
+    """The overhead table in words: ms per step without the monitor and per setting."""
+    rows = data["overhead"]["rows"]
+    off = next(r for r in rows if r["setting"] == "off")
+    lines = [f"without the monitor: {off['mean_ms']:.2f} ms per training step"]
+    for r in rows:
+        if r.get("every") is None:
+            continue
+        how = "with δ" if r["delta"] else "without δ"
+        lines.append(
+            f"  every {int(r['every']):3d}, {how:9s}: {r['mean_ms']:6.2f} ms per step "
+            f"({100 * r['overhead_median']:+.1f} %), a reading step "
+            f"{r['reading_median_ms']:.1f} ms"
+        )
+    return lines
+
+
+def plot_hf_losses(ax, data: dict):
+    """Smoothed loss of the stock Hugging Face GPT-2 with SDPA and with the fix, per seed."""
+    hf = data["hf"]
+    for key, values in hf["losses"].items():
+        implementation, seed = key.split(", seed ")
+        sdpa = implementation == "sdpa"
+        line = smoothed(values, hf["smoothing"])
+        ax.plot(
+            np.arange(len(values) - len(line), len(values)),
+            line,
+            color="tab:blue" if sdpa else "tab:purple",
+            ls="-" if seed == "0" else "--",
+            label=f"{'SDPA' if sdpa else 'δ from dP∘P'}, seed {seed}",
+        )
+    ax.set(xlabel="training step", ylabel="loss (nats/byte)")
+    ax.legend()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes on the CPU (a test)")

@@ -72,3 +72,28 @@ def test_small_run_end_to_end(tmp_path):
         assert hf["losses"][f"fix, seed {s}"][0] == pytest.approx(
             hf["losses"][f"sdpa, seed {s}"][0], rel=1e-5
         )
+
+
+def test_the_chapter_figures_draw_a_record_and_a_cpu_run_is_not_one(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpu.main(["--small", "--out", str(tmp_path)])
+    assert gpu.stored(tmp_path) is None  # a --small run on the CPU is no measurement
+    assert gpu.stored(tmp_path / "absent") is None
+    data = results.load("monitor_gpu", directory=tmp_path)["data"]
+    fig, (a, b) = plt.subplots(1, 2)
+    gpu.plot_overhead(a, data)
+    gpu.plot_hf_losses(b, data)
+    n_every = len(gpu.SMALL["every"])
+    assert len(a.containers) == 2 and all(
+        len(c.lines[0].get_xdata()) == n_every for c in a.containers
+    )
+    assert len(b.lines) == len(data["hf"]["losses"])
+    for line, values in zip(b.lines, data["hf"]["losses"].values()):
+        assert line.get_xdata()[-1] == len(values) - 1
+    plt.close(fig)
+    lines = gpu.overhead_lines(data)
+    assert lines[0].startswith("without the monitor:") and len(lines) == 1 + 2 * n_every
