@@ -5,10 +5,26 @@ O, the worst case on the GPU, and the time each costs. Records come from
 
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 
 from ..attention.registry import FIX_SPEED
 from .fixes import FIXES
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a monospaced table: combining marks (the macron of P̄) take
+    none, so ``len`` overcounts them."""
+    return sum(not unicodedata.combining(ch) for ch in text)
+
+
+def pad(text: str, width: int, align: str = "<") -> str:
+    """``text`` padded with spaces to ``width`` display columns (see :func:`display_width`),
+    left-aligned (``"<"``) or right-aligned (``">"``): ``f"{text:<{width}s}"`` that counts a
+    combining mark as zero width."""
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if align == "<" else fill + text
 
 
 def _bars(ax, cases, keys, value, labels):
@@ -169,7 +185,7 @@ def plot_fixed_offset(offsets, fixed, rounding):
     bottom.plot(offsets, np.asarray(rounding) * 1e3, marker="o", ms=4, color="C2")
     bottom.axhline(0, color="black", lw=0.8)
     bottom.set(
-        xlabel="offset c below the row maximum",
+        xlabel=r"offset c above the row maximum (tied $\bar P = e^{-c}$)",
         ylabel=r"$\mathrm{bf16}(e^{-c})/e^{-c} - 1$ [10⁻³]",
         title=r"how the tied $\bar P = e^{-c}$ is rounded (the same in every row)",
     )

@@ -13,6 +13,12 @@ V_SETTINGS = ((-1.0, 0.0), (-1.0, -1.0), (0.0, -1.0), (1.0, 0.0))
 KERNELS = tuple(BIAS_SOURCES[n] for n in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton"))
 # the stored rows' labels, from the registry
 KERNEL_LABELS = {stored: label(name) for name, stored in BIAS_SOURCES.items()}
+# the chapter's names for the same rows, in its figures and tables alike
+NAMES = {
+    **KERNEL_LABELS,
+    BIAS_SOURCES["triton"]: "book kernel",
+    BIAS_SOURCES["paper-untiled"]: "paper's all-BF16 path (one tile)",
+}
 SOURCE_NAMES = ("no bias", "storage (the ideal's)", "accumulation (beyond the ideal)")
 
 
@@ -85,7 +91,7 @@ def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
             x + (i - (len(impls) - 1) / 2) * width,
             [table[s][impl][1] for s in settings],
             width,
-            label=KERNEL_LABELS[impl],
+            label=NAMES[impl],
         )
     ax.axhline(0, color="gray", lw=0.8)
     top = max(abs(table[s][impl][1]) for s in settings for impl in impls)
@@ -114,12 +120,12 @@ def plot_paper_path(bias_records, settings, ax=None):
             x + (i - 0.5) * 0.38,
             [table[s][impl][0] for s in settings],
             0.38,
-            label=KERNEL_LABELS[impl],
+            label=NAMES[impl],
             color=("tab:gray", "tab:red")[i],
         )
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
-    ax.set(ylabel="mean error of O [ulp]", title="the paper's all-bf16 path against the ideal")
+    ax.set(ylabel="mean error of O [ulp]", title="the paper's all-BF16 path against the ideal")
     ax.legend()
     return ax.figure
 
@@ -194,8 +200,21 @@ def plot_running_error(run, sums, title):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.0), layout="constrained")
     unit = float(2.0 ** (np.floor(np.log2(abs(run["hp"][-1]))) - 7))
     t = np.arange(run["error"].size)
-    top.plot(t, run["ideal"] / unit, color="C1", lw=3, alpha=0.6, label="exact sum rounded once")
-    top.plot(t, run["error"] / unit, color="C0", lw=1, label="Eq. 5: fp32 sum rounded to BF16")
+    top.plot(
+        t,
+        run["ideal"] / unit,
+        color="C1",
+        lw=3,
+        alpha=0.6,
+        label="exact sum rounded once (the lines coincide)",
+    )
+    top.plot(
+        t,
+        run["error"] / unit,
+        color="C0",
+        lw=1,
+        label="Eq. 5: the fp32 running sum, rounded to BF16 at each key t",
+    )
     ones = run["p_is_one"]
     top.plot(ones, run["error"][ones] / unit, "rv", ms=7, label="P̄ = 1 (a tied maximum)")
     top.axhline(0, color="black", lw=0.6)
@@ -204,7 +223,10 @@ def plot_running_error(run, sums, title):
     top.legend(loc="lower left")
     names = list(sums)
     x = np.arange(len(names))
-    series = (("error", "Eq. 5 (the paper's path)"), ("ideal", "ideal: the exact Ō rounded once"))
+    series = (
+        ("error", "Eq. 5: rounded to BF16 at each key"),
+        ("ideal", "ideal: the exact Ō rounded once"),
+    )
     for j, (key, name) in enumerate(series):
         means = [float(np.mean(sums[n][key])) for n in names]
         bottom.bar(x + (j - 0.5) * 0.38, means, 0.38, label=name, color=f"C{j}")
