@@ -70,16 +70,22 @@ def parse_name(name: str) -> tuple[str, str, str]:
     return config, variant, seed
 
 
-def run_label(name: str, run: dict | None = None) -> str:
+def run_label(name: str, run: dict | None = None, schedule: bool = False) -> str:
     """A run in words, for tables and legends: 'Ō with 4 bits, seed 1' or 'BF16, seed 0'
-    (``run`` gives the width of Ō; without it the name's prefix does)."""
+    (``run`` gives the width of Ō; without it the name's prefix does). ``schedule``: name a
+    schedule other than the usual 20,000 steps ('BF16, seed 0, 60k-step schedule')."""
     config, _, seed = parse_name(name)
     bits = (
         obits_of(run)
         if run is not None
         else (int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
     )
-    return f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
+    label = f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
+    config = run["config"] if run is not None else {"steps": 20_000}
+    steps = config.get("decay_steps") or config["steps"]  # the learning-rate schedule's length
+    if schedule and steps != 20_000:
+        label += f", {steps // 1000}k-step schedule"
+    return label
 
 
 def smooth(steps, values, width: int = 10):

@@ -50,3 +50,19 @@ def test_fix_table_counts_every_run_once_and_matches_outcome():
     figures.plot_fix_growth(ax, runs)
     assert len(ax.lines) >= len(runs) - 3  # one line per run, the control as a rule
     plt.close(fig)
+
+
+def test_run_label_names_a_longer_schedule_only_when_asked():
+    steps = int(np.random.choice([6_000, 60_000, 80_000]))
+    from kernels.gpt2 import variant_options
+
+    attn = variant_options("U")["attn"]  # real BF16: Ō with 7 bits
+    run = {"config": {"steps": steps, "decay_steps": None, "attn": attn}}
+    plain = report.run_label("bf16-U-s1", run)
+    assert plain == "BF16, seed 1"
+    named = report.run_label("bf16-U-s1", run, schedule=True)
+    assert named == f"BF16, seed 1, {steps // 1000}k-step schedule"
+    run["config"].update(steps=20_000)
+    assert report.run_label("bf16-U-s1", run, schedule=True) == plain
+    run["config"].update(steps=80_000, decay_steps=60_000)  # cosine over 60k, then flat
+    assert report.run_label("bf16-U-s1", run, schedule=True).endswith(", 60k-step schedule")
