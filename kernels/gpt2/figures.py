@@ -298,8 +298,8 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
         loss_steps, loss = smooth(h["step"], h["loss"], width)
         axes[1].plot(loss_steps, loss, **style)
         boom = outcome(run)["step"]
-        for ax, xs, ys in ((axes[0], steps, wq), (axes[1], loss_steps, loss)):
-            if boom is not None:  # the series' value at (or just after) the explosion
+        if boom is not None:  # mark each series' value at (or just after) the explosion
+            for ax, xs, ys in ((axes[0], steps, wq), (axes[1], loss_steps, loss)):
                 at = min(np.searchsorted(xs, boom), len(ys) - 1)
                 ax.plot(boom, ys[at], "X", color=style["color"], ms=9, mec="black")
         last = max(last, int(steps[-1]))

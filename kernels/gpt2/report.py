@@ -81,8 +81,8 @@ def run_label(name: str, run: dict | None = None, schedule: bool = False) -> str
         else (int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
     )
     label = f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
-    config = run["config"] if run is not None else {"steps": 20_000}
-    steps = config.get("decay_steps") or config["steps"]  # the learning-rate schedule's length
+    settings = run["config"] if run is not None else {"steps": 20_000}
+    steps = settings.get("decay_steps") or settings["steps"]  # the learning-rate schedule
     if schedule and steps != 20_000:
         label += f", {steps // 1000}k-step schedule"
     return label

@@ -210,17 +210,16 @@ def plot_rule_scan(scans, title, panels=("mean", "same"), xscale="linear", xlabe
     )
     axes = np.atleast_1d(axes)
     for i, (label, rows) in enumerate(scans.items()):
-        name = APPENDIX_C_LABELS.get(label, label)
-        style = dict(marker="o", ms=4, ls=("-", "--", ":")[i % 3], color=f"C{i}")
+        line = dict(ls=("-", "--", ":")[i % 3], color=f"C{i}")
         for ax, panel in zip(axes, panels):
             ok = [r for r in rows if panel == "wrong" or r["wrong"] == 0]
             x = [abs(r["rm"]) for r in ok]
             if panel == "mean":
-                y = [r["mean"] for r in ok]
-                ax.errorbar(x, y, yerr=[1.96 * r["se"] for r in ok], capsize=2, label=name, **style)
+                _errorbars(ax, x, ok, label, **line)
             else:
                 key = "same_as_ideal" if panel == "same" else "wrong"
-                ax.plot(x, [100 * r[key] for r in ok], label=name, **style)
+                name = APPENDIX_C_LABELS.get(label, label)
+                ax.plot(x, [100 * r[key] for r in ok], marker="o", ms=4, label=name, **line)
     for ax, panel in zip(axes, panels):
         ax.set_ylabel(SCAN_PANELS[panel])
         if panel == "mean":

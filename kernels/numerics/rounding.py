@@ -50,7 +50,9 @@ def round_to_dtype(x: torch.Tensor, low: torch.dtype) -> torch.Tensor:
 
 def _to_odd_fp32(x: torch.Tensor) -> torch.Tensor:
     """fp64 → fp32 rounded to odd: exact values stay, inexact ones take the neighbour whose last
-    mantissa bit is 1 (enough for one correct rounding to any format with ≤ 21 fraction bits)."""
+    mantissa bit is 1 (enough for one correct rounding to any format with ≤ 21 fraction bits).
+    The torch twin of :func:`kernels.numerics.formats._round_to_odd` (numpy, CPU): this one runs
+    on the tensor's device and keeps this module free of numpy and ml_dtypes."""
     y = x.to(torch.float32)
     inexact = y.to(torch.float64) != x  # NaN compares unequal, but moving a NaN keeps it NaN
     even = (y.view(torch.int32) & 1) == 0

@@ -40,8 +40,16 @@ def test_within_noise_compares_each_seed_with_the_seed_to_seed_gap():
     assert gpu.within_noise(curves, 4, (0, 1))["within_noise"] is False
 
 
-def test_small_run_end_to_end(tmp_path):
-    out = gpu.main(["--small", "--out", str(tmp_path)])
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One ``--small`` run of the script (both stages at tiny sizes): (its folder, what main
+    returned), shared by the tests below."""
+    folder = tmp_path_factory.mktemp("monitor_gpu")
+    return folder, gpu.main(["--small", "--out", str(folder)])
+
+
+def test_small_run_end_to_end(small_run):
+    tmp_path, out = small_run
     assert out == tmp_path
     record = results.load("monitor_gpu", directory=tmp_path)
     assert (
@@ -74,13 +82,13 @@ def test_small_run_end_to_end(tmp_path):
         )
 
 
-def test_the_chapter_figures_draw_a_record_and_a_cpu_run_is_not_one(tmp_path):
+def test_the_chapter_figures_draw_a_record_and_a_cpu_run_is_not_one(small_run):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gpu.main(["--small", "--out", str(tmp_path)])
+    tmp_path, _ = small_run
     assert gpu.stored(tmp_path) is None  # a --small run on the CPU is no measurement
     assert gpu.stored(tmp_path / "absent") is None
     data = results.load("monitor_gpu", directory=tmp_path)["data"]
