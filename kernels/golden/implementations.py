@@ -147,27 +147,30 @@ def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_
     grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):  # B_c: key tiles (outer loop)
         k_j, v_j = (k[..., start : start + block_n, :], v[..., start : start + block_n, :])
+        # A tile's products are row-local, so they are formed once for every query row: a
+        # 1-row block would otherwise reach the BLAS as a matrix-vector product, whose fp32
+        # summation order differs from a matrix product's and can flip a rounding.
+        s = rnd(rnd(q @ k_j.transpose(-1, -2)) * scale)
+        m_tile = s.amax(-1)
+        p = rnd(torch.exp(rnd(s - m_tile.unsqueeze(-1))))
+        ell_tile, pv = rnd(p.sum(-1)), rnd(p @ v_j)
         for row in range(0, n_q, block_m):  # B_r: query blocks (inner loop)
             rows = slice(row, row + block_m)
-            q_i, m_i, ell_i, o_i = (
-                q[..., rows, :],
+            m_i, ell_i, o_i, mt_i = (
                 m[..., rows],
                 ell[..., rows],
                 out[..., rows, :],
+                m_tile[..., rows],
             )
-            s = rnd(rnd(q_i @ k_j.transpose(-1, -2)) * scale)
-            m_tile = s.amax(-1)
-            p = rnd(torch.exp(rnd(s - m_tile.unsqueeze(-1))))
-            ell_tile = rnd(p.sum(-1))
-            m_new = torch.maximum(m_i, m_tile)
+            m_new = torch.maximum(m_i, mt_i)
             alpha = rnd(torch.exp(rnd(m_i - m_new)))  # rescales the old O and ℓ
-            beta = rnd(torch.exp(rnd(m_tile - m_new)))  # rescales this tile
-            ell_new = rnd(rnd(alpha * ell_i) + rnd(beta * ell_tile))
+            beta = rnd(torch.exp(rnd(mt_i - m_new)))  # rescales this tile
+            ell_new = rnd(rnd(alpha * ell_i) + rnd(beta * ell_tile[..., rows]))
             old = rnd(rnd(ell_i * alpha).unsqueeze(-1) * o_i)
-            new = rnd(beta.unsqueeze(-1) * rnd(p @ v_j))
+            new = rnd(beta.unsqueeze(-1) * pv[..., rows, :])
             out[..., rows, :] = rnd(rnd(old + new) / ell_new.unsqueeze(-1))
             if start > 0:
-                grew[..., rows] += (m_tile > m_i).to(grew.dtype)
+                grew[..., rows] += (mt_i > m_i).to(grew.dtype)
             m[..., rows], ell[..., rows] = m_new, ell_new
     return (out, grew) if with_counts else out
 
