@@ -4,6 +4,8 @@ at the column's width. The data they draw come from :mod:`.report` (reading and 
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from .report import (
@@ -267,9 +269,6 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
     ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)
 
 
-SEED_STYLES = {"s0": "-", "s1": "--"}
-
-
 def step_axis(ax, last_step: int):
     """Step ticks labelled in thousands ("20k"), every 10k steps or every 20k past 40k steps
     (five-digit labels, or too many of them, collide at the column's width)."""
@@ -281,14 +280,13 @@ def step_axis(ax, last_step: int):
 
 def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     """Real BF16: layer ``layer``'s ‖W_Q‖₂ (largest head, log scale) and the smoothed loss
-    against the step, one line per run of ``runs`` {legend label: (variant, seed, run)}; colour
-    = variant, line style = seed (solid 0, dashed 1), thin dotted = a repeated run; a cross
-    marks a loss explosion."""
+    against the step, one line per run of ``runs`` {legend label: (variant, run)}; colour
+    = variant, thin dotted = a repeated run; a cross marks a loss explosion."""
     last = 0
-    for label, (variant, seed, run, *repeat) in runs.items():
+    for label, (variant, run, *repeat) in runs.items():
         style = dict(
             color=VARIANT_COLOURS[variant],
-            ls=":" if repeat else SEED_STYLES[seed],
+            ls=":" if repeat else "-",
             lw=1.0 if repeat else 1.4,
             label=label,
         )
@@ -309,3 +307,39 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     for ax in axes:
         ax.set_xlabel("training step", fontsize=FONT)
         step_axis(ax, last)
+
+
+def plot_real_bf16_seeds(fig, runs: dict, variants="UFPZ", earlier=None, layer: int = 0):
+    """Real BF16 in one figure, a row of panels per seed: ‖W_Q‖₂ (left) and loss (right) of
+    each attention in ``variants``. ``runs``: {(variant, seed): run} (as
+    :func:`.report.real_bf16_runs` reads them); ``earlier``: an earlier run of seed 0's
+    failing path, drawn dotted. A seed's attentions not stored yet are named in its loss
+    panel. Returns the axes (seeds × 2) and the figure's legend entries."""
+    seeds = sorted({seed for _, seed in runs})
+    axes = fig.subplots(len(seeds), 2, sharex=True, squeeze=False)
+    for seed, row in zip(seeds, axes):
+        lines = {VARIANT_NAMES[v]: (v, runs[v, seed]) for v in variants if (v, seed) in runs}
+        if earlier is not None and seed == "s0":
+            lines["failing path, an earlier run"] = ("U", earlier, "repeat")
+        plot_real_bf16(row, lines, layer)
+        row[0].set_title(f"seed {seed[1:]}", loc="left", fontsize=FONT)
+        missing = [VARIANT_NAMES[v] for v in variants if (v, seed) not in runs]
+        if missing:
+            note = "not run yet:\n" + "\n".join(textwrap.fill(m, 24) for m in missing)
+            row[1].text(
+                0.97,
+                0.95,
+                note,
+                transform=row[1].transAxes,
+                ha="right",
+                va="top",
+                fontsize=FONT,
+                color="0.35",
+            )
+    for ax in axes[:-1].ravel():
+        ax.set_xlabel("")
+    legend = {}
+    for ax in axes[:, 0]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    return axes, (list(legend.values()), list(legend))

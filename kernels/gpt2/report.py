@@ -7,12 +7,13 @@ training log, see :mod:`kernels.gpt2.search`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..attention.registry import label
-from ..results import load
+from ..results import RESULTS_DIR, load
 from .diagnostics import find_explosion
-from .plans import VARIANTS
 
 VARIANT_NAMES = {
     "U": "failing path (δ from rounded O)",
@@ -62,6 +63,19 @@ GPU_FACTORS = {"H200": 1.0, "H100": 0.7, "A100": 0.4, "L4": 0.07, "T4": 0.06, "V
 def load_search(plan: str) -> dict:
     """The stored record of ``python -m kernels.gpt2.search --plan <plan>``."""
     return load(f"gpt2_{plan}")
+
+
+def real_bf16_runs(directory=None) -> dict:
+    """Every stored long real-BF16 run (``results/gpt2_bf16_real_long*.json``) as
+    {(variant, seed): run}; a run stored in two files counts where it went further."""
+    found: dict = {}
+    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_bf16_real_long*.json")):
+        for name, run in load(path.stem, directory)["data"]["runs"].items():
+            _, variant, seed = parse_name(name)
+            old = found.get((variant, seed))
+            if old is None or run["summary"]["steps_done"] > old["summary"]["steps_done"]:
+                found[variant, seed] = run
+    return found
 
 
 def parse_name(name: str) -> tuple[str, str, str]:
@@ -201,39 +215,6 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
         steps / rate / 60.0,
         f"{gpu_name}: ~{factor:g}× an H200 (rough guess) → ~{rate:.0f} steps/s",
     )
-
-
-__all__ = [
-    "VARIANTS",
-    "load_search",
-    "summary_rows",
-    "monitor_series",
-    "estimate_minutes",
-    "parse_name",
-    "VARIANT_NAMES",
-    "VARIANT_COLOURS",
-    "outcome",
-    "outcome_table",
-    "obits_of",
-    "PAIRS",
-    "REAL_BF16_PAIRS",
-    "DEPARTURE_RULES",
-    "rolling_mean",
-    "departure",
-    "pair_departures",
-    "departure_table",
-    "delta_bias_share",
-    "matched_delta_stats",
-    "FONT",
-    "EVENT_WORDS",
-    "FIX_ORDER",
-    "fix_runs",
-    "ratio_to_control",
-    "ratio_to_control_at",
-    "fix_table",
-    "run_label",
-    "runaway_step",
-]
 
 
 # ------------------------------------------------------------------------------------------------

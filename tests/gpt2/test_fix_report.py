@@ -66,3 +66,40 @@ def test_run_label_names_a_longer_schedule_only_when_asked():
     assert report.run_label("bf16-U-s1", run, schedule=True) == plain
     run["config"].update(steps=80_000, decay_steps=60_000)  # cosine over 60k, then flat
     assert report.run_label("bf16-U-s1", run, schedule=True).endswith(", 60k-step schedule")
+
+
+def _stored_run(steps_done: int) -> dict:
+    return {"summary": {"steps_done": steps_done}}
+
+
+def test_real_bf16_runs_reads_every_long_file_and_keeps_the_longer_copy(tmp_path):
+    from kernels import results
+
+    rng = np.random.default_rng()
+    short, long = int(rng.integers(1_000, 40_000)), int(rng.integers(40_000, 90_000))
+    results.save("gpt2_bf16_real_long", {"runs": {"bf16-U-s0": _stored_run(short)}}, "t", tmp_path)
+    results.save(
+        "gpt2_bf16_real_long_more",
+        {"runs": {"bf16-U-s0": _stored_run(long), "bf16-P-s1": _stored_run(short)}},
+        "t",
+        tmp_path,
+    )
+    results.save("gpt2_bf16_real", {"runs": {"bf16-F-s0": _stored_run(long)}}, "t", tmp_path)
+    found = report.real_bf16_runs(tmp_path)
+    assert set(found) == {("U", "s0"), ("P", "s1")}  # not the short-run file's
+    assert found["U", "s0"]["summary"]["steps_done"] == long
+
+
+def test_the_real_bf16_figure_draws_each_stored_run_once_per_panel_and_names_the_missing():
+    runs = report.real_bf16_runs()
+    fig = plt.figure()
+    axes, (handles, labels) = figures.plot_real_bf16_seeds(fig, runs, variants="UFPZ")
+    for row, seed in zip(axes, ("s0", "s1")):
+        stored = [v for v in "UFPZ" if (v, seed) in runs]
+        drawn = [line for line in row[1].lines if line.get_label()[:1] != "_"]
+        assert len(drawn) == len(stored), seed
+        note = " ".join(" ".join(t.get_text().split()) for t in row[1].texts)
+        for v in "UFPZ":
+            assert (report.VARIANT_NAMES[v] in note) == ((v, seed) not in runs), (v, seed)
+    assert len(labels) == len(set(labels)) == len({v for v, _ in runs})
+    plt.close(fig)
