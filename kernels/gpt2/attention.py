@@ -27,16 +27,21 @@ An attention *spec* is a short string ``kind[:key=value,...]``:
                       tile's row sum, which then also forms L: the paper's released code)
                   dshift=c, dnoise=σ, derr=keep|mean|sign, out=low|exact   controls that tell a
                       biased δ from a large one: see :mod:`kernels.gpt2.controls`
+                  fp32_heads=h or h1+h2   with delta=o: these heads take δ from O in fp32 (the
+                      control's route), the others the failing path's (the paper's per-head
+                      ablation, §3.2 and Fig. 3)
 
 Examples: ``"paper"``, ``"paper:delta=o_fp32"``, ``"paper:stable=cross,beta=2"``,
 ``"paper:obits=3"``,
-``"paper:delta=o_fp32,dshift=2e-9"``, ``"paper:delta=o,derr=sign"``, ``"paper:delta=o,out=exact"``.
+``"paper:delta=o_fp32,dshift=2e-9"``, ``"paper:delta=o,derr=sign"``, ``"paper:delta=o,out=exact"``,
+``"paper:delta=o,fp32_heads=3"``.
 
 Every option is checked once, by :class:`kernels.attention.AttentionOptions` (``spec.options``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -70,6 +75,7 @@ class AttnSpec:
     dnoise: float = 0.0
     derr: str = "keep"
     out: str = "low"
+    fp32_heads: tuple = ()  # kind="paper", delta=o: heads whose δ comes from O in fp32
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -88,6 +94,8 @@ class AttnSpec:
             )
         self.options(self.block or 1)  # every other field is checked by AttentionOptions
         check_control(self.kind, self.delta, self.dshift, self.dnoise, self.derr, self.out)
+        if self.fp32_heads:
+            _check_heads(self)
 
     @property
     def controlled(self) -> bool:
@@ -125,7 +133,23 @@ class AttnSpec:
         opts += [f"derr={self.derr}"] * (self.derr != "keep") + [f"out={self.out}"] * (
             self.out != "low"
         )
+        if self.fp32_heads:
+            opts.append("fp32_heads=" + "+".join(map(str, self.fp32_heads)))
         return f"{self.kind}:" + ",".join(opts)
+
+
+def _check_heads(spec: AttnSpec):
+    heads = spec.fp32_heads
+    if spec.kind != "paper" or spec.delta != "o" or spec.controlled:
+        raise ValueError(
+            "fp32_heads splits the failing path (kind 'paper', delta=o, no δ control) into two "
+            f"routes; got kind {spec.kind!r}, delta={spec.delta}"
+        )
+    ok = isinstance(heads, tuple) and all(isinstance(h, int) and h >= 0 for h in heads)
+    if not ok or list(heads) != sorted(set(heads)):
+        raise ValueError(
+            f"fp32_heads must be a tuple of distinct head indices >= 0, in order; got {heads!r}"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -170,6 +194,8 @@ def parse_spec(text: str) -> AttnSpec:
             fields[key] = int(value)
         elif key in ("delta", "stable", "numerics", "oround", "derr", "out", "clamp_at"):
             fields[key] = value.strip()
+        elif key == "fp32_heads":
+            fields[key] = tuple(int(h) for h in value.split("+"))
         else:
             raise ValueError(f"unknown attention option {key!r} in {text!r}")
     try:
@@ -186,12 +212,33 @@ def attend(q, k, v, spec: AttnSpec, probe=None):
     if spec.kind == "math32":
         with torch.autocast(device_type=q.device.type, enabled=False):
             return exact_attention(q.float(), k.float(), v.float())
+    if spec.fp32_heads:
+        return _two_routes(q, k, v, spec, probe)
     opts = spec.options(q.shape[-2])
     if spec.kind == "paper":
         if spec.controlled:
             return ControlledAttention.apply(q, k, v, opts, spec, probe)
         return EmulatedAttention.apply(q, k, v, opts)
     return flash_attention(q, k, v, opts)
+
+
+def _two_routes(q, k, v, spec: AttnSpec, probe):
+    """The failing path with the heads ``spec.fp32_heads`` on the control's route (δ from O in
+    fp32). Heads do not mix in attention, so each group runs on its own and the outputs go back
+    in head order; the forward pass is the failing path's either way."""
+    n_heads = q.shape[1]
+    if spec.fp32_heads[-1] >= n_heads:
+        raise ValueError(f"fp32_heads {spec.fp32_heads} names a head past the {n_heads} heads")
+    chosen = torch.zeros(n_heads, dtype=torch.bool)
+    chosen[list(spec.fp32_heads)] = True
+    groups = [
+        (chosen.nonzero().flatten(), dataclasses.replace(spec, delta="o_fp32", fp32_heads=())),
+        ((~chosen).nonzero().flatten(), dataclasses.replace(spec, fp32_heads=())),
+    ]
+    groups = [(heads.to(q.device), route) for heads, route in groups if len(heads)]
+    out = torch.cat([attend(q[:, h], k[:, h], v[:, h], route, probe) for h, route in groups], 1)
+    order = torch.cat([heads for heads, _ in groups])
+    return out[:, torch.argsort(order)]
 
 
 def exact_attention(q, k, v):

@@ -29,6 +29,11 @@ with the offset capped at 20 above the row maximum, ``K`` = ``S`` with the paper
 512 (at context 256 one tile holds the whole row), β = 2, ε = 1e-3, and each tile's row sum
 clamped at 1e-10 before it joins ℓ and the log-sum-exp.
 
+The paper's per-head ablation (its §3.2 and Fig. 3; plan ``amp_head``): ``H`` = ``U`` with the
+one head of layer 0 whose ‖W_Q‖ ran away first in that seed's failing run (``RUNAWAY_HEAD_K4``)
+on the control's route, δ from O in fp32. If the failure lives in that head, ``H`` trains like
+``F``; if another head takes over, it fails later.
+
 Long runs are *resumable*: every plan run with ``checkpoint_every`` continues from its checkpoint
 when the same search command is given again (see :mod:`.search`).
 """
@@ -53,6 +58,7 @@ VARIANTS = {
     "K": "paper:delta=o,stable=cross,beta=2,clamp=1e-10",
     "D": "paper:delta=o,stable=cross,beta=2,cap=20,clamp=1e-10",
     "Z": "paper:delta=o,stable=tile,beta=2,eps=1e-3,clamp=1e-10,clamp_at=tiles,block=512",
+    "H": "paper:delta=o",  # + layer 0's runaway head on F's route, see variant_options
 }
 # The failing runs' error of δ per row, δ_lp − δ_hp, in each layer: its mean and its mean absolute
 # value over the monitoring steps from 200 until layer 0's ‖W_Q‖ left the control's (Ō with 4
@@ -62,6 +68,9 @@ MATCHED_K4 = {
     "mean": (1.835e-09, 3.464e-10, 1.836e-10, 2.102e-10),
     "mean_abs": (1.705e-07, 6.852e-08, 5.350e-08, 4.072e-08),
 }
+# The head of layer 0 whose ‖W_Q‖ ran away first in the failing runs with Ō in 4 bits, by seed
+# (plan amp_seeds); ``report.runaway_head`` finds them in the stored runs and a test checks them.
+RUNAWAY_HEAD_K4 = {1: 3, 2: 2, 3: 1}
 GAUSS_SD_PER_MEAN_ABS = (3.141592653589793 / 2) ** 0.5  # σ = √(π/2)·E|e| for a normal e
 LADDER_LAYER = 0  # the layer ``L`` leaves on the failing path (0-based)
 
@@ -74,13 +83,22 @@ def with_obits(spec: str, obits: int) -> str:
     return spec if obits == 7 or not spec.startswith("paper") else f"{spec},obits={obits}"
 
 
-def variant_options(variant: str, obits: int = 7) -> dict:
-    """The training options that make one variant: its attention spec (and layer override)."""
+def variant_options(variant: str, obits: int = 7, seed: int | None = None) -> dict:
+    """The training options that make one variant: its attention spec (and layer override;
+    ``H`` needs the ``seed``, whose runaway head it moves)."""
     if variant == "R" and obits == 7:
         raise ValueError("variant R (stochastic rounding of Ō) needs obits < 7")
     opts = {"attn": with_obits(VARIANTS[variant], obits)}
     if variant == "L":
         opts["layer_attn"] = f"{LADDER_LAYER}={with_obits(VARIANTS['U'], obits)}"
+    if variant == "H":
+        if obits != 4 or seed not in RUNAWAY_HEAD_K4:
+            raise ValueError(
+                f"variant H moves the runaway head of a stored 4-bit failing run: obits=4 and a "
+                f"seed in {sorted(RUNAWAY_HEAD_K4)}, got obits={obits}, seed={seed}"
+            )
+        head = RUNAWAY_HEAD_K4[seed]
+        opts["layer_attn"] = f"{LADDER_LAYER}={opts['attn']},fp32_heads={head}"
     if variant in ("B", "N"):
         if obits != 4:
             raise ValueError(f"variant {variant} is matched to the 4-bit failing runs: obits=4")
@@ -102,7 +120,7 @@ def make_runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
             opts = {
                 **base,
                 **extra,
-                **variant_options(v, obits),
+                **variant_options(v, obits, seed),
                 "seed": seed,
                 "data_seed": seed,
                 **pin,
@@ -215,6 +233,8 @@ def plan(name: str) -> list[tuple[str, dict]]:
         runs = make_runs("k4f", resumable, "CKD", [1, 2, 3], obits=4)
         # δ from rowsum(dP ∘ P), the alternative of chapter 6: seed 1 is k4-P-s1 (amp_seeds)
         return runs + make_runs("k4f", resumable, "P", [2, 3], obits=4)
+    if name == "amp_head":  # the paper's per-head ablation, Ō with 4 bits, seeds 1-3
+        return make_runs("k4h", dict(AMP, checkpoint_every=2_000), "H", [1, 2, 3], obits=4)
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 
@@ -231,4 +251,5 @@ PLANS = (
     "amp_bits",
     "controls",
     "amp_fixes",
+    "amp_head",
 )

@@ -33,6 +33,7 @@ VARIANT_NAMES = {
     "K": "fix: β = 2, ℓ clamped",
     "D": "fix: β = 2, capped and clamped",
     "Z": "paper's fix as released (β = 2, clamped ℓ)",
+    "H": "failing path, runaway head on the control's route",
 }
 VARIANT_COLOURS = {
     "U": "tab:red",
@@ -52,6 +53,7 @@ VARIANT_COLOURS = {
     "K": "0.35",
     "D": "tab:cyan",
     "Z": "tab:green",
+    "H": "tab:olive",
 }
 FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
 
@@ -386,6 +388,15 @@ def runaway_step(run: dict, layer: int = 0, factor: float = 2.0, after: int = 10
     base = wq[np.searchsorted(steps, after)]
     later = steps[(steps > after) & (wq > factor * base)]
     return int(later[0]) if len(later) else None
+
+
+def runaway_head(run: dict, layer: int = 0, level: float = 5.0) -> int | None:
+    """The head of layer ``layer`` whose ‖W_Q‖₂ first passes ``level`` (None: none does)."""
+    for check in run["monitor"]:
+        norms = np.asarray(check["wq_norms"][layer])
+        if norms.max() > level:
+            return int(norms.argmax())
+    return None
 
 
 def ratio_to_control_at(

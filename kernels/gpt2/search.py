@@ -87,7 +87,7 @@ def run_inline(
         cfg = TrainConfig(
             **{
                 **base,
-                **variant_options(variant, obits),
+                **variant_options(variant, obits, seed),
                 "name": name,
                 "seed": seed,
                 "data_seed": seed,
