@@ -65,6 +65,8 @@ from .sweep import (
     sweep_config,
     sweep_findings,
     sweep_table,
+    tied_p_error,
+    tied_rounding_scan,
 )
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -199,10 +199,14 @@ SCAN_PANELS = {
 }
 
 
-def plot_rule_scan(scans, title, panels=("mean", "same"), xscale="linear", xlabel=None):
+def plot_rule_scan(
+    scans, title, panels=("mean", "same"), xscale="linear", xlabel=None, predicted=None
+):
     """Rows whose tied maximum sits at r_m (:func:`row_max_scan`), one line per entry of
     ``scans``, drawn against |r_m|: the mean error of the outputs (where none is NaN or wrongly
-    0), the share equal to the ideal and the share NaN or wrongly 0, one panel each."""
+    0), the share equal to the ideal and the share NaN or wrongly 0, one panel each.
+    ``predicted`` (:func:`tied_rounding_scan`) adds its mean and share equal to the ideal as
+    black crosses."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
@@ -221,11 +225,19 @@ def plot_rule_scan(scans, title, panels=("mean", "same"), xscale="linear", xlabe
                 name = APPENDIX_C_LABELS.get(label, label)
                 ax.plot(x, [100 * r[key] for r in ok], marker="o", ms=4, label=name, **line)
     for ax, panel in zip(axes, panels):
+        if predicted is not None and panel in ("mean", "same"):
+            scale, key = (1, "mean") if panel == "mean" else (100, "same_as_ideal")
+            y = [scale * r[key] for r in predicted]
+            x = [abs(r["rm"]) for r in predicted]
+            label = "predicted: the tied P̄'s rounding alone"
+            ax.plot(x, y, "x", color="black", ms=7, mew=1.2, label=label, zorder=3)
         ax.set_ylabel(SCAN_PANELS[panel])
         if panel == "mean":
             ax.axhline(0, color="black", lw=0.8)
     axes[0].set_title(title)
     handles, labels = axes[0].get_legend_handles_labels()
+    last = sorted(range(len(labels)), key=lambda i: labels[i].startswith("predicted"))
+    handles, labels = [handles[i] for i in last], [labels[i] for i in last]
     fig.legend(handles, labels, loc="outside lower center", ncols=1)
     axes[-1].set(xscale=xscale, xlabel=xlabel or "size of the tied row maximum |r_m|")
     return fig

@@ -10,7 +10,8 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from ..numerics.rounding import error_in_ulps, round_to_dtype
+from ..attention import emulator
+from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
 from .implementations import measure, parse_impl, run_case
@@ -322,6 +323,63 @@ def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2,
                 row["ell_zero"] = float((ell == 0).double().mean())
                 row["ell_subnormal"] = float(((ell > 0) & (ell < 2.0**-126)).double().mean())
             out[label].append(row)
+    return out
+
+
+def tied_p_error(built: Built, *, block_n=64, eps=1e-3) -> torch.Tensor:
+    """The m = 0 rule's rounding of the tied P̄, alone: for each row (B, D) of a case whose row
+    maximum r_m < 0, the mean over its tied entries of P̄'s relative error
+    P̄ / e^(s − m) − 1, with P̄ = bf16(e^(s − m)) as FA2 numerics form it (fp32 exp).
+
+    An entry is taken at m = 0 once the cross rule has seen a tied maximum in the keys so far
+    (this one's tile included): usually from the first tile on, since the other scores' own
+    maximum is tied in BF16 too. A tied entry met before that is taken at m = its running
+    maximum, which for the first tie gives P̄ = 1 exactly."""
+    s = built.scores.to(torch.float32)
+    if not bool((built.row_max < 0).all()):
+        raise ValueError("tied_p_error models the m = 0 branch: every row maximum must be < 0")
+    n = s.shape[-1]
+    at_zero = torch.zeros(s.shape[:-1], dtype=torch.bool, device=s.device)
+    b, k = built.tie_pos.shape
+    err = torch.zeros((b, s.shape[1], k), dtype=torch.float64, device=s.device)  # (B, D, k)
+    for start in range(0, n, block_n):
+        seen = s[..., : start + block_n]
+        top = seen.amax(-1)
+        at_zero |= ((seen >= (top - eps).unsqueeze(-1)).sum(-1) > 1) & (top < 0)
+        m = torch.where(at_zero, torch.zeros_like(top), top)  # (B, D)
+        for i in range(k):
+            pos = built.tie_pos[:, i]
+            here = (pos >= start) & (pos < start + block_n)  # (B,)
+            st = s[torch.arange(b, device=s.device), :, pos]  # (B, D): the tied score of every row
+            p = emulator.p_bar(st, m, "fa2").double()
+            rel = p / torch.exp(st.double() - m.double()) - 1
+            err[..., i] = torch.where(here.unsqueeze(-1), rel, err[..., i])
+    return err.mean(-1)
+
+
+def tied_rounding_scan(row_maxes, *, ties=2, rel_jitter=0.0, batch=2, seed=0, eps=1e-3):
+    """What :func:`tied_p_error` alone predicts for the rows of :func:`row_max_scan` (the same
+    r_m < 0, jitter, batch and seed): O = bf16(O_exact·(1 + δ̄)), δ̄ the row's tied P̄ error.
+
+    One dict per r_m: ``mean`` and ``se`` of the error in ulps (as the scan measures it),
+    ``same_as_ideal``, ``shift`` (the mean move δ̄·O_exact before O is rounded, in ulps of O)
+    and ``rounded_down`` (the share of rows whose tied P̄ is below e^(r_m): δ̄ < 0)."""
+    out = []
+    for rm in row_maxes:
+        rm = float(rm)
+        jitter = rel_jitter * abs(rm)
+        case = small_lab_case(ties=ties, row_max=rm, row_max_jitter=jitter, batch=batch)
+        built = build(case, seed)
+        exact = reference(built)
+        ideal = round_to_dtype(exact, torch.bfloat16)
+        delta = tied_p_error(built, block_n=case.block_n, eps=eps).unsqueeze(-1)
+        o = round_to_dtype(exact * (1 + delta), torch.bfloat16)
+        stats = bias_summary(error_in_ulps(o, exact))
+        row = {"rm": rm, "mean": stats["mean"], "se": stats["se"]}
+        row["same_as_ideal"] = float((o == ideal).double().mean())
+        row["shift"] = float((delta * exact / ulp_in_dtype(ideal)).mean())
+        row["rounded_down"] = float((delta < 0).double().mean())
+        out.append(row)
     return out
 
 

@@ -280,6 +280,41 @@ def test_row_max_scan_finds_the_underflow_thresholds():
     assert negative["ell_subnormal"] == 1.0  # m = 0: ℓ = 2e^-95, below fp32's smallest normal
 
 
+# ------------------------------------------------------- the m = 0 rule's rounded tied P̄, alone
+@pytest.mark.parametrize("placement", ["split", "same", "any"])
+def test_tied_p_error_alone_predicts_the_m0_rule_output(placement):
+    rng = random.SystemRandom()
+    rm = -(10 ** rng.uniform(-4, 1))
+    case = small_case(
+        ties=rng.randint(1, 3), placement=placement, row_max=rm, row_max_jitter=0.2 * abs(rm)
+    )
+    built = lab.build(case, fresh_seed())
+    exact = lab.reference(built)
+    got = lab.run_case("fa2", built, stable="cross", block_n=case.block_n).out.double()
+    delta = lab.tied_p_error(built, block_n=case.block_n).unsqueeze(-1)
+    assert (to_bf16(exact * (1 + delta)) == got).double().mean() >= 0.97, (rm, case.ties)
+    with pytest.raises(ValueError, match="< 0"):
+        lab.tied_p_error(lab.build(replace(case, row_max=-rm), fresh_seed()))
+
+
+def test_the_spike_is_every_tied_p_bar_rounded_down_the_way_the_ideal_rounds():
+    rng = random.SystemRandom()
+    # |r_m|·(1 ± 0.2) inside the band where e^r_m rounds up to 1, then inside (0.00196, 0.0039)
+    # where it rounds down, to 1 − 2⁻⁸ (above 0.0039 e^r_m < 1 − 2⁻⁸ rounds up to it)
+    at = [-rng.uniform(1e-4, 0.0016), -rng.uniform(0.0025, 0.0032)]
+    seed = fresh_seed()
+    scan = lab.row_max_scan(at, ["fa2/cross", "ideal"], rel_jitter=0.2, seed=seed)
+    inside, spike = lab.tied_rounding_scan(at, rel_jitter=0.2, seed=seed)
+    assert inside["rounded_down"] == 0.0 and spike["rounded_down"] == 1.0
+    assert inside["shift"] < 0 < spike["shift"]  # O < 0: away from 0, then towards it
+    for pred, meas in zip((inside, spike), scan["fa2/cross"]):
+        assert pred["mean"] == pytest.approx(meas["mean"], abs=0.02)
+    assert inside["mean"] < 0 < scan["ideal"][0]["mean"]  # the storage bias of the other sign
+    # all moved towards 0, the way the ideal rounds: mostly the ideal's outputs, the same sign
+    assert spike["same_as_ideal"] >= 0.85 and scan["fa2/cross"][1]["same_as_ideal"] >= 0.85
+    assert spike["mean"] > 0 and scan["ideal"][1]["mean"] > 0
+
+
 # --------------------------------------------------------------- the widget's function never raises
 EXTREMES = [
     dict(stable="cross", beta=1.0001, row_max=2.0),
