@@ -285,9 +285,10 @@ _TUNE_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "LOW", "EXPLICIT"]   # SPLIT le
 
 
 def _tuned(kernel, pairs):
+    # cache_results: each key's timings also go to Triton's on-disk cache (see flash_fwd)
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                 for bm, bn, w, s in pairs], key=_TUNE_KEY)(kernel)
+                 for bm, bn, w, s in pairs], key=_TUNE_KEY, cache_results=True)(kernel)
 
 
 _bwd_dkdv_tuned = _tuned(_bwd_dkdv_kernel, _WIDE_DKDV)
@@ -361,28 +362,29 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
     strides = (*qa.stride(), *ka.stride(), *va.stride(), *da.stride())
     _DKDV(key, (qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
                 heads, n_q, n_k),
-          lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, n_k, batch * heads,
-                              "dkdv"))
+          lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k),
+                              batch * heads, "dkdv"))
     _DQ(key, (qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(), heads, n_q,
               n_k),
-        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, n_q, batch * heads, "dq"))
+        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
+                            "dq"))
     return dq, dk, dv, delta
 
 
-def _bwd_launch(blocks, dtype, causal, d, explicit, n, programs, which) -> Launch:
+def _bwd_launch(blocks, dtype, causal, d, explicit, lengths, programs, which) -> Launch:
     """How the dK/dV (``which="dkdv"``, one program per key tile) or the dQ kernel is
-    launched the first time for a plan key."""
+    launched the first time for a plan key; ``lengths`` = (N_Q, N_K)."""
     consts = dict(HEAD_DIM=d, CAUSAL=causal, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
                   SPLIT=SPEEDUPS["causal_split"])
     if which == "dq":
         consts["DELTA_ONLY"] = False
-    axis = "BLOCK_N" if which == "dkdv" else "BLOCK_M"
+    axis, n = ("BLOCK_N", lengths[1]) if which == "dkdv" else ("BLOCK_M", lengths[0])
     grid = lambda meta: (cdiv(n, meta[axis]), programs)  # noqa: E731
     if blocks is None:
         wide = SPEEDUPS["wide_tuning"]
         tuned = {("dkdv", True): _bwd_dkdv_tuned, ("dkdv", False): _bwd_dkdv_narrow,
                  ("dq", True): _bwd_dq_tuned, ("dq", False): _bwd_dq_narrow}[(which, wide)]
-        return Launch(consts, grid, None, tuned)
+        return Launch(consts, grid, None, tuned, lengths=lengths)   # the lengths _TUNE_KEY holds
     # fp64 tiles are large: no software pipelining, or head dim 128 overflows shared memory
     options = dict(num_stages=1) if (dtype == torch.float64 and not interpreting()) else {}
     return Launch(consts, grid, dict(BLOCK_M=blocks[0], BLOCK_N=blocks[1]), **options)

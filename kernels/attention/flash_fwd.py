@@ -182,7 +182,12 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
 # Larger tiles reuse each loaded K/V tile for more query rows (higher arithmetic intensity)
 # but need more registers and shared memory; more stages prefetch more K/V tiles while the
 # tensor cores work. Which is best depends on the head dim and the GPU, so Triton times them
-# once per key (sequence length, head dim and the compile-time switches) and remembers.
+# once per key (sequence length, head dim and the compile-time switches) and remembers; the
+# Launcher shares the pick across a power-of-two bucket of lengths (SPEEDUPS "tune_by_bucket").
+# cache_results=True: Triton 3.6 also stores each key's timings on disk, in its cache folder
+# (TRITON_CACHE_DIR, ~/.triton/cache), under a hash of the Triton version, the GPU target, the
+# kernel's source, the key and the configurations; a later process tuning the same key reads
+# the pick from there instead of timing again (runtime/autotuner.py, check_disk_cache).
 _NARROW = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)]
 _WIDE = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3), (128, 64, 8, 3),
          (64, 64, 4, 3), (128, 32, 4, 3)]
@@ -205,7 +210,8 @@ def _tuned(pairs):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                  for bm, bn, w, s in pairs],
-        key=_TUNE_KEY, prune_configs_by={"early_config_prune": _fits})(_flash_fwd_kernel)
+        key=_TUNE_KEY, prune_configs_by={"early_config_prune": _fits},
+        cache_results=True)(_flash_fwd_kernel)
 
 
 _flash_fwd_tuned = _tuned(_WIDE)
@@ -268,7 +274,7 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
         tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),
                       None if blocks is None else dict(BLOCK_M=blocks[0], BLOCK_N=blocks[1]),
-                      tuned)
+                      tuned, lengths=(n_k,))     # the length _TUNE_KEY holds
 
     _FWD(key, args, first)
     return out, lse, (offset if return_offset else None)

@@ -13,6 +13,9 @@ follows the CPU. So everything that depends only on shapes, strides, dtypes and 
 worked out once per *plan key* and cached:
 
 * the grid, the constexpr values and (autotuned kernels) the chosen configuration;
+* (autotuned kernels, :data:`SPEEDUPS` ``"tune_by_bucket"``) that configuration once more per
+  *bucket*: the same compile-time values with the sequence lengths rounded up to a power of two
+  (:func:`n_bucket`), so a new length in a tuned bucket only compiles, it is not tuned again;
 * on a CUDA GPU, the compiled kernel itself: later calls launch it directly
   (:data:`SPEEDUPS` ``"direct_launch"``) instead of going through Triton's autotuner and
   argument binder, which re-derive the same specialisation on every call.
@@ -50,10 +53,19 @@ POISON_OUTPUTS = interpreting()
 #                  without computing one; only the diagonal and ragged tiles are masked
 #   wide_tuning    autotune over more tile shapes, warp counts and pipeline depths (CUDA,
 #                  bf16/fp16 only; the interpreter always uses one fixed configuration)
+#   tune_by_bucket the configuration the autotuner picks for the first sequence length of a
+#                  power-of-two bucket (n_bucket) serves every later length of that bucket
+#                  (same compile-time values and dtypes): a new length at most compiles one
+#                  configuration, where Triton's autotuner re-times every configuration for
+#                  each exact length (16-39 s forward + backward on an H100, issue 28;
+#                  kernels.gpu.first_call measures both); off, or with direct_launch off:
+#                  every new length is autotuned, as before. It changes which tile shape runs
+#                  (and so the bits, as autotuning does), never what is computed
 SPEEDUPS = {
     "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
     "causal_split": True,
     "wide_tuning": True,
+    "tune_by_bucket": True,
 }
 
 
@@ -74,6 +86,15 @@ def speedups(**switches):
 
 _PARAMS_CACHE: dict = {}
 _MAX_PLANS = 1024  # per launcher; a full cache is emptied, never trimmed
+# The smallest bucket: every length up to the largest tile (128) shares one, so short
+# sequences are tuned once, not once per power of two
+MIN_BUCKET = 128
+
+
+def n_bucket(n: int) -> int:
+    """The tuning bucket of a sequence length: ``n`` rounded up to a power of two, at least
+    :data:`MIN_BUCKET` (1000 -> 1024, 1025 -> 2048, 1 -> 128)."""
+    return max(MIN_BUCKET, 1 << (int(n) - 1).bit_length())
 
 
 _NATIVE_BF16: list[bool] = []  # remembered: it queries the device, and this runs every call
@@ -167,7 +188,12 @@ def aligned(*tensors) -> tuple:
 
 def switches() -> tuple:
     """The current :data:`SPEEDUPS`, as part of a plan key."""
-    return (SPEEDUPS["direct_launch"], SPEEDUPS["causal_split"], SPEEDUPS["wide_tuning"])
+    return (
+        SPEEDUPS["direct_launch"],
+        SPEEDUPS["causal_split"],
+        SPEEDUPS["wide_tuning"],
+        SPEEDUPS["tune_by_bucket"],
+    )
 
 
 class _Plan:
@@ -183,11 +209,11 @@ class _Plan:
 class Launch:
     """How to launch a kernel the first time a plan key is seen (see :class:`Launcher`)."""
 
-    __slots__ = ("consts", "grid_of", "blocks", "tuned", "options")
+    __slots__ = ("consts", "grid_of", "blocks", "tuned", "lengths", "options")
 
-    def __init__(self, consts, grid_of, blocks=None, tuned=None, **options):
+    def __init__(self, consts, grid_of, blocks=None, tuned=None, lengths=None, **options):
         self.consts, self.grid_of, self.blocks = consts, grid_of, blocks
-        self.tuned, self.options = tuned, options
+        self.tuned, self.lengths, self.options = tuned, lengths, options
 
 
 class Launcher:
@@ -201,16 +227,20 @@ class Launcher:
     * ``first()``: a :class:`Launch`, called only for a new key: the constexpr keyword
       arguments except the tile sizes, ``grid_of(meta)`` (the grid for a dict of tile sizes),
       the tile sizes ``blocks`` (a dict such as ``{"BLOCK_M": 64, "BLOCK_N": 32}``) or
-      ``None`` to autotune with ``tuned``, and launch options (``num_stages``).
+      ``None`` to autotune with ``tuned``, the sequence lengths the autotuning key holds
+      (``lengths``, a tuple of ints) and launch options (``num_stages``).
 
     The first call of a key launches through Triton as usual (compiling, autotuning) and, with
     ``SPEEDUPS["direct_launch"]``, remembers the outcome: later calls reuse it, and on CUDA
-    launch the compiled kernel directly.
+    launch the compiled kernel directly. With ``SPEEDUPS["tune_by_bucket"]`` an autotuned
+    configuration is also remembered per bucket (:meth:`bucket`): the first call of a new key
+    in a tuned bucket launches with it instead of autotuning.
     """
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.plans: dict = {}
+        self.buckets: dict = {}  # bucket -> the triton.Config tuned for its first key
 
     def __call__(self, key, args, first):
         plan = self.plans.get(key)
@@ -221,13 +251,34 @@ class Launcher:
         else:
             self.kernel[plan.grid](*args, **plan.kwargs)
 
+    @staticmethod
+    def bucket(args, how: Launch):
+        """Where an autotuned configuration is shared (None: nowhere, every autotuning key
+        is tuned, as before, also whenever ``direct_launch`` is off): the autotuner, the
+        compile-time values, the tensors' dtypes and the sequence lengths rounded up by
+        :func:`n_bucket`."""
+        if how.lengths is None or not (SPEEDUPS["tune_by_bucket"] and SPEEDUPS["direct_launch"]):
+            return None
+        dtypes = tuple(str(a.dtype) for a in args if hasattr(a, "dtype"))
+        lengths = tuple(n_bucket(n) for n in how.lengths)
+        return (how.tuned, tuple(sorted(how.consts.items())), dtypes, lengths)
+
     def _first_launch(self, key, args, how: Launch):
-        if how.blocks is None:
+        bucket = None if how.blocks is not None else self.bucket(args, how)
+        if how.blocks is None and bucket in self.buckets:
+            # a configuration tuned for this bucket: compile (if new) and launch, no timing
+            config = self.buckets[bucket]
+            kwargs = {**how.consts, **config.all_kwargs()}
+            grid = how.grid_of(config.kwargs)
+            compiled = self.kernel[grid](*args, **kwargs)
+        elif how.blocks is None:
             # autotune: Triton times its configurations once per autotuning key
             compiled = how.tuned[how.grid_of](*args, **how.consts)
             config = how.tuned.best_config
             kwargs = {**how.consts, **config.all_kwargs()}
             grid = how.grid_of(config.kwargs)
+            if bucket is not None:
+                self.buckets[bucket] = config
         else:
             kwargs = {**how.consts, **how.blocks, **how.options}
             grid = how.grid_of(how.blocks)
@@ -269,6 +320,8 @@ def launcher(kernel) -> Launcher:
 
 
 def clear_plans() -> None:
-    """Forget every cached plan (the next call of each key launches through Triton again)."""
+    """Forget every cached plan and tuned bucket (the next call of each key launches through
+    Triton again, and autotunes where its kernel is autotuned)."""
     for made in _LAUNCHERS:
         made.plans.clear()
+        made.buckets.clear()

@@ -8,7 +8,9 @@
 4. relative errors against fp64 for every dtype and head dim (ours, SDPA, standard attention);
 5. speed on three standard shapes (GPT-2 size, long, wide heads) (bf16, causal): ours (offset
    fix off / cross) against SDPA flash and cuDNN, forward and forward+backward, TFLOP/s;
-6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²)).
+6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²));
+7. the first forward + backward at new sequence lengths of one tuned bucket, with autotuning by
+   bucket on and off (:mod:`kernels.gpu.first_call`, issue 28): ``gpu_check.json["first_call"]``.
 
 Results go to ``<out>/gpu_check.json``, ``<out>/flash_bench.json`` and ``<out>/flash_memory.json``
 (with provenance, via :mod:`kernels.results`); a summary table is printed last. ``--budget``
@@ -33,6 +35,7 @@ from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
 from kernels.attention.registry import FLASH_BENCH, runner
 from kernels.env import REPO_ROOT
+from kernels.gpu import first_call
 from kernels.gpu.memory import BENCH_SHAPES, measure_memory
 from kernels.numerics.rounding import ulp_distance
 from kernels.numerics.triton_rounding import round_tensor
@@ -334,6 +337,11 @@ def summary_table(report, bench_rows, memory_rows):
                 f"err ours "
                 f"{r['rel_err_native']:.2e} sdpa {r['rel_err_sdpa_flash']:.2e}"
             )
+    first = report.get("first_call") or {}
+    for switch in ("on", "off"):
+        shown = ", ".join(f"N{r['n']} {r['seconds']:.2f} s" for r in first.get(switch, []))
+        if shown:
+            print(f"  first fwd+bwd at a new N, tune_by_bucket {switch:3s}: {shown}")
     for r in bench_rows:
         if r["ms"]:
             print(
@@ -410,6 +418,7 @@ def main(argv=None):
         log("--- waiting for the unit tests")
         report["pytest"] = finish_tests(procs, args.budget - 200)
         save_all()
+    report["first_call"] = section("first call", lambda: first_call.first_calls(log=log), 90)
     bench_rows[:] = section("speed", speed, 90) or []
     memory_rows[:] = section("memory", memory, 20) or []
     save_all()

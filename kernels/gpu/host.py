@@ -62,7 +62,8 @@ def launches_stubbed():
 def triton_launch_simulated():
     """Triton's launch path as on an sm_90 GPU, with a stand-in compiled kernel whose driver
     call does nothing. Needs a process where ``TRITON_INTERPRET=0`` was set before
-    ``import kernels``. Autotuning picks each kernel's first configuration (nothing to time)."""
+    ``import kernels``. Autotuning picks each kernel's first configuration (nothing to time),
+    and those stand-in timings are kept off Triton's on-disk autotuning cache."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime import autotuner, driver, jit
@@ -96,10 +97,12 @@ def triton_launch_simulated():
         (launch, "_native_bf16"),
         (launch, "check_device"),
         (launch, "POISON_OUTPUTS"),
+        (autotuner.Autotuner, "check_disk_cache"),
     ]
     saved = [getattr(owner, name) for owner, name in patched]
     jit.JITFunction._do_compile = stand_in
     autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
+    autotuner.Autotuner.check_disk_cache = lambda self, key, configs, bench: bench()
     driver.set_active(Driver())
     launch._native_bf16 = lambda: True  # take the native path (no explicit rounding)
     launch.check_device = lambda q: None  # CPU tensors, as if on the GPU

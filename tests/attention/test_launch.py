@@ -6,14 +6,20 @@ caching and the speed-ups change no number.
 * the Launcher: the first call of a plan key goes through Triton and is remembered, later calls
   reuse it (on CUDA: the compiled kernel launched directly, with every argument in signature
   order); a new key, the interpreter and the "as before" switch behave as documented;
+* tuning by bucket: only the first length of a power-of-two bucket is autotuned, later lengths
+  launch with its configuration; another bucket, dtype or constexpr tunes again; with the
+  switch off every new key tunes; clear_plans forgets the buckets;
 * the causal split (unmasked tiles run without a mask) changes no bit of any output or gradient;
 * the host-cost harness runs, and with Triton's real launch path every plan launches directly.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
+import triton
 
 import kernels  # noqa: F401
 from kernels import flash_attention
@@ -173,6 +179,94 @@ def test_clear_plans_forgets_every_plan():
     assert any(made.plans for made in launch._LAUNCHERS)
     launch.clear_plans()
     assert not any(made.plans for made in launch._LAUNCHERS)
+
+
+# --- tuning by bucket ------------------------------------------------------------------------
+def test_n_bucket_rounds_up_to_a_power_of_two_from_128():
+    rng = random.Random(28)
+    for n in [1, 127, 128, 129, 1000, 1024, 1025, *(rng.randrange(1, 1 << 22) for _ in range(500))]:
+        bucket = launch.n_bucket(n)
+        assert bucket & (bucket - 1) == 0 and bucket >= max(n, launch.MIN_BUCKET), n
+        assert bucket == launch.MIN_BUCKET or bucket // 2 < n, n  # the smallest such
+    assert [launch.n_bucket(n) for n in (1, 128, 129, 1000, 1024, 1025)] == [
+        128,
+        128,
+        256,
+        1024,
+        1024,
+        2048,
+    ]
+
+
+class BucketTuned(FakeTuned):
+    """A stand-in autotuner: every launch through it is an autotuning run (recorded in
+    ``calls``) that picks ``best_config``, a real triton.Config."""
+
+    def __init__(self):
+        super().__init__()
+        self.best_config = triton.Config(dict(BLOCK_M=128, BLOCK_N=64), num_warps=8, num_stages=3)
+
+
+TUNED_KWARGS = dict(A=7, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_ctas=1, num_stages=3)
+
+
+def call_tuned(made, tuned, n, dtype=torch.bfloat16, a=7):
+    """One call of ``made`` at sequence length ``n`` (plan key: n, dtype, a) whose first
+    launch autotunes with ``tuned``, bucketed by (n, n)."""
+    x = torch.zeros(1, dtype=dtype)
+    first = lambda: launch.Launch(
+        dict(A=a), lambda meta: (launch.cdiv(n, meta["BLOCK_M"]), 3), None, tuned, lengths=(n, n)
+    )
+    made((n, dtype, a), (x, "y", n), first)
+
+
+def lengths_of(calls):
+    return [args[2] for _, args, _ in calls]
+
+
+def test_only_the_first_length_of_a_bucket_autotunes(on_cuda):
+    tuned, kernel = BucketTuned(), FakeKernel()
+    made = launch.Launcher(kernel)
+    for n in (1000, 1010, 1020, 1024):  # one bucket: 1024
+        call_tuned(made, tuned, n)
+    assert lengths_of(tuned.calls) == [1000]  # (a) the first autotunes
+    # (b) the others launch (compile) once with its configuration, not through the autotuner
+    assert [(grid, args[1:], kwargs) for grid, args, kwargs in kernel.calls] == [
+        ((launch.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1010, 1020, 1024)
+    ]
+    call_tuned(made, tuned, 1010)  # a known key: launched directly, nothing new
+    assert len(tuned.calls) == 1 and len(kernel.calls) == 3
+    assert kernel.compiled.launched[-1][1][1:] == ("y", 1010, 7, 128, 64)
+    # (c) another bucket, another dtype or another constexpr value autotunes again
+    call_tuned(made, tuned, 1025)
+    call_tuned(made, tuned, 1020, dtype=torch.float16)
+    call_tuned(made, tuned, 1020, a=8)
+    assert lengths_of(tuned.calls) == [1000, 1025, 1020, 1020] and len(kernel.calls) == 3
+    assert len(made.buckets) == 4
+
+
+@pytest.mark.parametrize("switch", ["tune_by_bucket", "direct_launch"])
+def test_without_bucket_tuning_every_new_length_autotunes(on_cuda, monkeypatch, switch):
+    monkeypatch.setitem(launch.SPEEDUPS, switch, False)  # (d) either switch off: as before
+    tuned, kernel = BucketTuned(), FakeKernel()
+    made = launch.Launcher(kernel)
+    for n in (1000, 1010, 1020):
+        call_tuned(made, tuned, n)
+    assert lengths_of(tuned.calls) == [1000, 1010, 1020]
+    assert kernel.calls == [] and made.buckets == {}
+
+
+def test_clear_plans_forgets_the_buckets(on_cuda, monkeypatch):
+    monkeypatch.setattr(launch, "_LAUNCHERS", [])
+    tuned = BucketTuned()
+    made = launch.launcher(FakeKernel())
+    call_tuned(made, tuned, 1000)
+    call_tuned(made, tuned, 1010)
+    assert lengths_of(tuned.calls) == [1000] and made.buckets
+    launch.clear_plans()  # (e)
+    assert made.buckets == {} and made.plans == {}
+    call_tuned(made, tuned, 1020)
+    assert lengths_of(tuned.calls) == [1000, 1020]
 
 
 # --- the speed-ups change no number ---------------------------------------------------------

@@ -1,0 +1,65 @@
+"""The cost of the first call at a new sequence length (issue 28), for ``kernels.gpu.check``.
+
+Triton's autotuner keys on the exact lengths, so without help every new N re-times every
+configuration of the three autotuned kernels (forward, dK/dV, dQ): 16-39 s forward + backward
+on an H100. With :data:`kernels.attention.launch.SPEEDUPS` ``"tune_by_bucket"`` only the first
+length of a power-of-two bucket is tuned; a later one only compiles, and not even that when it
+has the same specialisation as one already compiled (no length here is a multiple of 16, like
+the warm-up's, so each kernel is the one compiled already).
+
+:func:`first_calls`: in one process, one warm-up length of the bucket (tuned: every
+configuration compiled and timed), then three new lengths of that bucket with the switch on
+and three with it off; the wall time of each first forward + backward (bf16, causal), with
+the device synchronised before and after. The whole measurement uses a fresh, empty Triton
+cache folder, so autotuning results stored on disk by an earlier run (``cache_results``)
+cannot hide the cost of tuning, and every run measures the same thing.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import torch
+from triton import knobs
+
+from kernels.attention import flash_attention, launch
+
+SHAPE = (1, 4, 64)  # (B, H, D)
+WARM_UP = 1000  # tunes bucket 1024
+LENGTHS = {"on": (1004, 1010, 1020), "off": (1006, 1012, 1022)}  # new, all in bucket 1024
+
+
+def first_call_seconds(n, shape=SHAPE, device="cuda") -> float:
+    """Wall time of one forward + backward at length ``n`` (bf16, causal)."""
+    batch, heads, d = shape
+    q, k, v, grad = (torch.randn(batch, heads, n, d, device=device).bfloat16() for _ in range(4))
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.autograd.grad(flash_attention(*leaves, causal=True), leaves, grad)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def first_calls(warm_up=WARM_UP, lengths=LENGTHS, shape=SHAPE, device="cuda", log=print):
+    """The warm-up's and each new length's first-call seconds, with ``tune_by_bucket`` on and
+    off (see the module docstring)."""
+    report = dict(shape=list(shape), dtype="bf16", causal=True, bucket=launch.n_bucket(warm_up))
+    if any(launch.n_bucket(n) != report["bucket"] for ns in lengths.values() for n in ns):
+        raise ValueError(f"every length must share the warm-up's bucket {report['bucket']}")
+    with tempfile.TemporaryDirectory() as folder, knobs.cache.scope():
+        knobs.cache.dir = folder
+        with launch.speedups(tune_by_bucket=True):
+            report["warm_up"] = dict(n=warm_up, seconds=first_call_seconds(warm_up, shape, device))
+        log(f"first call N={warm_up} (tunes the bucket): {report['warm_up']['seconds']:.2f} s")
+        for switch in ("on", "off"):
+            with launch.speedups(tune_by_bucket=switch == "on"):
+                report[switch] = [
+                    dict(n=n, seconds=first_call_seconds(n, shape, device)) for n in lengths[switch]
+                ]
+            shown = ", ".join(f"N={r['n']} {r['seconds']:.2f} s" for r in report[switch])
+            log(f"first call, tune_by_bucket {switch}: {shown}")
+    return report
