@@ -278,6 +278,10 @@ def step_axis(ax, last_step: int):
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:.0f}k"))
 
 
+# δ from rowsum(dP∘P) dashed: in real BF16 it lies on the control's line
+REAL_STYLES = {"P": "--"}
+
+
 def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     """Real BF16: layer ``layer``'s ‖W_Q‖₂ (largest head, log scale) and the smoothed loss
     against the step, one line per run of ``runs`` {legend label: (variant, run)}; colour
@@ -286,7 +290,7 @@ def plot_real_bf16(axes, runs: dict, layer: int = 0, width: int = 50):
     for label, (variant, run, *repeat) in runs.items():
         style = dict(
             color=VARIANT_COLOURS[variant],
-            ls=":" if repeat else "-",
+            ls=":" if repeat else REAL_STYLES.get(variant, "-"),
             lw=1.0 if repeat else 1.4,
             label=label,
         )

@@ -52,7 +52,7 @@ VARIANT_COLOURS = {
     "C": "tab:olive",
     "K": "0.35",
     "D": "tab:cyan",
-    "Z": "tab:green",
+    "Z": "darkgoldenrod",
     "H": "tab:olive",
 }
 FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
