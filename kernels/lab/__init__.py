@@ -48,6 +48,7 @@ from .implementations import (
     run_case,
 )
 from .sweep import (
+    FAR_ULPS,
     SWEEP_GAPS,
     SWEEP_IMPLS,
     SWEEP_TIES,

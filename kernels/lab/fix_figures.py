@@ -11,6 +11,7 @@ import numpy as np
 
 from ..attention.registry import FIX_SPEED
 from .fixes import FIXES
+from .sweep import FAR_ULPS
 
 
 def display_width(text: str) -> int:
@@ -195,7 +196,7 @@ def plot_fixed_offset(offsets, fixed, rounding):
 SCAN_PANELS = {
     "mean": "mean error of O [ulp]",
     "same": "outputs equal to the ideal [%]",
-    "wrong": "outputs NaN or wrongly 0 [%]",
+    "wrong": f"outputs NaN, 0 or > {FAR_ULPS} ulp off [%]",
 }
 
 
@@ -203,8 +204,8 @@ def plot_rule_scan(
     scans, title, panels=("mean", "same"), xscale="linear", xlabel=None, predicted=None
 ):
     """Rows whose tied maximum sits at r_m (:func:`row_max_scan`), one line per entry of
-    ``scans``, drawn against |r_m|: the mean error of the outputs (where none is NaN or wrongly
-    0), the share equal to the ideal and the share NaN or wrongly 0, one panel each.
+    ``scans``, drawn against |r_m|: the mean error of the outputs (where none is wrong), the
+    share equal to the ideal and the share wrong (``row_max_scan``'s ``wrong``), one panel each.
     ``predicted`` (:func:`tied_rounding_scan`) adds its mean and share equal to the ideal as
     black crosses."""
     import matplotlib.pyplot as plt

@@ -284,6 +284,9 @@ def offset_rounding(offsets) -> np.ndarray:
     return (round_to_dtype(p32, torch.bfloat16) / exact - 1).numpy()
 
 
+FAR_ULPS = 8  # an output this many ulps from the exact O is wrong, not rounded (FA2: < 1)
+
+
 def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2, seed=0) -> dict:
     """Rows whose (tied) maximum sits at each r_m of ``row_maxes`` (drawn within ±rel_jitter·|r_m|;
     ``batch`` sequences of 32 rows), through each implementation label of ``impls``
@@ -291,8 +294,9 @@ def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2,
 
     Returns {label: [one dict per r_m]} with the bias of the finite outputs against the exact O
     (``mean``, ``se``), the share equal to the ideal bf16(O_exact) (``same_as_ideal``), the share
-    of outputs that are wrong without a doubt (``wrong``: NaN or inf, or exactly 0 where the exact
-    O is not) and, for emulated rules, the share of rows whose ℓ is 0 (``ell_zero``: O is NaN) or
+    of outputs that are wrong without a doubt (``wrong``: NaN or inf, exactly 0 where the exact
+    O is not, or more than :data:`FAR_ULPS` ulps from it) and, for emulated rules, the share
+    of rows whose ℓ is 0 (``ell_zero``: O is NaN) or
     subnormal (``ell_subnormal``)."""
     out = {label: [] for label in impls}
     for rm in row_maxes:
@@ -314,7 +318,9 @@ def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2,
                 "mean": stats["mean"],
                 "se": stats["se"],
                 "same_as_ideal": float((o == ideal).double().mean()),
-                "wrong": float((~torch.isfinite(o) | zero).double().mean()),
+                "wrong": float(
+                    (~torch.isfinite(o) | zero | (err.abs() > FAR_ULPS)).double().mean()
+                ),
                 "ell_zero": None,
                 "ell_subnormal": None,
             }

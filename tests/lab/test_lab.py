@@ -410,3 +410,12 @@ def test_fused_accumulation_model_loses_tiny_terms_against_a_large_accumulator()
     assert torch.all(fused == sign * -1.0)
     with pytest.raises(ValueError, match="stable='off'"):
         lab.run_case("fa2-fma", built, stable="cross")
+
+
+def test_row_max_scan_counts_a_far_off_output_as_wrong():
+    # two tied maxima near r_m = 96: the tied P̄ is a BF16 subnormal of a bit or none, yet ℓ
+    # (summed in fp32) is not 0: O is neither NaN nor 0, but far off
+    r_m = float(np.random.default_rng().choice([94.0, 96.0, 98.0]))
+    row = lab.row_max_scan([r_m], ["fa2/cross"], ties=2)["fa2/cross"][0]
+    assert row["ell_zero"] == 0.0  # ℓ, summed in fp32, is not 0 yet: no NaN
+    assert row["wrong"] == 1.0 and row["same_as_ideal"] == 0.0
