@@ -158,13 +158,13 @@ APPENDIX_C_LABELS = {
 }
 
 
-def _errorbars(ax, x, rows, label, **kw):
+def _errorbars(ax, x, rows, label, ms=4, **kw):
     ax.errorbar(
         x,
         [r["mean"] for r in rows],
         yerr=[1.96 * r["se"] for r in rows],
         marker="o",
-        ms=4,
+        ms=ms,
         capsize=2,
         label=APPENDIX_C_LABELS.get(label, label),
         **kw,
@@ -215,7 +215,8 @@ def plot_rule_scan(
     )
     axes = np.atleast_1d(axes)
     for i, (label, rows) in enumerate(scans.items()):
-        line = dict(ls=("-", "--", ":")[i % 3], color=f"C{i}")
+        # earlier lines get larger markers, so one that a later line covers still shows
+        line = dict(ls=("-", "--", ":")[i % 3], color=f"C{i}", ms=4 + 2 * (len(scans) - 1 - i))
         for ax, panel in zip(axes, panels):
             ok = [r for r in rows if panel == "wrong" or r["wrong"] == 0]
             x = [abs(r["rm"]) for r in ok]
@@ -224,7 +225,7 @@ def plot_rule_scan(
             else:
                 key = "same_as_ideal" if panel == "same" else "wrong"
                 name = APPENDIX_C_LABELS.get(label, label)
-                ax.plot(x, [100 * r[key] for r in ok], marker="o", ms=4, label=name, **line)
+                ax.plot(x, [100 * r[key] for r in ok], marker="o", label=name, **line)
     for ax, panel in zip(axes, panels):
         if predicted is not None and panel in ("mean", "same"):
             scale, key = (1, "mean") if panel == "mean" else (100, "same_as_ideal")
