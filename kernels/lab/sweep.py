@@ -284,6 +284,17 @@ def offset_rounding(offsets) -> np.ndarray:
     return (round_to_dtype(p32, torch.bfloat16) / exact - 1).numpy()
 
 
+def _scan_rows(row_maxes, ties, rel_jitter, batch, seed):
+    """For each r_m: (r_m, its Case, the built rows, the exact O and the ideal bf16(O_exact))."""
+    for rm in row_maxes:
+        rm = float(rm)
+        jitter = rel_jitter * abs(rm)
+        case = small_lab_case(ties=ties, row_max=rm, row_max_jitter=jitter, batch=batch)
+        built = build(case, seed)
+        exact = reference(built)
+        yield rm, case, built, exact, round_to_dtype(exact, torch.bfloat16)
+
+
 FAR_ULPS = 8  # an output this many ulps from the exact O is wrong, not rounded (FA2: < 1)
 
 
@@ -299,13 +310,7 @@ def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2,
     of rows whose ℓ is 0 (``ell_zero``: O is NaN) or
     subnormal (``ell_subnormal``)."""
     out = {label: [] for label in impls}
-    for rm in row_maxes:
-        rm = float(rm)
-        jitter = rel_jitter * abs(rm)
-        case = small_lab_case(ties=ties, row_max=rm, row_max_jitter=jitter, batch=batch)
-        built = build(case, seed)
-        exact = reference(built)
-        ideal = round_to_dtype(exact, torch.bfloat16)
+    for rm, case, built, exact, ideal in _scan_rows(row_maxes, ties, rel_jitter, batch, seed):
         for label in impls:
             impl, stable = parse_impl(label)
             res = run_case(impl, built, stable=stable, beta=beta, block_n=case.block_n)
@@ -365,26 +370,20 @@ def tied_p_error(built: Built, *, block_n=64, eps=1e-3) -> torch.Tensor:
 
 def tied_rounding_scan(row_maxes, *, ties=2, rel_jitter=0.0, batch=2, seed=0, eps=1e-3):
     """What :func:`tied_p_error` alone predicts for the rows of :func:`row_max_scan` (the same
-    r_m < 0, jitter, batch and seed): O = bf16(O_exact·(1 + δ̄)), δ̄ the row's tied P̄ error.
+    r_m < 0, jitter, batch and seed): O = bf16(O_exact·(1 + ē)), ē the row's tied P̄ error.
 
     One dict per r_m: ``mean`` and ``se`` of the error in ulps (as the scan measures it),
-    ``same_as_ideal``, ``shift`` (the mean move δ̄·O_exact before O is rounded, in ulps of O)
-    and ``rounded_down`` (the share of rows whose tied P̄ is below e^(r_m): δ̄ < 0)."""
+    ``same_as_ideal``, ``shift`` (the mean move ē·O_exact before O is rounded, in ulps of O)
+    and ``rounded_down`` (the share of rows whose tied P̄ is below e^(r_m): ē < 0)."""
     out = []
-    for rm in row_maxes:
-        rm = float(rm)
-        jitter = rel_jitter * abs(rm)
-        case = small_lab_case(ties=ties, row_max=rm, row_max_jitter=jitter, batch=batch)
-        built = build(case, seed)
-        exact = reference(built)
-        ideal = round_to_dtype(exact, torch.bfloat16)
-        delta = tied_p_error(built, block_n=case.block_n, eps=eps).unsqueeze(-1)
-        o = round_to_dtype(exact * (1 + delta), torch.bfloat16)
+    for rm, case, built, exact, ideal in _scan_rows(row_maxes, ties, rel_jitter, batch, seed):
+        e_bar = tied_p_error(built, block_n=case.block_n, eps=eps).unsqueeze(-1)
+        o = round_to_dtype(exact * (1 + e_bar), torch.bfloat16)
         stats = bias_summary(error_in_ulps(o, exact))
         row = {"rm": rm, "mean": stats["mean"], "se": stats["se"]}
         row["same_as_ideal"] = float((o == ideal).double().mean())
-        row["shift"] = float((delta * exact / ulp_in_dtype(ideal)).mean())
-        row["rounded_down"] = float((delta < 0).double().mean())
+        row["shift"] = float((e_bar * exact / ulp_in_dtype(ideal)).mean())
+        row["rounded_down"] = float((e_bar < 0).double().mean())
         out.append(row)
     return out
 
