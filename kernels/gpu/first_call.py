@@ -18,11 +18,10 @@ cannot hide the cost of tuning, and every run measures the same thing.
 from __future__ import annotations
 
 import tempfile
-import time
 
-import torch
 from triton import knobs
 
+from kernels import timing
 from kernels.attention import flash_attention, launch
 
 SHAPE = (1, 4, 64)  # (B, H, D)
@@ -31,17 +30,12 @@ LENGTHS = {"on": (1004, 1010, 1020), "off": (1006, 1012, 1022)}  # new, all in b
 
 
 def first_call_seconds(n, shape=SHAPE, device="cuda") -> float:
-    """Wall time of one forward + backward at length ``n`` (bf16, causal)."""
+    """Wall time of one forward + backward at length ``n`` (bf16, causal), synchronised."""
     batch, heads, d = shape
-    q, k, v, grad = (torch.randn(batch, heads, n, d, device=device).bfloat16() for _ in range(4))
-    leaves = [t.requires_grad_() for t in (q, k, v)]
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    torch.autograd.grad(flash_attention(*leaves, causal=True), leaves, grad)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    q, k, v, grad = timing.inputs((batch, heads, n, d), device=device, seed=None)
+    attn = lambda *qkv: flash_attention(*qkv, causal=True)  # noqa: E731
+    _, wall_us = timing.host_and_wall_us(timing.step(attn, q, k, v, grad, "fwd+bwd"), calls=1)
+    return wall_us / 1e6
 
 
 def first_calls(warm_up=WARM_UP, lengths=LENGTHS, shape=SHAPE, device="cuda", log=print):
