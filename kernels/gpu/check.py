@@ -390,7 +390,8 @@ def main(argv=None):
 
     budget = timing.Budget(args.budget, log, start=START)
 
-    def section(name, fn, need):
+    def section(name, fn, need, store=None):
+        """Run one section; ``store`` gets its value before the file is saved."""
         if not budget.allows(name, need):
             report.setdefault("skipped", []).append(budget.skipped[-1])
             return None
@@ -401,6 +402,8 @@ def main(argv=None):
             report.setdefault("failures", {})[name] = traceback.format_exc()[-3000:]
             log(f"FAILED {name}:\n{traceback.format_exc()}")
             value = None
+        if store is not None:
+            store(value)
         save_all()
         return value
 
@@ -411,16 +414,20 @@ def main(argv=None):
         log("done")
         return
     procs = [] if args.skip_tests else start_tests(out_dir)
-    report["rounding"] = section("rounding helper", check_rounding_helper, 20)
-    report["explicit_vs_native"] = section("explicit vs native", explicit_vs_native, 60)
-    report["errors_per_dtype"] = section("errors per dtype", errors_per_dtype, 60)
+
+    def into(key):
+        return lambda value: report.__setitem__(key, value)
+
+    section("rounding helper", check_rounding_helper, 20, into("rounding"))
+    section("explicit vs native", explicit_vs_native, 60, into("explicit_vs_native"))
+    section("errors per dtype", errors_per_dtype, 60, into("errors_per_dtype"))
     if procs:
         log("--- waiting for the unit tests")
         report["pytest"] = finish_tests(procs, args.budget - 200)
         save_all()
-    report["first_call"] = section("first call", lambda: first_call.first_calls(log=log), 90)
-    bench_rows[:] = section("speed", speed, 90) or []
-    memory_rows[:] = section("memory", memory, 20) or []
+    section("first call", lambda: first_call.first_calls(log=log), 90, into("first_call"))
+    section("speed", speed, 90, lambda rows: bench_rows.__setitem__(slice(None), rows or []))
+    section("memory", memory, 20, lambda rows: memory_rows.__setitem__(slice(None), rows or []))
     save_all()
     summary_table(report, bench_rows, memory_rows)
     log("done")
