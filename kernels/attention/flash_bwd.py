@@ -307,6 +307,16 @@ def _as_args(explicit, *tensors):
     return tensors
 
 
+def _tile_args(qa, ka, va, da, lse, delta, grads, params, heads, n_q, n_k):
+    """The non-constexpr arguments of :func:`_bwd_dkdv_kernel` (``grads`` = (dK, dV)) and
+    :func:`_query_tile_kernel` (``grads`` = (dQ,)), in their order. The two kernels spell out
+    the same parameter table (Triton needs each kernel's parameters written in its own
+    signature), so it is built here once: inputs, L, δ, the gradient buffers, the parameters,
+    the strides of q, k, v, dO and of the gradients (dK and dV share theirs), the lengths."""
+    return (qa, ka, va, da, lse, delta, *grads, params, *qa.stride(), *ka.stride(),
+            *va.stride(), *da.stride(), *grads[0].stride(), heads, n_q, n_k)
+
+
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
                   block_m, block_n, key=None):
     """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
@@ -321,8 +331,7 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
     if delta_source == "dp":
         # the query-tile kernel in its δ mode (DQ unused: it gets dO and dO's strides)
         _DQ(("dp", bool(causal), block_m, block_n) + key,
-            (qa, ka, va, da, lse, delta, da, params, *qa.stride(), *ka.stride(), *va.stride(),
-             *da.stride(), *da.stride(), heads, n_q, k.shape[2]),
+            _tile_args(qa, ka, va, da, lse, delta, (da,), params, heads, n_q, k.shape[2]),
             lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
                                 EXPLICIT=explicit, DELTA_ONLY=True,
                                 SPLIT=SPEEDUPS["causal_split"]), grid, tiles))
@@ -359,13 +368,10 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
     dk = new_output(k.shape, dtype, q.device)
     dv = new_output(v.shape, dtype, q.device)
     qa, ka, va, da, dqa, dka, dva = _as_args(explicit, q, k, v, do, dq, dk, dv)
-    strides = (*qa.stride(), *ka.stride(), *va.stride(), *da.stride())
-    _DKDV(key, (qa, ka, va, da, lse, delta, dka, dva, params, *strides, *dka.stride(),
-                heads, n_q, n_k),
+    _DKDV(key, _tile_args(qa, ka, va, da, lse, delta, (dka, dva), params, heads, n_q, n_k),
           lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k),
                               batch * heads, "dkdv"))
-    _DQ(key, (qa, ka, va, da, lse, delta, dqa, params, *strides, *dqa.stride(), heads, n_q,
-              n_k),
+    _DQ(key, _tile_args(qa, ka, va, da, lse, delta, (dqa,), params, heads, n_q, n_k),
         lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
                             "dq"))
     return dq, dk, dv, delta

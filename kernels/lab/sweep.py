@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..attention import emulator
+from ..attention.options import AttentionOptions
 from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
@@ -345,19 +346,20 @@ def tied_p_error(built: Built, *, block_n=64, eps=1e-3) -> torch.Tensor:
     An entry is taken at m = 0 once the cross rule has seen a tied maximum in the keys so far
     (this one's tile included): usually from the first tile on, since the other scores' own
     maximum is tied in BF16 too. A tied entry met before that is taken at m = its running
-    maximum, which for the first tie gives P̄ = 1 exactly."""
+    maximum, which for the first tie gives P̄ = 1 exactly. The offset m of each tile is the
+    emulator's own (:func:`kernels.attention.emulator.offset_update`, rule "cross")."""
     s = built.scores.to(torch.float32)
     if not bool((built.row_max < 0).all()):
         raise ValueError("tied_p_error models the m = 0 branch: every row maximum must be < 0")
     n = s.shape[-1]
-    at_zero = torch.zeros(s.shape[:-1], dtype=torch.bool, device=s.device)
+    opts = AttentionOptions(stable="cross", eps=eps)
+    r = emulator.rounding_points("fa2")
+    m = torch.full(s.shape[:-1], -math.inf, dtype=s.dtype, device=s.device)  # (B, D)
+    rm, rs = torch.full_like(m, -math.inf), torch.zeros_like(m)  # running max and tie count
     b, k = built.tie_pos.shape
     err = torch.zeros((b, s.shape[1], k), dtype=torch.float64, device=s.device)  # (B, D, k)
     for start in range(0, n, block_n):
-        seen = s[..., : start + block_n]
-        top = seen.amax(-1)
-        at_zero |= ((seen >= (top - eps).unsqueeze(-1)).sum(-1) > 1) & (top < 0)
-        m = torch.where(at_zero, torch.zeros_like(top), top)  # (B, D)
+        m, rm, rs, _ = emulator.offset_update(s[..., start : start + block_n], m, rm, rs, opts, r)
         for i in range(k):
             pos = built.tie_pos[:, i]
             here = (pos >= start) & (pos < start + block_n)  # (B,)
