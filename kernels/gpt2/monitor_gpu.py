@@ -309,6 +309,7 @@ def plot_overhead(ax, data: dict):
     from matplotlib.ticker import FuncFormatter
 
     rows = [r for r in data["overhead"]["rows"] if r.get("every") is not None]
+    top = max(100 * r["overhead_max"] for r in rows)
     for delta, label, colour in (
         (True, "reading δ too (delta=True)", "tab:red"),
         (False, "without δ", "tab:blue"),
@@ -320,6 +321,7 @@ def plot_overhead(ax, data: dict):
         every = [r["every"] for r in part]
         ax.errorbar(every, mid, yerr=[low, high], marker="o", capsize=3, color=colour, label=label)
     ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_ylim(top=2 * top)  # room above the highest bar on the symlog axis
     ax.set(
         xscale="log",
         yscale="symlog",

@@ -97,8 +97,9 @@ def plot_output_cost(records, keys=tuple(FIXES)):
     return fig
 
 
-def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
-    """Worst |error| of O per fix in the book's Triton kernel on the GPU, log scale."""
+def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES), gpu="GPU"):
+    """Worst |error| of O per fix in the book's Triton kernel on the GPU ``gpu`` (its name, from
+    the record's provenance), log scale."""
     import matplotlib.pyplot as plt
 
     rows = {r["impl"]: r for r in bias_records if (r["ties"], r["vmax"], r["vrest"]) == setting}
@@ -111,7 +112,7 @@ def plot_worst_case(bias_records, setting=(2, 0.0, -1.0), keys=tuple(FIXES)):
     ax.set_ylim(len(keys) - 0.5, -0.5)
     ax.set(
         xscale="log",
-        xlabel="worst |O − O_exact| over 4,096 rows [ulp], H100",
+        xlabel=f"worst |O − O_exact| over 4,096 rows [ulp], {gpu}",
         title=f"k = {setting[0]}, tied V ≈ {setting[1]:+g}, other V ≈ {setting[2]:+g}",
     )
     ax.legend(loc="lower right")
@@ -123,9 +124,9 @@ def speed_table(rows, n=4096, mode="fwd+bwd"):
     return {r["impl"]: r["tflops"] for r in rows if r["n"] == n and r["mode"] == mode}
 
 
-def plot_fix_speed(rows, n=4096):
-    """Forward+backward TFLOP/s of the book's kernel with each fix; SDPA flash and cuDNN as
-    lines."""
+def plot_fix_speed(rows, n=4096, gpu="GPU"):
+    """Forward+backward TFLOP/s of the book's kernel with each fix on the GPU ``gpu`` (its name,
+    from the record's provenance); SDPA flash and cuDNN as lines."""
     import matplotlib.pyplot as plt
 
     table = speed_table(rows, n)
@@ -139,7 +140,7 @@ def plot_fix_speed(rows, n=4096):
     ax.invert_yaxis()
     ax.set(
         xlabel=f"forward + backward [TFLOP/s], causal, B·H = 64, N = {n:,}, d = 64",
-        title="what each fix costs in the book's kernel (H100)",
+        title=f"what each fix costs in the book's kernel ({gpu})",
     )
     _legend_below(fig, ax)
     return fig
