@@ -222,6 +222,23 @@ def attend(q, k, v, spec: AttnSpec, probe=None):
     return flash_attention(q, k, v, opts)
 
 
+_HEAD_GROUPS: dict = {}  # (fp32 heads, n_heads, device) -> device index tensors, made once
+
+
+def _head_groups(fp32_heads, n_heads: int, device):
+    """The heads on the control's route, the others, and the permutation that puts the two
+    groups' outputs back in head order, as index tensors on ``device``. Made on the first call
+    and reused, so a CUDA graph that captures a later call copies nothing from the host."""
+    key = (tuple(fp32_heads), n_heads, str(device))
+    if key not in _HEAD_GROUPS:
+        chosen = torch.zeros(n_heads, dtype=torch.bool)
+        chosen[list(fp32_heads)] = True
+        picked, rest = chosen.nonzero().flatten(), (~chosen).nonzero().flatten()
+        back = torch.argsort(torch.cat([picked, rest]))
+        _HEAD_GROUPS[key] = tuple(t.to(device) for t in (picked, rest, back))
+    return _HEAD_GROUPS[key]
+
+
 def _two_routes(q, k, v, spec: AttnSpec, probe):
     """The failing path with the heads ``spec.fp32_heads`` on the control's route (δ from O in
     fp32). Heads do not mix in attention, so each group runs on its own and the outputs go back
@@ -229,16 +246,14 @@ def _two_routes(q, k, v, spec: AttnSpec, probe):
     n_heads = q.shape[1]
     if spec.fp32_heads[-1] >= n_heads:
         raise ValueError(f"fp32_heads {spec.fp32_heads} names a head past the {n_heads} heads")
-    chosen = torch.zeros(n_heads, dtype=torch.bool)
-    chosen[list(spec.fp32_heads)] = True
+    picked, rest, back = _head_groups(spec.fp32_heads, n_heads, q.device)
     groups = [
-        (chosen.nonzero().flatten(), dataclasses.replace(spec, delta="o_fp32", fp32_heads=())),
-        ((~chosen).nonzero().flatten(), dataclasses.replace(spec, fp32_heads=())),
+        (picked, dataclasses.replace(spec, delta="o_fp32", fp32_heads=())),
+        (rest, dataclasses.replace(spec, fp32_heads=())),
     ]
-    groups = [(heads.to(q.device), route) for heads, route in groups if len(heads)]
+    groups = [(heads, route) for heads, route in groups if len(heads)]
     out = torch.cat([attend(q[:, h], k[:, h], v[:, h], route, probe) for h, route in groups], 1)
-    order = torch.cat([heads for heads, _ in groups])
-    return out[:, torch.argsort(order)]
+    return out[:, back]
 
 
 def exact_attention(q, k, v):

@@ -69,3 +69,16 @@ def test_the_moved_heads_are_the_stored_failing_runs_runaway_heads():
         variant_options("H", 7, seed=1)
     with pytest.raises(ValueError, match="seed"):
         variant_options("H", 4, seed=0)
+
+
+def test_head_groups_are_made_once_so_a_cuda_graph_can_capture_the_split():
+    from kernels.gpt2.attention import _head_groups
+
+    chosen = tuple(sorted(random.sample(range(6), random.randint(1, 5))))
+    first = _head_groups(chosen, 6, torch.device("cpu"))
+    assert all(a is b for a, b in zip(first, _head_groups(chosen, 6, torch.device("cpu"))))
+    picked, rest, back = first
+    assert picked.tolist() == list(chosen) and sorted(picked.tolist() + rest.tolist()) == list(
+        range(6)
+    )
+    assert torch.cat([picked, rest])[back].tolist() == list(range(6))  # back to head order
