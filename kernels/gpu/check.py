@@ -378,34 +378,32 @@ def main(argv=None):
         f"sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}"
         f", torch {torch.__version__}"
     )
-    report, bench_rows, memory_rows = {}, [], []
+    report = {}
+    tables = {"flash_bench": [], "flash_memory": []}  # saved as files of their own
 
     def save_all():
         for directory in dirs:
             results.save("gpu_check", report, COMMAND, directory=directory)
-            if bench_rows:
-                results.save("flash_bench", bench_rows, COMMAND, directory=directory)
-            if memory_rows:
-                results.save("flash_memory", memory_rows, COMMAND, directory=directory)
+            for stem, rows in tables.items():
+                if rows:
+                    results.save(stem, rows, COMMAND, directory=directory)
 
     budget = timing.Budget(args.budget, log, start=START)
 
-    def section(name, fn, need, store=None):
-        """Run one section; ``store`` gets its value before the file is saved."""
+    def section(name, fn, need, key, into=report):
+        """Run one section and store its value as ``into[key]`` before the files are saved."""
+        value = None
         if not budget.allows(name, need):
             report.setdefault("skipped", []).append(budget.skipped[-1])
-            return None
-        log(f"--- {name}")
-        try:
-            value = fn()
-        except Exception:
-            report.setdefault("failures", {})[name] = traceback.format_exc()[-3000:]
-            log(f"FAILED {name}:\n{traceback.format_exc()}")
-            value = None
-        if store is not None:
-            store(value)
+        else:
+            log(f"--- {name}")
+            try:
+                value = fn()
+            except Exception:
+                report.setdefault("failures", {})[name] = traceback.format_exc()[-3000:]
+                log(f"FAILED {name}:\n{traceback.format_exc()}")
+        into[key] = value
         save_all()
-        return value
 
     if args.tests_only:
         outcome = finish_tests(start_tests(out_dir), args.budget)
@@ -414,22 +412,17 @@ def main(argv=None):
         log("done")
         return
     procs = [] if args.skip_tests else start_tests(out_dir)
-
-    def into(key):
-        return lambda value: report.__setitem__(key, value)
-
-    section("rounding helper", check_rounding_helper, 20, into("rounding"))
-    section("explicit vs native", explicit_vs_native, 60, into("explicit_vs_native"))
-    section("errors per dtype", errors_per_dtype, 60, into("errors_per_dtype"))
+    section("rounding helper", check_rounding_helper, 20, "rounding")
+    section("explicit vs native", explicit_vs_native, 60, "explicit_vs_native")
+    section("errors per dtype", errors_per_dtype, 60, "errors_per_dtype")
     if procs:
         log("--- waiting for the unit tests")
         report["pytest"] = finish_tests(procs, args.budget - 200)
         save_all()
-    section("first call", lambda: first_call.first_calls(log=log), 90, into("first_call"))
-    section("speed", speed, 90, lambda rows: bench_rows.__setitem__(slice(None), rows or []))
-    section("memory", memory, 20, lambda rows: memory_rows.__setitem__(slice(None), rows or []))
-    save_all()
-    summary_table(report, bench_rows, memory_rows)
+    section("first call", lambda: first_call.first_calls(log=log), 90, "first_call")
+    section("speed", speed, 90, "flash_bench", tables)
+    section("memory", memory, 20, "flash_memory", tables)
+    summary_table(report, tables["flash_bench"] or [], tables["flash_memory"] or [])
     log("done")
 
 
