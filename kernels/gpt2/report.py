@@ -80,6 +80,15 @@ def real_bf16_runs(directory=None) -> dict:
     return found
 
 
+def control_runs(directory=None) -> dict:
+    """Every stored run of plan ``controls`` (``results/gpt2_controls*.json``: one file per
+    sitting that made some of them) as {name: run}."""
+    found: dict = {}
+    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_controls*.json")):
+        found.update(load(path.stem, directory)["data"]["runs"])
+    return found
+
+
 def parse_name(name: str) -> tuple[str, str, str]:
     """'f-const3e-3-U-s1' -> ('f-const3e-3', 'U', 's1')."""
     config, variant, seed = name.rsplit("-", 2)
@@ -320,15 +329,23 @@ def delta_bias_share(run: dict, layer: int = 0, before=None) -> float:
     return sum(s["delta_err"] for s in stats) / total if total else float("nan")
 
 
-def matched_delta_stats(runs: dict, seeds=("s1", "s2", "s3"), first_step: int = 200):
+def matched_delta_stats(
+    runs: dict,
+    seeds=("s1", "s2", "s3"),
+    first_step: int = 200,
+    failing: str = "k4-U",
+    until: int | None = None,
+):
     """Per layer: the mean and the mean absolute value of δ_lp − δ_hp *per row* in the 4-bit
-    failing runs ``k4-U-<seed>``, over the monitoring steps from ``first_step`` until layer 0's
-    ‖W_Q‖ leaves its control's (``k4-F-<seed>``). The controls B and N of :mod:`.plans` are
-    matched to these numbers (``plans.MATCHED_K4``)."""
+    failing runs ``<failing>-<seed>``, over the monitoring steps from ``first_step`` until layer
+    0's ‖W_Q‖ leaves its control's (``k4-F-<seed>``). The controls B and N of :mod:`.plans` are
+    matched to these numbers (``plans.MATCHED_K4``), measured by the probe of runs stored before
+    2026-11-25 (O_hp under autocast); ``failing="k4c-U"`` reads seed 1's rerun, probed in fp32.
+    ``until``: end the window at this step instead (for a run whose ‖W_Q‖ never leaves)."""
     per_layer = None
     for seed in seeds:
-        fail, ctrl = runs[f"k4-U-{seed}"], runs[f"k4-F-{seed}"]
-        stop = pair_departures(fail, ctrl)["wq"]
+        fail, ctrl = runs[f"{failing}-{seed}"], runs[f"k4-F-{seed}"]
+        stop = until if until is not None else pair_departures(fail, ctrl)["wq"]
         for m in fail["monitor"]:
             if not first_step <= m["step"] < stop:
                 continue

@@ -24,12 +24,11 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # real bf16 on one GPU, the fast step (fused kernels + CUDA graphs, checked first by
     # python -m kernels.gpt2.fastpath, which writes fast.env): one H100 trains ~82 steps/s
     # in all, alone or shared, so a 30-minute lease (checkpoints stay on its disk, not
-    # beyond it) takes ~130,000 steps. Done: U in seeds 0 and 1 (seed 1 exploded at step
-    # 53,110), F in seed 1 to 56,518, P and Z in seed 1 past 53,110 (3 calls), F in seed 0
-    # to 42,463 (one call; a fresh lease restarts it from step 0). Left, one lease each
-    # (alone ~83 steps/s: 80,000 steps are 2 calls, ~17 min), calls back to back:
-    python -m kernels.gpt2.search --plan bf16_real --only F-s0 --fast --minutes 8.6 \
-        --work /tmp/gpt2_real --out $OUT     # then --only P-s0, then --only Z-s0
+    # beyond it) takes ~130,000 steps. Done: U, F, P and Z in seed 0 to 80,000 steps (one
+    # lease each, two calls: 8.0 then 8.6 minutes), U in seed 1 (exploded at step 53,110),
+    # F, P and Z in seed 1 past 53,110. Each seed-0 run was, for example:
+    python -m kernels.gpt2.search --plan bf16_real --only Z-s0 --fast --minutes 8.0 \
+        --work /tmp/gpt2_real --out $OUT     # then the same with --minutes 8.6
     # real bf16, U and F, seeds 1 and 2, until U explodes or 120,000 steps (one GPU per run:
     # ~68 steps/s, so about 4 calls of 8 minutes on a 4-GPU machine)
     python -m kernels.gpt2.search --plan bf16_long --minutes 8 --work /tmp/gpt2_search --out $OUT
