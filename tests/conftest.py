@@ -16,3 +16,14 @@ def poisoned_outputs(monkeypatch):
     """Kernel outputs start as NaN (on a GPU too, where it is off by default for speed)."""
     monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
     yield
+
+
+@pytest.fixture(autouse=True)
+def speedups_restored(monkeypatch):
+    """A benchmark's ``main`` switches ``nearest_bucket`` off for its process
+    (``launch.tune_every_bucket``); a test that calls one leaves the switches as they were."""
+    saved = dict(launch.SPEEDUPS)
+    monkeypatch.delenv("LPFA_NEAREST_BUCKET", raising=False)  # restored after the test
+    yield
+    launch.SPEEDUPS.clear()
+    launch.SPEEDUPS.update(saved)

@@ -183,7 +183,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
 # but need more registers and shared memory; more stages prefetch more K/V tiles while the
 # tensor cores work. Which is best depends on the head dim and the GPU, so Triton times them
 # once per key (sequence length, head dim and the compile-time switches) and remembers; the
-# Launcher shares the pick across a power-of-two bucket of lengths (SPEEDUPS "tune_by_bucket").
+# Launcher shares the pick across a power-of-two bucket of lengths (SPEEDUPS "tune_by_bucket")
+# and lends it to an untuned bucket nearby (SPEEDUPS "nearest_bucket").
 # cache_results=True: Triton 3.6 also stores each key's timings on disk, in its cache folder
 # (TRITON_CACHE_DIR, ~/.triton/cache), under a hash of the Triton version, the GPU target, the
 # kernel's source, the key and the configurations; a later process tuning the same key reads

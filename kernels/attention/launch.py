@@ -61,12 +61,20 @@ POISON_OUTPUTS = interpreting()
 #                  kernels.gpu.first_call measures both); off, or with direct_launch off:
 #                  every new length is autotuned, as before. It changes which tile shape runs
 #                  (and so the bits, as autotuning does), never what is computed
+#   nearest_bucket a new bucket of a family already tuned in this process (same kernel,
+#                  compile-time values and dtypes, lengths at most NEAREST_STEPS powers of two
+#                  away) borrows the nearest tuned bucket's configuration instead of autotuning:
+#                  its first call compiles one configuration (seconds), not every one (16-39 s).
+#                  Benchmarks switch it off (every bucket tuned for itself); LPFA_NEAREST_BUCKET=0
+#                  switches it off everywhere
 SPEEDUPS = {
     "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
     "causal_split": True,
     "wide_tuning": True,
     "tune_by_bucket": True,
+    "nearest_bucket": os.environ.get("LPFA_NEAREST_BUCKET", "1") != "0",
 }
+NEAREST_STEPS = 2  # how far (in powers of two of each length) a borrowed configuration may come
 
 
 @contextlib.contextmanager
@@ -82,6 +90,14 @@ def speedups(**switches):
         yield SPEEDUPS
     finally:
         SPEEDUPS.update(saved)
+
+
+def tune_every_bucket() -> None:
+    """For a benchmark: every bucket tuned for itself (``"nearest_bucket"`` off), in this
+    process and in the processes it starts (``LPFA_NEAREST_BUCKET=0``), so each timed shape
+    runs the configuration tuned for it."""
+    os.environ["LPFA_NEAREST_BUCKET"] = "0"
+    SPEEDUPS["nearest_bucket"] = False
 
 
 _PARAMS_CACHE: dict = {}
@@ -234,7 +250,9 @@ class Launcher:
     ``SPEEDUPS["direct_launch"]``, remembers the outcome: later calls reuse it, and on CUDA
     launch the compiled kernel directly. With ``SPEEDUPS["tune_by_bucket"]`` an autotuned
     configuration is also remembered per bucket (:meth:`bucket`): the first call of a new key
-    in a tuned bucket launches with it instead of autotuning.
+    in a tuned bucket launches with it instead of autotuning, and with
+    ``SPEEDUPS["nearest_bucket"]`` so does the first call of a new bucket near a tuned one
+    (:meth:`nearest`).
     """
 
     def __init__(self, kernel):
@@ -263,11 +281,27 @@ class Launcher:
         lengths = tuple(n_bucket(n) for n in how.lengths)
         return (how.tuned, tuple(sorted(how.consts.items())), dtypes, lengths)
 
+    def nearest(self, bucket):
+        """The configuration tuned for the bucket of ``bucket``'s family (same autotuner,
+        compile-time values and dtypes) whose lengths are nearest (fewest powers of two away,
+        at most :data:`NEAREST_STEPS` for each length; the first tuned wins a tie), or None."""
+        if bucket is None or not SPEEDUPS["nearest_bucket"]:
+            return None
+        best, best_steps = None, None
+        for other, config in self.buckets.items():
+            if other[:3] != bucket[:3]:
+                continue
+            steps = [abs(a.bit_length() - b.bit_length()) for a, b in zip(bucket[3], other[3])]
+            if max(steps) <= NEAREST_STEPS and (best is None or sum(steps) < best_steps):
+                best, best_steps = config, sum(steps)
+        return best
+
     def _first_launch(self, key, args, how: Launch):
         bucket = None if how.blocks is not None else self.bucket(args, how)
-        if how.blocks is None and bucket in self.buckets:
-            # a configuration tuned for this bucket: compile (if new) and launch, no timing
-            config = self.buckets[bucket]
+        config = None if bucket is None else self.buckets.get(bucket) or self.nearest(bucket)
+        if how.blocks is None and config is not None:
+            # a configuration tuned for this bucket, or borrowed from the nearest tuned one:
+            # compile (if new) and launch, no timing
             kwargs = {**how.consts, **config.all_kwargs()}
             grid = how.grid_of(config.kwargs)
             compiled = self.kernel[grid](*args, **kwargs)

@@ -223,6 +223,9 @@ def main(argv=None):
             help=f"time limit of the {key} stage (default {value})",
         )
     args = parser.parse_args(argv)
+    from ..attention import launch
+
+    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32

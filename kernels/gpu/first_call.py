@@ -13,6 +13,9 @@ and three with it off; the wall time of each first forward + backward (bf16, cau
 the device synchronised before and after. The whole measurement uses a fresh, empty Triton
 cache folder, so autotuning results stored on disk by an earlier run (``cache_results``)
 cannot hide the cost of tuning, and every run measures the same thing.
+
+Then the first call in a *new bucket* (``NEAREST``: lengths of the next two buckets) with
+``"nearest_bucket"`` on: it borrows the tuned bucket's configuration, so it only compiles.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kernels.attention import flash_attention, launch
 SHAPE = (1, 4, 64)  # (B, H, D)
 WARM_UP = 1000  # tunes bucket 1024
 LENGTHS = {"on": (1004, 1010, 1020), "off": (1006, 1012, 1022)}  # new, all in bucket 1024
+NEAREST = (2000, 4000)  # buckets 2048 and 4096, not tuned: they borrow bucket 1024's pick
 
 
 def first_call_seconds(n, shape=SHAPE, device="cuda") -> float:
@@ -38,22 +42,37 @@ def first_call_seconds(n, shape=SHAPE, device="cuda") -> float:
     return wall_us / 1e6
 
 
-def first_calls(warm_up=WARM_UP, lengths=LENGTHS, shape=SHAPE, device="cuda", log=print):
+def first_calls(
+    warm_up=WARM_UP, lengths=LENGTHS, shape=SHAPE, device="cuda", log=print, nearest=NEAREST
+):
     """The warm-up's and each new length's first-call seconds, with ``tune_by_bucket`` on and
-    off (see the module docstring)."""
+    off, then each ``nearest`` length's in its new bucket (see the module docstring). Every
+    plan and tuned bucket of the process is forgotten first, so the warm-up tunes."""
     report = dict(shape=list(shape), dtype="bf16", causal=True, bucket=launch.n_bucket(warm_up))
     if any(launch.n_bucket(n) != report["bucket"] for ns in lengths.values() for n in ns):
         raise ValueError(f"every length must share the warm-up's bucket {report['bucket']}")
+    if any(launch.n_bucket(n) == report["bucket"] for n in nearest):
+        raise ValueError(f"the nearest lengths must lie outside bucket {report['bucket']}")
+    launch.clear_plans()
     with tempfile.TemporaryDirectory() as folder, knobs.cache.scope():
         knobs.cache.dir = folder
-        with launch.speedups(tune_by_bucket=True):
+        with launch.speedups(tune_by_bucket=True, nearest_bucket=False):
             report["warm_up"] = dict(n=warm_up, seconds=first_call_seconds(warm_up, shape, device))
         log(f"first call N={warm_up} (tunes the bucket): {report['warm_up']['seconds']:.2f} s")
         for switch in ("on", "off"):
-            with launch.speedups(tune_by_bucket=switch == "on"):
+            with launch.speedups(tune_by_bucket=switch == "on", nearest_bucket=False):
                 report[switch] = [
                     dict(n=n, seconds=first_call_seconds(n, shape, device)) for n in lengths[switch]
                 ]
             shown = ", ".join(f"N={r['n']} {r['seconds']:.2f} s" for r in report[switch])
             log(f"first call, tune_by_bucket {switch}: {shown}")
+        with launch.speedups(tune_by_bucket=True, nearest_bucket=True):
+            report["nearest"] = [
+                dict(n=n, bucket=launch.n_bucket(n), seconds=first_call_seconds(n, shape, device))
+                for n in nearest
+            ]
+        shown = ", ".join(
+            f"N={r['n']} (bucket {r['bucket']}) {r['seconds']:.2f} s" for r in report["nearest"]
+        )
+        log(f"first call in a new bucket, borrowing the nearest tuned one: {shown}")
     return report

@@ -338,6 +338,7 @@ def main(argv=None):
         help="parallel compile processes (0: compile on demand)",
     )
     args = parser.parse_args(argv)
+    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     if not args.small and not on_gpu():
         raise SystemExit(
             "kernels.gpu.perf needs a CUDA GPU (or --small for a CPU test of its logic)"

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import lab, results
-from ..attention import registry
+from ..attention import launch, registry
 
 
 def _triton_available(device, small) -> tuple[bool, str]:
@@ -47,6 +47,7 @@ def main(argv=None):
     parser.add_argument("--small", action="store_true", help="tiny grid (CPU test)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default results/)")
     args = parser.parse_args(argv)
+    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     impls = list(lab.SWEEP_IMPLS)
     ran = {"emulator": True}

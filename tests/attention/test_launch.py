@@ -224,7 +224,8 @@ def lengths_of(calls):
     return [args[2] for _, args, _ in calls]
 
 
-def test_only_the_first_length_of_a_bucket_autotunes(on_cuda):
+def test_only_the_first_length_of_a_bucket_autotunes(on_cuda, monkeypatch):
+    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)  # each bucket tuned for itself
     tuned, kernel = BucketTuned(), FakeKernel()
     made = launch.Launcher(kernel)
     for n in (1000, 1010, 1020, 1024):  # one bucket: 1024
@@ -243,6 +244,39 @@ def test_only_the_first_length_of_a_bucket_autotunes(on_cuda):
     call_tuned(made, tuned, 1020, a=8)
     assert lengths_of(tuned.calls) == [1000, 1025, 1020, 1020] and len(kernel.calls) == 3
     assert len(made.buckets) == 4
+
+
+def test_a_new_bucket_borrows_the_nearest_tuned_configuration(on_cuda, monkeypatch):
+    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", True)
+    tuned, kernel = BucketTuned(), FakeKernel()
+    made = launch.Launcher(kernel)
+    call_tuned(made, tuned, 1000)  # tunes bucket 1024
+    for n in (1500, 3000, 300):  # buckets 2048, 4096 and 512: one or two powers of two away
+        call_tuned(made, tuned, n)
+    assert lengths_of(tuned.calls) == [1000]
+    assert [(grid, args[1:], kwargs) for grid, args, kwargs in kernel.calls] == [
+        ((launch.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1500, 3000, 300)
+    ]
+    assert len(made.buckets) == 1  # a borrowed pick is not stored as the bucket's own
+    other = triton.Config(dict(BLOCK_M=64, BLOCK_N=64), num_warps=4, num_stages=3)
+    tuned.best_config = other
+    call_tuned(made, tuned, 5000)  # bucket 8192: three powers of two away, so tuned
+    call_tuned(made, tuned, 1500, dtype=torch.float16)  # another family: tuned
+    assert lengths_of(tuned.calls) == [1000, 5000, 1500]
+    call_tuned(made, tuned, 7000)  # bucket 8192's own pick, no tuning
+    assert len(tuned.calls) == 3 and kernel.calls[-1][1][2] == 7000
+    # of two tuned buckets the nearer lends: 16384 borrows 8192's pick, 512 borrows 1024's
+    assert made.nearest(bucket_of(made, tuned, 12000)) is other
+    assert made.nearest(bucket_of(made, tuned, 400)) is not other
+    assert made.nearest(bucket_of(made, tuned, 40000)) is None  # 65536: too far from 8192
+    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
+    assert made.nearest(bucket_of(made, tuned, 12000)) is None
+
+
+def bucket_of(made, tuned, n, a=7):
+    """The bucket key ``call_tuned`` gives length ``n``."""
+    how = launch.Launch(dict(A=a), lambda meta: (1, 1), None, tuned, lengths=(n, n))
+    return made.bucket((torch.zeros(1, dtype=torch.bfloat16), "y", n), how)
 
 
 @pytest.mark.parametrize("switch", ["tune_by_bucket", "direct_launch"])
