@@ -269,6 +269,26 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
     ax.set_ylabel(f"layer-{layer} ‖W_Q‖₂ ÷ control's", fontsize=FONT)
 
 
+def plot_controls(fig, runs: dict, controls: dict, seeds=("s1", "s2"), last_step=10_000):
+    """The bias-or-size controls, one panel per seed (stacked): layer 0's ‖W_Q‖₂ over the
+    control's for the failing path (``k4-U-<seed>`` in ``runs``) and every control run of that
+    seed in ``controls`` (:func:`.report.control_runs`; the failing path's reruns left out).
+    Returns the axes and the figure's legend entries (handles, labels)."""
+    axes = fig.subplots(len(seeds), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    legend: dict = {}
+    for ax, seed in zip(axes, seeds):
+        panel = {n: runs[n] for n in (f"k4-U-{seed}", f"k4-F-{seed}")}
+        panel.update({n: r for n, r in controls.items() if n.endswith(seed) and "-U-" not in n})
+        plot_fix_growth(ax, panel, order="UMXBNGF")
+        ax.set_title(f"Ō with 4 bits, seed {seed[1:]}", loc="left", fontsize=FONT + 1)
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    axes[-1].set_xlim(0, last_step)
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    return axes, (list(legend.values()), list(legend))
+
+
 def step_axis(ax, last_step: int):
     """Step ticks labelled in thousands ("20k"), every 10k steps or every 20k past 40k steps
     (five-digit labels, or too many of them, collide at the column's width)."""

@@ -365,6 +365,28 @@ EVENT_WORDS = {"explosion": "exploded", "NaN": "went NaN"}
 FIX_ORDER = "USCKDPF"  # the failing path, the β rule and its repairs, then the two δ routes
 
 
+def control_rows(runs: dict, controls: dict, seeds=("s1", "s2"), at=(5_000, 7_000)) -> list:
+    """One row per stored control run of ``seeds`` (``controls``: :func:`control_runs`; the
+    failing path's reruns left out): its seed and variant, layer 0's ‖W_Q‖ over its seed's
+    control's (``k4-F-<seed>`` in ``runs``) at each step of ``at`` (NaN where the run had
+    exploded before), and how it ended (``exploded``: the step or None; ``steps`` reached)."""
+    rows = []
+    for name, run in controls.items():
+        _, variant, seed = parse_name(name)
+        if seed not in seeds or variant == "U":
+            continue
+        ended = outcome(run)
+        ratio = [
+            float("nan")
+            if ended["step"] is not None and ended["step"] < step
+            else ratio_to_control_at(run, runs[f"k4-F-{seed}"], step)
+            for step in at
+        ]
+        ended = dict(exploded=ended["step"], steps=ended["steps"])
+        rows.append(dict(seed=seed, variant=variant, ratio=ratio, **ended))
+    return sorted(rows, key=lambda r: (r["seed"], "MXBNG".index(r["variant"])))
+
+
 def fix_runs(stored: dict) -> dict:
     """The 4-bit runs of seeds 1-3 that compare fixes: the failing path ``U``, its control
     ``F``, the β rule ``S`` and ``P`` on seed 1 (plan ``amp_seeds``) with the repaired β rules

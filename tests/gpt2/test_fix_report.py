@@ -103,3 +103,24 @@ def test_the_real_bf16_figure_draws_each_stored_run_once_per_panel_and_names_the
             assert (report.VARIANT_NAMES[v] in note) == ((v, seed) not in runs), (v, seed)
     assert len(labels) == len(set(labels)) == len({v for v, _ in runs})
     plt.close(fig)
+
+
+def test_control_rows_scale_with_the_run_and_blank_after_an_explosion():
+    runs = report.load_search("amp_seeds")["data"]["runs"]
+    controls = report.control_runs()
+    assert {"k4c-B-s1", "k4c-X-s1", "k4c-B-s2"} <= set(controls)  # both sittings are read
+    rows = report.control_rows(runs, controls, seeds=("s1", "s2"))
+    assert [r["variant"] for r in rows if r["seed"] == "s1"] == list("MXBNG")
+    mean_error = next(r for r in rows if r["variant"] == "M")
+    assert mean_error["exploded"] < 7_000 and np.isnan(mean_error["ratio"][1])
+    # a control whose ‖W_Q‖ is scaled by a fresh factor reads that factor at every step
+    factor = 1.0 + np.random.default_rng().uniform(0.5, 3.0)
+    scaled = copy.deepcopy(runs["k4-F-s2"])
+    for check in scaled["monitor"]:
+        check["wq_norms"] = [[w * factor for w in layer] for layer in check["wq_norms"]]
+    (row,) = report.control_rows(runs, {"k4c-N-s2": scaled}, seeds=("s2",))
+    assert row["exploded"] is None and np.allclose(row["ratio"], factor, rtol=1e-9)
+    fig = plt.figure()
+    axes, (handles, labels) = figures.plot_controls(fig, runs, controls, seeds=("s1", "s2"))
+    assert len(axes) == 2 and len(labels) == len(set(labels)) == 7  # 5 controls, U, F
+    plt.close(fig)
