@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 
 from .report import (
+    CONTROL_ORDER,
     FIX_ORDER,
     FONT,
     VARIANT_COLOURS,
@@ -272,21 +273,31 @@ def plot_fix_growth(ax, runs: dict, layer: int = 0, width: int = 5, order: str =
 def plot_controls(fig, runs: dict, controls: dict, seeds=("s1", "s2"), last_step=10_000):
     """The bias-or-size controls, one panel per seed (stacked): layer 0's ‖W_Q‖₂ over the
     control's for the failing path (``k4-U-<seed>`` in ``runs``) and every control run of that
-    seed in ``controls`` (:func:`.report.control_runs`; the failing path's reruns left out).
+    seed in ``controls`` (:func:`.report.control_runs`; variants of :data:`CONTROL_ORDER`).
     Returns the axes and the figure's legend entries (handles, labels)."""
     axes = fig.subplots(len(seeds), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
-    legend: dict = {}
     for ax, seed in zip(axes, seeds):
         panel = {n: runs[n] for n in (f"k4-U-{seed}", f"k4-F-{seed}")}
-        panel.update({n: r for n, r in controls.items() if n.endswith(seed) and "-U-" not in n})
-        plot_fix_growth(ax, panel, order="UMXBNGF")
+        for name, run in controls.items():
+            _, variant, of_seed = parse_name(name)
+            if of_seed == seed and variant in CONTROL_ORDER:
+                panel[name] = run
+        plot_fix_growth(ax, panel, order="U" + CONTROL_ORDER + "F")
         ax.set_title(f"Ō with 4 bits, seed {seed[1:]}", loc="left", fontsize=FONT + 1)
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(text, handle)
     axes[-1].set_xlim(0, last_step)
     for ax in axes[:-1]:
         ax.set_xlabel("")
-    return axes, (list(legend.values()), list(legend))
+    return axes, legend_entries(axes)
+
+
+def legend_entries(axes):
+    """(handles, labels) of every labelled line of ``axes``, each label once, for one legend
+    under a figure of several panels."""
+    legend: dict = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    return list(legend.values()), list(legend)
 
 
 def step_axis(ax, last_step: int):
@@ -362,8 +373,4 @@ def plot_real_bf16_seeds(fig, runs: dict, variants="UFPZ", earlier=None, layer: 
             )
     for ax in axes[:-1].ravel():
         ax.set_xlabel("")
-    legend = {}
-    for ax in axes[:, 0]:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(text, handle)
-    return axes, (list(legend.values()), list(legend))
+    return axes, legend_entries(axes[:, 0])

@@ -363,17 +363,18 @@ def matched_delta_stats(
 
 EVENT_WORDS = {"explosion": "exploded", "NaN": "went NaN"}
 FIX_ORDER = "USCKDPF"  # the failing path, the β rule and its repairs, then the two δ routes
+CONTROL_ORDER = "MXBNG"  # the controls of plan ``controls`` (its U and F runs are not controls)
 
 
 def control_rows(runs: dict, controls: dict, seeds=("s1", "s2"), at=(5_000, 7_000)) -> list:
-    """One row per stored control run of ``seeds`` (``controls``: :func:`control_runs`; the
-    failing path's reruns left out): its seed and variant, layer 0's ‖W_Q‖ over its seed's
+    """One row per stored control run (a variant of :data:`CONTROL_ORDER`) of ``seeds``
+    (``controls``: :func:`control_runs`): its seed and variant, layer 0's ‖W_Q‖ over its seed's
     control's (``k4-F-<seed>`` in ``runs``) at each step of ``at`` (NaN where the run had
     exploded before), and how it ended (``exploded``: the step or None; ``steps`` reached)."""
     rows = []
     for name, run in controls.items():
         _, variant, seed = parse_name(name)
-        if seed not in seeds or variant == "U":
+        if seed not in seeds or variant not in CONTROL_ORDER:
             continue
         ended = outcome(run)
         ratio = [
@@ -384,7 +385,7 @@ def control_rows(runs: dict, controls: dict, seeds=("s1", "s2"), at=(5_000, 7_00
         ]
         ended = dict(exploded=ended["step"], steps=ended["steps"])
         rows.append(dict(seed=seed, variant=variant, ratio=ratio, **ended))
-    return sorted(rows, key=lambda r: (r["seed"], "MXBNG".index(r["variant"])))
+    return sorted(rows, key=lambda r: (r["seed"], CONTROL_ORDER.index(r["variant"])))
 
 
 def fix_runs(stored: dict) -> dict:
