@@ -1,5 +1,5 @@
 """Chapter 10's figures from the rows of :mod:`kernels.gpu.records`: speed against N, the
-ablation, memory, host against GPU time, issue 15's targets. At most
+ablation, memory, host against GPU time, the first call at a new length, issue 15's targets. At most
 :data:`kernels.tools.style.WIDTH_IN` wide, the site's text column."""
 
 from __future__ import annotations
@@ -8,7 +8,16 @@ import numpy as np
 
 from ..attention.registry import short
 from ..tools.style import WIDTH_IN
-from .records import PEAK_TFLOPS, SETTINGS, STYLE, host_label, impls_in, select, setting
+from .records import (
+    PEAK_TFLOPS,
+    SETTINGS,
+    STYLE,
+    first_call_bars,
+    host_label,
+    impls_in,
+    select,
+    setting,
+)
 from .targets import TARGET_TEXT
 
 
@@ -168,4 +177,29 @@ def plot_targets(target_rows):
     axes[0].set_ylabel("book's kernel ÷ the other")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=5)
+    return fig
+
+
+def plot_first_call(first: dict, target_s: float = 3.0):
+    """Wall time of each first forward + backward call of ``first`` (the ``first_call``
+    section of ``gpu_check.json``), one bar each on a log axis, with the target as a line."""
+    import matplotlib.pyplot as plt
+
+    bars = first_call_bars(first)
+    floor = 1e-4  # a call that compiled nothing takes ~1 ms; the axis starts below it
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6), layout="constrained")
+    y = np.arange(len(bars))
+    seconds = [max(s, floor) for _, s in bars]
+    colours = ["tab:red" if s > target_s else "tab:blue" for _, s in bars]
+    ax.barh(y, seconds, 0.6, color=colours)
+    for yi, (_, s) in zip(y, bars):
+        text = f"{s:.1f} s" if s >= 0.1 else f"{s * 1e3:.1f} ms"
+        ax.text(max(s, floor) * 1.15, yi, text, va="center", fontsize=9)
+    ax.axvline(target_s, color="black", ls=":", lw=1.2, label=f"target: {target_s:g} s")
+    ax.set_yticks(y, [label for label, _ in bars])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(floor, 200)
+    ax.set_xlabel("first forward + backward call, wall time [s]")
+    ax.legend(loc="lower right", fontsize=9)
     return fig

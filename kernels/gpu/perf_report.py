@@ -3,7 +3,7 @@ and the live benchmark, with the rest of its figures and models gathered here fr
 that hold them, one job each:
 
 * :mod:`kernels.gpu.records`       ``results/perf_*.json`` and ``flash_bench.json`` as rows
-* :mod:`kernels.gpu.perf_figures`  the figures (speed, ablation, memory, host, targets)
+* :mod:`kernels.gpu.perf_figures`  the figures (speed, ablation, memory, host, first call, targets)
 * :mod:`kernels.gpu.roofline`      the roofline model and what an ``exp2`` rewrite changes
 * :mod:`kernels.gpu.targets`       issue 15's targets
 * :mod:`kernels.gpu.exercises`     the checks of the chapter's exercises
@@ -17,7 +17,15 @@ import numpy as np
 
 from .. import timing
 from ..attention.registry import label, runner
-from .perf_figures import log2_axis, plot_ablation, plot_host, plot_memory, plot_speed, plot_targets
+from .perf_figures import (
+    log2_axis,
+    plot_ablation,
+    plot_first_call,
+    plot_host,
+    plot_memory,
+    plot_speed,
+    plot_targets,
+)
 from .records import (
     BOOK_CROSS,
     BOOK_OFF,
@@ -28,7 +36,9 @@ from .records import (
     RECORDS,
     SETTINGS,
     STYLE,
+    call_cost_record,
     earlier_speed_rows,
+    first_call_bars,
     host_label,
     impls_in,
     is_gpu_record,
@@ -62,8 +72,10 @@ __all__ = [
     "ablation_value",
     "attainable_tflops",
     "bytes_per_score",
+    "call_cost_record",
     "earlier_speed_rows",
     "exp2_changes",
+    "first_call_bars",
     "fp16_over_bf16",
     "growth_exponent",
     "host_label",
@@ -75,6 +87,7 @@ __all__ = [
     "log2_axis",
     "p_bar",
     "plot_ablation",
+    "plot_first_call",
     "plot_host",
     "plot_memory",
     "plot_roofline",

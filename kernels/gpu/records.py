@@ -66,6 +66,32 @@ def earlier_speed_rows(directory=None) -> tuple[list, dict]:
     return rows, record
 
 
+def call_cost_record(directory=None) -> dict:
+    """``call_cost.json`` (``python -m kernels.gpu.call_cost``): the first call at a new length
+    and the host time of a call, eager and as a CUDA graph. Raises if it was not made on a
+    GPU."""
+    record = results.load("call_cost", directory=directory)
+    if not is_gpu_record(record):
+        raise ValueError("results/call_cost.json holds no GPU measurement")
+    return record
+
+
+def first_call_bars(first: dict) -> list[tuple[str, float]]:
+    """(label, seconds) per measured first call, in the order they ran: the bucket's tuning,
+    new lengths of the tuned bucket with ``tune_by_bucket`` on and off, and lengths of untuned
+    buckets that borrow the nearest tuned one's configuration (``nearest_bucket``)."""
+    bars = [(f"N={first['warm_up']['n']:,}: tunes its bucket", first["warm_up"]["seconds"])]
+    for switch, words in (("on", "same bucket"), ("off", "same bucket, retuned")):
+        bars += [(f"N={r['n']:,}: {words}", r["seconds"]) for r in first[switch]]
+    seen = set()
+    for r in first["nearest"]:
+        words = "borrowed bucket again" if r["bucket"] in seen else "new bucket, borrows"
+        sixteen = ", a multiple of 16" if r["n"] % 16 == 0 else ""
+        bars.append((f"N={r['n']:,}: {words}{sixteen}", r["seconds"]))
+        seen.add(r["bucket"])
+    return bars
+
+
 def speed_rows(record) -> list:
     return [r for r in record["data"]["rows"] if r.get("tflops")]
 

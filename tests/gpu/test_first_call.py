@@ -1,7 +1,8 @@
-"""The first-call measurement of ``kernels.gpu.check`` (kernels.gpu.first_call, issue 28), on the
-CPU at tiny lengths (in the Triton interpreter nothing is autotuned, so only the logic runs):
-the report's fields, a fresh Triton cache folder inside the measurement and the old one after,
-the switch restored, and lengths outside the warm-up's bucket refused."""
+"""The first-call measurement of ``kernels.gpu.check`` and ``kernels.gpu.call_cost``
+(kernels.gpu.first_call, issue 28), on the CPU at tiny lengths (in the Triton interpreter
+nothing is autotuned, so only the logic runs): the report's fields, a fresh Triton cache folder
+inside the measurement and the old one after, the switch restored, and lengths outside the
+warm-up's bucket refused; then chapter 10's bars and figure from a stored record."""
 
 from __future__ import annotations
 
@@ -52,3 +53,65 @@ def test_first_calls_refuses_lengths_of_another_bucket():
         first_call.first_calls(1000, {"on": (1030,), "off": ()}, device="cpu")
     with pytest.raises(ValueError, match="outside bucket 1024"):
         first_call.first_calls(1000, {"on": (1010,), "off": ()}, device="cpu", nearest=(1020,))
+
+
+def _stored_first_call(rng):
+    """A first-call section as ``first_calls`` writes it, with fresh random seconds."""
+    draw = lambda: float(rng.uniform(1e-4, 40.0))  # noqa: E731
+    return dict(
+        warm_up=dict(n=1000, seconds=draw()),
+        on=[dict(n=n, seconds=draw()) for n in (1004, 1010)],
+        off=[dict(n=1006, seconds=draw())],
+        nearest=[
+            dict(n=2001, bucket=2048, seconds=draw()),
+            dict(n=2000, bucket=2048, seconds=draw()),
+            dict(n=4000, bucket=4096, seconds=draw()),
+        ],
+    )
+
+
+def test_first_call_bars_keep_the_order_and_name_each_case():
+    import numpy as np
+
+    from kernels.gpu import records
+
+    first = _stored_first_call(np.random.default_rng())
+    bars = records.first_call_bars(first)
+    timed = [first["warm_up"], *first["on"], *first["off"], *first["nearest"]]
+    assert [s for _, s in bars] == [r["seconds"] for r in timed]
+    labels = [label for label, _ in bars]
+    assert labels[0].startswith("N=1,000") and "tunes" in labels[0]
+    assert "retuned" in labels[3] and "retuned" not in labels[1]
+    assert labels[4] == "N=2,001: new bucket, borrows"  # 2,001 is no multiple of 16
+    assert labels[5] == "N=2,000: borrowed bucket again, a multiple of 16"
+    assert labels[6] == "N=4,000: new bucket, borrows, a multiple of 16"
+
+
+def test_first_call_figure_marks_calls_over_the_target():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+
+    from kernels.gpu import perf_figures, records
+
+    first = _stored_first_call(np.random.default_rng())
+    first["on"][0]["seconds"] = 0.0  # a call that compiled nothing: drawn at the axis floor
+    fig = perf_figures.plot_first_call(first, target_s=3.0)
+    ax = fig.axes[0]
+    widths = [p.get_width() for p in ax.patches]
+    assert len(widths) == 7 and min(widths) > 0
+    over = [p.get_facecolor() == matplotlib.colors.to_rgba("tab:red") for p in ax.patches]
+    seconds = [s for _, s in records.first_call_bars(first)]
+    assert over == [s > 3.0 for s in seconds]
+
+
+def test_call_cost_needs_a_gpu_and_its_record_must_be_one(tmp_path):
+    from kernels import results
+    from kernels.gpu import call_cost, records
+
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        call_cost.main(["--out", str(tmp_path)])
+    results.save("call_cost", dict(host=[]), "a CPU test", directory=tmp_path)
+    with pytest.raises(ValueError, match="no GPU measurement"):
+        records.call_cost_record(tmp_path)

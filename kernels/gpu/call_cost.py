@@ -1,0 +1,111 @@
+"""What an attention call costs besides its kernels (issue 28), on a GPU, in one run:
+
+    python -m kernels.gpu.call_cost --out DIR        # writes DIR/call_cost.json
+
+1. ``first_call``: the first forward + backward at a new length (:mod:`kernels.gpu.first_call`):
+   tuning a bucket, a new length in a tuned bucket, a length of an untuned bucket that borrows
+   the nearest tuned configuration.
+2. ``host``: one forward + backward at GPT-2's shape (B8 H12 N1024 D64, bf16, causal), issued
+   eagerly through autograd and replayed as a CUDA graph (:func:`graphed_step`: the call's
+   kernels recorded once, then launched by one call), for the book's kernel and SDPA flash: the
+   host µs to issue a call, the wall µs per call of a stream of calls, the GPU µs of its
+   kernels, and whether the replay's output and gradients equal the eager call's bit for bit.
+
+A graph replays fixed addresses: new inputs are copied into the recorded ones, as a training
+step does (:mod:`kernels.gpt2.graphs`). The eager host time is what a plain PyTorch loop pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from kernels import results, timing
+from kernels.attention import launch
+from kernels.attention.registry import label, runner
+from kernels.gpu import first_call
+
+COMMAND = "python -m kernels.gpu.call_cost"
+GPT2 = (8, 12, 1024, 64)  # (B, H, N, D), chapter 10's smallest shape
+IMPLS = ("triton", "sdpa-flash")
+
+
+def graphed_step(attn, q, k, v, grad, warmup=3):
+    """(replay, outputs): forward + backward of ``attn`` recorded as a CUDA graph after
+    ``warmup`` eager calls on a side stream (compiling, tuning and plans happen there);
+    ``replay()`` reruns it and ``outputs`` (O, dQ, dK, dV) hold its results."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            torch.autograd.grad(attn(*leaves), leaves, grad)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attn(*leaves)
+        grads = torch.autograd.grad(out, leaves, grad)
+    return graph.replay, (out.detach(), *grads)
+
+
+def eager_outputs(attn, q, k, v, grad):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = attn(*leaves)
+    return (out.detach(), *torch.autograd.grad(out, leaves, grad))
+
+
+def host_rows(shape=GPT2, calls=200, log=print) -> list[dict]:
+    """One row per implementation and way of issuing (eager, CUDA graph); see the docstring."""
+    tensors = timing.inputs(shape, torch.bfloat16, "cuda")
+    rows = []
+    for name in IMPLS:
+        attn = runner(name, causal=True)
+        eager = timing.step(attn, *tensors, "fwd+bwd")
+        replay, outputs = graphed_step(attn, *tensors)
+        replay()
+        reference = eager_outputs(attn, *tensors)
+        same = all(torch.equal(a, b) for a, b in zip(outputs, reference))
+        # SDPA flash's backward accumulates dQ with atomics: two eager calls can differ too
+        repeat = all(torch.equal(a, b) for a, b in zip(reference, eager_outputs(attn, *tensors)))
+        _, _, kernel_us = timing.profile_kernels(eager, 10)
+        for how, call in (("eager", eager), ("CUDA graph", replay)):
+            for _ in range(3):
+                call()
+            timed = [timing.host_and_wall_us(call, calls) for _ in range(2)]
+            row = dict(
+                impl=label(name),
+                issued=how,
+                mode="fwd+bwd",
+                shape=list(shape),
+                host_us=min(h for h, _ in timed),
+                wall_us=min(w for _, w in timed),
+                kernel_us=kernel_us,
+                graph_equals_eager=same,
+                eager_repeats_exactly=repeat,
+            )
+            rows.append(row)
+            log(
+                f"{row['impl']:16s} {how:10s} host {row['host_us']:7.1f} µs  wall "
+                f"{row['wall_us']:7.1f} µs  kernels {kernel_us:6.1f} µs  replay = eager: {same}"
+            )
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for call_cost.json (default results/)")
+    args = parser.parse_args(argv)
+    if not timing.on_gpu():
+        raise SystemExit("kernels.gpu.call_cost needs a CUDA GPU")
+    first = first_call.first_calls()
+    launch.clear_plans()  # the host rows tune their own bucket, as chapter 10's benchmark does
+    launch.tune_every_bucket()
+    data = dict(first_call=first, host=host_rows(), speedups=dict(launch.SPEEDUPS))
+    path = results.save("call_cost", data, COMMAND, directory=args.out and Path(args.out))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
