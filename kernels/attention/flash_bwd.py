@@ -64,16 +64,14 @@ from .options import LOW_CODES, AttentionOptions
 
 
 @triton.jit(do_not_specialize=["H"])
-def _delta_from_o_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
-                         stride_db, stride_dh, stride_dn, stride_dd, H, N_Q,
-                         HEAD_DIM: tl.constexpr, O_LOW: tl.constexpr, LOW: tl.constexpr,
-                         EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
+def _delta_from_o_kernel(O, DO, DELTA, strides_o, strides_do, H, N_Q, HEAD_DIM: tl.constexpr,
+                         O_LOW: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
     """δ_i = Σ_d dO_id · O_id, in the working precision."""
     bh, b, h = batch_head(H)
     _, rows, ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
-    o, do = load_tile_pair(O, DO, b, h, rows, ok, dims, stride_ob, stride_oh, stride_on,
-                           stride_od, stride_db, stride_dh, stride_dn, stride_dd, O_LOW, LOW,
+    o, do = load_tile_pair(O, DO, b, h, rows, ok, dims, strides_o, strides_do, O_LOW, LOW,
                            EXPLICIT)
     work = DELTA.dtype.element_ty
     delta = tl.sum(o.to(work) * do.to(work), 1)
@@ -105,20 +103,18 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
 
 
 @triton.jit
-def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                stride_qb, stride_qh, stride_qn, stride_qd,
-                stride_db, stride_dh, stride_dn, stride_dd, lo, hi, N_Q, scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOW: tl.constexpr,
-                EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
+def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, strides_q,
+                strides_do, lo, hi, N_Q, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
     """Query tiles [lo, hi) for one key/value tile: dV += Pᵀ dO and dK += dSᵀ Q (unscaled).
     Without ``MASKED`` every query row is inside the sequence and sees every key."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         ok = rows < N_Q
-        q_t = load_tile(Q + b * stride_qb + h * stride_qh + rows[None, :] * stride_qn
-                        + dims[:, None] * stride_qd, ok[None, :], LOW, EXPLICIT, MASKED)
-        do = load_tile(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dn
-                       + dims[None, :] * stride_dd, ok[:, None], LOW, EXPLICIT, MASKED)
+        q_t = load_tile(Q + b * strides_q[0] + h * strides_q[1] + rows[None, :] * strides_q[2]
+                        + dims[:, None] * strides_q[3], ok[None, :], LOW, EXPLICIT, MASKED)
+        do = load_tile(DO + b * strides_do[0] + h * strides_do[1] + rows[:, None] * strides_do[2]
+                       + dims[None, :] * strides_do[3], ok[:, None], LOW, EXPLICIT, MASKED)
         if MASKED:
             lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
             delta = tl.load(DELTA + bh * N_Q + rows, mask=ok, other=0.0)
@@ -140,24 +136,20 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
 
 
 @triton.jit(do_not_specialize=["H"])
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
-                     stride_qb, stride_qh, stride_qn, stride_qd,
-                     stride_kb, stride_kh, stride_kn, stride_kd,
-                     stride_vb, stride_vh, stride_vn, stride_vd,
-                     stride_db, stride_dh, stride_dn, stride_dd,
-                     stride_gb, stride_gh, stride_gn, stride_gd,
-                     H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                     LOW: tl.constexpr, EXPLICIT: tl.constexpr, SPLIT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides_k, strides_v,
+                     strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
+                     CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                     SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One key/value tile: dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query tiles.
 
-    Works on transposed tiles (keys along rows): Sᵀ = K Qᵀ, so no in-register transpose."""
+    Works on transposed tiles (keys along rows): Sᵀ = K Qᵀ, so no in-register transpose.
+    ``strides_*``: the (batch, head, row, dim) strides of Q, K, V, dO and of dK and dV
+    (``strides_g``, shared), each a tuple."""
     bh, b, h = batch_head(H)
     scale = tl.load(PARAMS)
     start_n, cols, in_seq = program_tile(BLOCK_N, N_K)   # key indices of this program
     dims = tl.arange(0, HEAD_DIM)
-    k, v = load_tile_pair(K, V, b, h, cols, in_seq, dims, stride_kb, stride_kh, stride_kn,
-                          stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, LOW, LOW,
+    k, v = load_tile_pair(K, V, b, h, cols, in_seq, dims, strides_k, strides_v, LOW, LOW,
                           EXPLICIT)
     work = LSE.dtype.element_ty
     dk = tl.zeros([BLOCK_N, HEAD_DIM], work)
@@ -179,20 +171,18 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS,
         mid_lo = lo
         mid_hi = 0
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
-                         stride_dn, stride_dd, lo, tl.minimum(mid_lo, N_Q), N_Q, scale, True,
+                         strides_q, strides_do, lo, tl.minimum(mid_lo, N_Q), N_Q, scale, True,
                          CAUSAL, LOW, EXPLICIT, BLOCK_M)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
-                         stride_dn, stride_dd, mid_lo, mid_hi, N_Q, scale, False,
-                         CAUSAL, LOW, EXPLICIT, BLOCK_M)
+                         strides_q, strides_do, mid_lo, mid_hi, N_Q, scale, False, CAUSAL, LOW,
+                         EXPLICIT, BLOCK_M)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         stride_qb, stride_qh, stride_qn, stride_qd, stride_db, stride_dh,
-                         stride_dn, stride_dd, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, scale,
+                         strides_q, strides_do, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, scale,
                          True, CAUSAL, LOW, EXPLICIT, BLOCK_M)
     dk = round_low(dk * scale, LOW, EXPLICIT)
     dv = round_low(dv, LOW, EXPLICIT)
-    g = cols[:, None] * stride_gn + dims[None, :] * stride_gd + b * stride_gb + h * stride_gh
+    g = (cols[:, None] * strides_g[2] + dims[None, :] * strides_g[3] + b * strides_g[0]
+         + h * strides_g[1])
     store_tile(DK + g, dk, in_seq[:, None], LOW == BF16 and EXPLICIT)
     store_tile(DV + g, dv, in_seq[:, None], LOW == BF16 and EXPLICIT)
 
@@ -218,15 +208,11 @@ def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stri
 
 
 @triton.jit(do_not_specialize=["H"])
-def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
-                       stride_qb, stride_qh, stride_qn, stride_qd,
-                       stride_kb, stride_kh, stride_kn, stride_kd,
-                       stride_vb, stride_vh, stride_vn, stride_vd,
-                       stride_db, stride_dh, stride_dn, stride_dd,
-                       stride_gb, stride_gh, stride_gn, stride_gd,
-                       H, N_Q, N_K, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                       LOW: tl.constexpr, EXPLICIT: tl.constexpr, DELTA_ONLY: tl.constexpr,
-                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k, strides_v,
+                       strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
+                       CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
+                       DELTA_ONLY: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
     """One query tile walks the key tiles, recomputing P = exp(S − L) and dP = dO Vᵀ.
 
     ``DELTA_ONLY``: δ_i = Σ_j dP_ij P_ij (the δ source "dp", which never reads O), stored in
@@ -235,9 +221,8 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
     scale = tl.load(PARAMS)
     start_m, rows, ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
-    q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh,
-                           stride_qn, stride_qd, stride_db, stride_dh, stride_dn, stride_dd,
-                           N_Q, LOW, EXPLICIT)
+    q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, strides_q, strides_do, N_Q,
+                           LOW, EXPLICIT)
     if DELTA_ONLY:
         delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
         acc = delta
@@ -254,20 +239,20 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS,
         hi_full = (N_K // BLOCK_N) * BLOCK_N
     if not SPLIT:
         hi_full = 0
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                    stride_vd, rows, ok, dims, 0, hi_full, N_K, scale, False, CAUSAL, LOW,
-                    EXPLICIT, DELTA_ONLY, BLOCK_N)
-    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                    stride_vd, rows, ok, dims, hi_full, hi, N_K, scale, True, CAUSAL, LOW,
-                    EXPLICIT, DELTA_ONLY, BLOCK_N)
+    k_base = K + b * strides_k[0] + h * strides_k[1]
+    v_base = V + b * strides_v[0] + h * strides_v[1]
+    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
+                    strides_v[2], strides_v[3], rows, ok, dims, 0, hi_full, N_K, scale, False,
+                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N)
+    acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
+                    strides_v[2], strides_v[3], rows, ok, dims, hi_full, hi, N_K, scale, True,
+                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N)
     if DELTA_ONLY:
         tl.store(DELTA + bh * N_Q + rows, acc, mask=ok)
     else:
         dq = round_low(acc * scale, LOW, EXPLICIT)
-        store_tile(DQ + b * stride_gb + h * stride_gh + rows[:, None] * stride_gn
-                   + dims[None, :] * stride_gd, dq, ok[:, None], LOW == BF16 and EXPLICIT)
+        store_tile(DQ + b * strides_g[0] + h * strides_g[1] + rows[:, None] * strides_g[2]
+                   + dims[None, :] * strides_g[3], dq, ok[:, None], LOW == BF16 and EXPLICIT)
 
 
 # --- autotuning (CUDA, native bf16/fp16): (BLOCK_M, BLOCK_N, warps, stages) -----------------
@@ -309,12 +294,11 @@ def _as_args(explicit, *tensors):
 
 def _tile_args(qa, ka, va, da, lse, delta, grads, params, heads, n_q, n_k):
     """The non-constexpr arguments of :func:`_bwd_dkdv_kernel` (``grads`` = (dK, dV)) and
-    :func:`_query_tile_kernel` (``grads`` = (dQ,)), in their order. The two kernels spell out
-    the same parameter table (Triton needs each kernel's parameters written in its own
-    signature), so it is built here once: inputs, L, δ, the gradient buffers, the parameters,
-    the strides of q, k, v, dO and of the gradients (dK and dV share theirs), the lengths."""
-    return (qa, ka, va, da, lse, delta, *grads, params, *qa.stride(), *ka.stride(),
-            *va.stride(), *da.stride(), *grads[0].stride(), heads, n_q, n_k)
+    :func:`_query_tile_kernel` (``grads`` = (dQ,)), in their order: inputs, L, δ, the gradient
+    buffers, the parameters, the strides of q, k, v, dO and of the gradients (dK and dV share
+    theirs; each tensor's strides one tuple), the lengths."""
+    return (qa, ka, va, da, lse, delta, *grads, params, qa.stride(), ka.stride(), va.stride(),
+            da.stride(), grads[0].stride(), heads, n_q, n_k)
 
 
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
@@ -338,7 +322,7 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
         return delta
     (oa,) = _as_args(explicit, out)
     _DELTA(("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
-           (oa, da, delta, *oa.stride(), *da.stride(), heads, n_q),
+           (oa, da, delta, oa.stride(), da.stride(), heads, n_q),
            lambda: Launch(dict(HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
                                EXPLICIT=explicit), grid, dict(BLOCK_M=block_m)))
     return delta

@@ -193,21 +193,22 @@ def load_row_tile(ptr, b, h, rows, ok, dims, stride_b, stride_h, stride_n, strid
 
 
 @triton.jit
-def load_tile_pair(A, B, b, h, rows, ok, dims, sa_b, sa_h, sa_n, sa_d, sb_b, sb_h, sb_n, sb_d,
-                   LOW_A: tl.constexpr, LOW_B: tl.constexpr, EXPLICIT: tl.constexpr):
-    """The same rows of two (B, H, N, D) tensors: (Q, dO), (K, V) or (O, dO)."""
-    a = load_row_tile(A, b, h, rows, ok, dims, sa_b, sa_h, sa_n, sa_d, LOW_A, EXPLICIT)
-    b_tile = load_row_tile(B, b, h, rows, ok, dims, sb_b, sb_h, sb_n, sb_d, LOW_B, EXPLICIT)
+def load_tile_pair(A, B, b, h, rows, ok, dims, strides_a, strides_b, LOW_A: tl.constexpr,
+                   LOW_B: tl.constexpr, EXPLICIT: tl.constexpr):
+    """The same rows of two (B, H, N, D) tensors: (Q, dO), (K, V) or (O, dO); ``strides_a``,
+    ``strides_b``: each tensor's (batch, head, row, dim) strides, a tuple."""
+    a = load_row_tile(A, b, h, rows, ok, dims, strides_a[0], strides_a[1], strides_a[2],
+                      strides_a[3], LOW_A, EXPLICIT)
+    b_tile = load_row_tile(B, b, h, rows, ok, dims, strides_b[0], strides_b[1], strides_b[2],
+                           strides_b[3], LOW_B, EXPLICIT)
     return a, b_tile
 
 
 @triton.jit
-def load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, stride_qb, stride_qh, stride_qn, stride_qd,
-              stride_db, stride_dh, stride_dn, stride_dd, N_Q, LOW: tl.constexpr,
-              EXPLICIT: tl.constexpr):
+def load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, strides_q, strides_do, N_Q,
+              LOW: tl.constexpr, EXPLICIT: tl.constexpr):
     """A query tile's Q, dO and L (the backward kernels that walk over key tiles)."""
-    q, do = load_tile_pair(Q, DO, b, h, rows, ok, dims, stride_qb, stride_qh, stride_qn,
-                           stride_qd, stride_db, stride_dh, stride_dn, stride_dd, LOW, LOW,
+    q, do = load_tile_pair(Q, DO, b, h, rows, ok, dims, strides_q, strides_do, LOW, LOW,
                            EXPLICIT)
     lse = tl.load(LSE + bh * N_Q + rows, mask=ok, other=0.0)
     return q, do, lse
