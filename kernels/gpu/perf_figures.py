@@ -1,5 +1,6 @@
 """Chapter 10's figures from the rows of :mod:`kernels.gpu.records`: speed against N, the
-ablation, memory, host against GPU time, the first call at a new length, issue 15's targets. At most
+ablation, memory, host against GPU time (eager and as a CUDA graph), the first call at a new
+length, issue 15's targets. At most
 :data:`kernels.tools.style.WIDTH_IN` wide, the site's text column."""
 
 from __future__ import annotations
@@ -194,12 +195,43 @@ def plot_first_call(first: dict, target_s: float = 3.0):
     ax.barh(y, seconds, 0.6, color=colours)
     for yi, (_, s) in zip(y, bars):
         text = f"{s:.1f} s" if s >= 0.1 else f"{s * 1e3:.1f} ms"
-        ax.text(max(s, floor) * 1.15, yi, text, va="center", fontsize=9)
+        ax.text(
+            max(s, floor) * 1.15,
+            yi,
+            text,
+            va="center",
+            fontsize=9,
+            bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
+        )
     ax.axvline(target_s, color="black", ls=":", lw=1.2, label=f"target: {target_s:g} s")
     ax.set_yticks(y, [label for label, _ in bars])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlim(floor, 200)
     ax.set_xlabel("first forward + backward call, wall time [s]")
+    ax.legend(loc="lower right", fontsize=9)
+    return fig
+
+
+def plot_call_host(rows):
+    """One forward + backward call issued eagerly and replayed as a CUDA graph (the ``host``
+    rows of ``call_cost.json``): host µs to issue it against the GPU µs of its kernels, per
+    implementation, with each bar's value written beside it."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.2), layout="constrained")
+    y = np.arange(len(rows))
+    for offset, key, text, colour in (
+        (-0.2, "host_us", "host (CPU) per call", "tab:orange"),
+        (0.2, "kernel_us", "GPU kernels per call", "tab:blue"),
+    ):
+        values = [r[key] for r in rows]
+        ax.barh(y + offset, values, 0.4, label=text, color=colour)
+        for yi, value in zip(y + offset, values):
+            ax.text(value + 5, yi, f"{value:.0f}", va="center", fontsize=9)
+    ax.set_yticks(y, [f"{r['impl']}, {r['issued']}" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(r["host_us"], r["kernel_us"]) for r in rows))
+    ax.set_xlabel("µs per forward + backward call")
     ax.legend(loc="lower right", fontsize=9)
     return fig

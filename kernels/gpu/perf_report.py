@@ -20,6 +20,7 @@ from ..attention.registry import label, runner
 from .perf_figures import (
     log2_axis,
     plot_ablation,
+    plot_call_host,
     plot_first_call,
     plot_host,
     plot_memory,
@@ -87,6 +88,7 @@ __all__ = [
     "log2_axis",
     "p_bar",
     "plot_ablation",
+    "plot_call_host",
     "plot_first_call",
     "plot_host",
     "plot_memory",

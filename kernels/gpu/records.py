@@ -85,7 +85,7 @@ def first_call_bars(first: dict) -> list[tuple[str, float]]:
         bars += [(f"N={r['n']:,}: {words}", r["seconds"]) for r in first[switch]]
     seen = set()
     for r in first["nearest"]:
-        words = "borrowed bucket again" if r["bucket"] in seen else "new bucket, borrows"
+        words = "same new bucket" if r["bucket"] in seen else "new bucket, borrows"
         sixteen = ", a multiple of 16" if r["n"] % 16 == 0 else ""
         bars.append((f"N={r['n']:,}: {words}{sixteen}", r["seconds"]))
         seen.add(r["bucket"])

@@ -83,7 +83,7 @@ def test_first_call_bars_keep_the_order_and_name_each_case():
     assert labels[0].startswith("N=1,000") and "tunes" in labels[0]
     assert "retuned" in labels[3] and "retuned" not in labels[1]
     assert labels[4] == "N=2,001: new bucket, borrows"  # 2,001 is no multiple of 16
-    assert labels[5] == "N=2,000: borrowed bucket again, a multiple of 16"
+    assert labels[5] == "N=2,000: same new bucket, a multiple of 16"
     assert labels[6] == "N=4,000: new bucket, borrows, a multiple of 16"
 
 
@@ -115,3 +115,31 @@ def test_call_cost_needs_a_gpu_and_its_record_must_be_one(tmp_path):
     results.save("call_cost", dict(host=[]), "a CPU test", directory=tmp_path)
     with pytest.raises(ValueError, match="no GPU measurement"):
         records.call_cost_record(tmp_path)
+
+
+def test_call_host_figure_draws_host_and_gpu_bars_per_row():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+
+    from kernels.gpu import perf_figures
+
+    rng = np.random.default_rng()
+    rows = [
+        dict(
+            impl=impl,
+            issued=how,
+            host_us=float(rng.uniform(1, 600)),
+            kernel_us=float(rng.uniform(50, 400)),
+        )
+        for impl in ("book, rule off", "SDPA flash")
+        for how in ("eager", "CUDA graph")
+    ]
+    fig = perf_figures.plot_call_host(rows)
+    ax = fig.axes[0]
+    widths = [p.get_width() for p in ax.patches]
+    assert widths == [r["host_us"] for r in rows] + [r["kernel_us"] for r in rows]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [f"{r['impl']}, {r['issued']}" for r in rows]
+    assert ax.get_xlim()[1] > max(max(widths), 1.0)

@@ -1,0 +1,141 @@
+"""The stored GPT-2 runs (``results/gpt2_*.json``) and their names: loading a search record,
+gathering the real-BF16 and control runs stored over several files, a run's name in words, its
+variant's colour, and a logged series. :mod:`.report` measures the runs, :mod:`.figures` draws
+them; both read them through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..attention.registry import label
+from ..results import RESULTS_DIR, load
+
+VARIANT_NAMES = {
+    "U": "failing path (δ from rounded O)",
+    "F": "control (δ from fp32 O)",
+    "S": "fix: β = 2 rule",
+    "P": "δ from rowsum(dP∘P)",
+    "A": label("sdpa"),
+    "R": "failing path, Ō rounded stochastically",
+    "T": "failing path, tiles of 64",
+    "L": "failing path in layer 0 only",
+    "B": "control + constant δ bias",
+    "N": "control + δ noise",
+    "M": "failing path, δ error → its mean",
+    "G": "failing path, δ error ± at random",
+    "X": "failing path, exact O passed on",
+    "C": "fix: β = 2, offset capped",
+    "K": "fix: β = 2, ℓ clamped",
+    "D": "fix: β = 2, capped and clamped",
+    "Z": "paper's fix as released (β = 2, clamped ℓ)",
+    "H": "failing path, runaway head on the control's route",
+}
+VARIANT_COLOURS = {
+    "U": "tab:red",
+    "F": "tab:blue",
+    "S": "tab:green",
+    "P": "tab:purple",
+    "A": "tab:gray",
+    "R": "tab:orange",
+    "T": "tab:brown",
+    "L": "tab:pink",
+    "B": "tab:olive",
+    "N": "tab:cyan",
+    "M": "darkred",
+    "G": "salmon",
+    "X": "indigo",
+    "C": "tab:olive",
+    "K": "0.35",
+    "D": "tab:cyan",
+    "Z": "darkgoldenrod",
+    "H": "tab:olive",
+}
+FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
+
+
+def load_search(plan: str) -> dict:
+    """The stored record of ``python -m kernels.gpt2.search --plan <plan>``."""
+    return load(f"gpt2_{plan}")
+
+
+def real_bf16_runs(directory=None) -> dict:
+    """Every stored long real-BF16 run (``results/gpt2_bf16_real_long*.json``) as
+    {(variant, seed): run}; a run stored in two files counts where it went further."""
+    found: dict = {}
+    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_bf16_real_long*.json")):
+        for name, run in load(path.stem, directory)["data"]["runs"].items():
+            _, variant, seed = parse_name(name)
+            old = found.get((variant, seed))
+            if old is None or run["summary"]["steps_done"] > old["summary"]["steps_done"]:
+                found[variant, seed] = run
+    return found
+
+
+def control_runs(directory=None) -> dict:
+    """Every stored run of plan ``controls`` (``results/gpt2_controls*.json``: one file per
+    sitting that made some of them) as {name: run}."""
+    found: dict = {}
+    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_controls*.json")):
+        found.update(load(path.stem, directory)["data"]["runs"])
+    return found
+
+
+def parse_name(name: str) -> tuple[str, str, str]:
+    """'f-const3e-3-U-s1' -> ('f-const3e-3', 'U', 's1')."""
+    config, variant, seed = name.rsplit("-", 2)
+    return config, variant, seed
+
+
+def run_label(name: str, run: dict | None = None, schedule: bool = False) -> str:
+    """A run in words, for tables and legends: 'Ō with 4 bits, seed 1' or 'BF16, seed 0'
+    (``run`` gives the width of Ō; without it the name's prefix does). ``schedule``: name a
+    schedule other than the usual 20,000 steps ('BF16, seed 0, 60k-step schedule')."""
+    config, _, seed = parse_name(name)
+    bits = (
+        obits_of(run)
+        if run is not None
+        else (int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
+    )
+    label = f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
+    settings = run["config"] if run is not None else {"steps": 20_000}
+    steps = settings.get("decay_steps") or settings["steps"]  # the learning-rate schedule
+    if schedule and steps != 20_000:
+        label += f", {steps // 1000}k-step schedule"
+    return label
+
+
+def smooth(steps, values, width: int = 10):
+    """Moving average over ``width`` points, only where the window is full (no edge artefacts);
+    returns the steps at the window centres and the averages."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    width = max(1, min(width, len(values)))
+    averaged = np.convolve(values, np.ones(width) / width, mode="valid")
+    return steps[(width - 1) // 2 :][: len(averaged)], averaged
+
+
+def monitor_series(run: dict, key: str, layer: int | None = None):
+    """(steps, values) of a per-layer diagnostic; ``layer=None`` gives the maximum over layers.
+    ``key='wq'`` reads ‖W_Q‖₂ (largest head of the layer); other keys are the probe's stats."""
+    steps, values = [], []
+    for m in run["monitor"]:
+        if key == "wq":
+            per_layer = [max(w) for w in m["wq_norms"]]
+        elif key in ("rows_tied_bf16", "rows_p1_fa2"):
+            per_layer = [100.0 * st[key] / st["rows"] for st in m["layers"]]  # percent of rows
+        else:
+            per_layer = [st.get(key) for st in m["layers"]]
+        if any(v is None for v in per_layer):
+            continue
+        steps.append(m["step"])
+        values.append(max(per_layer) if layer is None else per_layer[layer])
+    return np.array(steps), np.array(values, dtype=float)
+
+
+def obits_of(run: dict) -> int:
+    """Mantissa bits of Ō in a run (7 = bf16; fewer = the amplifier)."""
+    from .attention import parse_spec
+
+    return parse_spec(run["config"]["attn"]).obits
