@@ -26,6 +26,19 @@ def _plt():
     return plt
 
 
+def plot_mode_errors(errors: dict):
+    """Relative error of O against fp64 per numerics mode (``{"fa2": …, "paper": …}``), one
+    bar each: the same bf16 inputs through the two modes of the forward kernel."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar(list(errors), list(errors.values()), color=["tab:blue", "tab:red"][: len(errors)])
+    ax.set_xlabel("numerics mode")
+    ax.set_ylabel("relative error of O vs fp64")
+    ax.set_title("same bf16 inputs, two numerics modes")
+    fig.tight_layout()
+    return fig
+
+
 def plot_online_stats(trace, row):
     """``trace`` of :func:`kernels.attention.tiling.online_attention` (tile, m, ℓ per key tile)
     for query row ``row``: the running max (steps) and the running sum (dashed, right axis)."""

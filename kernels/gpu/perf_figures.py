@@ -209,7 +209,7 @@ def plot_first_call(first: dict, target_s: float = 3.0):
     ax.set_xscale("log")
     ax.set_xlim(floor, 200)
     ax.set_xlabel("first forward + backward call, wall time [s]")
-    ax.legend(loc="lower right", fontsize=9)
+    fig.legend(loc="outside lower center", fontsize=9)
     return fig
 
 
@@ -233,5 +233,5 @@ def plot_call_host(rows):
     ax.invert_yaxis()
     ax.set_xlim(0, 1.15 * max(max(r["host_us"], r["kernel_us"]) for r in rows))
     ax.set_xlabel("µs per forward + backward call")
-    ax.legend(loc="lower right", fontsize=9)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=9)
     return fig

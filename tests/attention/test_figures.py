@@ -46,3 +46,7 @@ def test_figures_from_live_numbers():
     memory = {"naive": {128: 1e5, 256: 4e5}, "flash": {128: 2e3, 256: 4e3}}
     assert_legible(figures.plot_measured_memory(memory, [128, 256], 4, "measured"))
     assert_legible(figures.plot_delta_gap(np.linspace(-1e-3, 1e-3, 64)))
+    errors = dict(zip(("fa2", "paper"), np.random.default_rng().uniform(1e-3, 2e-2, 2)))
+    fig = figures.plot_mode_errors(errors)
+    assert [p.get_height() for p in fig.axes[0].patches] == list(errors.values())
+    assert_legible(fig)

@@ -55,6 +55,15 @@ def test_first_calls_refuses_lengths_of_another_bucket():
         first_call.first_calls(1000, {"on": (1010,), "off": ()}, device="cpu", nearest=(1020,))
 
 
+def _legible(fig):
+    from kernels.tools import style
+
+    fig.canvas.draw()
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+    assert style.overlapping_texts(fig) == []
+    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
+
+
 def _stored_first_call(rng):
     """A first-call section as ``first_calls`` writes it, with fresh random seconds."""
     draw = lambda: float(rng.uniform(1e-4, 40.0))  # noqa: E731
@@ -102,6 +111,7 @@ def test_first_call_figure_marks_calls_over_the_target():
     widths = [p.get_width() for p in ax.patches]
     assert len(widths) == 7 and min(widths) > 0
     over = [p.get_facecolor() == matplotlib.colors.to_rgba("tab:red") for p in ax.patches]
+    _legible(fig)
     seconds = [s for _, s in records.first_call_bars(first)]
     assert over == [s > 3.0 for s in seconds]
 
@@ -143,3 +153,4 @@ def test_call_host_figure_draws_host_and_gpu_bars_per_row():
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == [f"{r['impl']}, {r['issued']}" for r in rows]
     assert ax.get_xlim()[1] > max(max(widths), 1.0)
+    _legible(fig)
