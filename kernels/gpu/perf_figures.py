@@ -183,7 +183,8 @@ def plot_targets(target_rows):
 
 def plot_first_call(first: dict, target_s: float = 3.0):
     """Wall time of each first forward + backward call of ``first`` (the ``first_call``
-    section of ``gpu_check.json``), one bar each on a log axis, with the target as a line."""
+    section of ``call_cost.json``), one dot each on a log axis (the times span five decades, so
+    no bars), red where it exceeds the target, drawn as a line."""
     import matplotlib.pyplot as plt
 
     bars = first_call_bars(first)
@@ -192,11 +193,12 @@ def plot_first_call(first: dict, target_s: float = 3.0):
     y = np.arange(len(bars))
     seconds = [max(s, floor) for _, s in bars]
     colours = ["tab:red" if s > target_s else "tab:blue" for _, s in bars]
-    ax.barh(y, seconds, 0.6, color=colours)
+    ax.hlines(y, floor, seconds, color="0.75", lw=1.0)
+    ax.scatter(seconds, y, c=colours, s=40, zorder=3)
     for yi, (_, s) in zip(y, bars):
         text = f"{s:.1f} s" if s >= 0.1 else f"{s * 1e3:.1f} ms"
         ax.text(
-            max(s, floor) * 1.15,
+            max(s, floor) * 1.4,
             yi,
             text,
             va="center",
@@ -205,7 +207,7 @@ def plot_first_call(first: dict, target_s: float = 3.0):
         )
     ax.axvline(target_s, color="black", ls=":", lw=1.2, label=f"target: {target_s:g} s")
     ax.set_yticks(y, [label for label, _ in bars])
-    ax.invert_yaxis()
+    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first call at the top
     ax.set_xscale("log")
     ax.set_xlim(floor, 200)
     ax.set_xlabel("first forward + backward call, wall time [s]")

@@ -103,14 +103,19 @@ def test_first_call_figure_marks_calls_over_the_target():
     import numpy as np
 
     from kernels.gpu import perf_figures, records
+    from kernels.tools import style
 
     first = _stored_first_call(np.random.default_rng())
     first["on"][0]["seconds"] = 0.0  # a call that compiled nothing: drawn at the axis floor
     fig = perf_figures.plot_first_call(first, target_s=3.0)
     ax = fig.axes[0]
-    widths = [p.get_width() for p in ax.patches]
-    assert len(widths) == 7 and min(widths) > 0
-    over = [p.get_facecolor() == matplotlib.colors.to_rgba("tab:red") for p in ax.patches]
+    dots = ax.collections[-1]  # the scatter, drawn after the guide lines
+    seconds = [s for _, s in records.first_call_bars(first)]
+    assert [x for x, _ in dots.get_offsets()] == [max(s, 1e-4) for s in seconds]
+    red = matplotlib.colors.to_rgba("tab:red")
+    over = [tuple(c) == red for c in dots.get_facecolors()]
+    assert over == [s > 3.0 for s in seconds]
+    assert style.bar_axes_not_from_zero(fig) == 0
     _legible(fig)
     seconds = [s for _, s in records.first_call_bars(first)]
     assert over == [s > 3.0 for s in seconds]
