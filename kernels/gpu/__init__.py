@@ -5,6 +5,9 @@ in :mod:`kernels.attention.registry`.
   explicit against native rounding, errors, a speed and a memory table)
 * :mod:`.perf`      ``python -m kernels.gpu.perf``: chapter 10's speed, memory, host-overhead
   and ablation measurements (:mod:`.precompile` fills Triton's cache first)
+* :mod:`.call_cost` ``python -m kernels.gpu.call_cost``: what a call costs besides its kernels,
+  the first call at a new length (:mod:`.first_call`, also part of the check) and the host time
+  of a call issued eagerly and replayed as a CUDA graph
 * :mod:`.host`      the host cost of one call with the GPU taken out
   (``python -m kernels.gpu.host``)
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
