@@ -464,6 +464,7 @@ return Array.from(document.querySelectorAll('article div.cell')).map(cell => {
           text: outputs.map(o => o.innerText || '').join('\\n'),
           boxes: outputs.length,
           empty: outputs.filter(o => !visible(o)).length,
+          split: cell.querySelectorAll('div.output.stream + div.output.stream').length,
           shown: outputs.some(o => visible(o))};
 });
 """
@@ -508,8 +509,9 @@ def record_debris(name: str, record: dict) -> list[str]:
 
 
 def page_debris(browser, page: str, notebook: dict | None) -> list[str]:
-    """Everything a reader should not find on a page: progress bars, empty output boxes, runs of
-    repeated code lines, outputs the page lost, cut bar charts, overlapping texts."""
+    """Everything a reader should not find on a page: progress bars, empty output boxes, printed
+    text split into several boxes, runs of repeated code lines, outputs the page lost, cut bar
+    charts, overlapping texts."""
     cells = browser.execute_script(PAGE_CELLS)
     problems = []
     for number, cell in enumerate(cells, start=1):
@@ -518,6 +520,8 @@ def page_debris(browser, page: str, notebook: dict | None) -> list[str]:
             problems.append(f"cell {number}: progress bar {bars[0]!r}")
         if cell["empty"]:
             problems.append(f"cell {number}: {cell['empty']} empty output box(es)")
+        if cell["split"]:  # printed text cut into boxes (nb_merge_streams in _config.yml)
+            problems.append(f"cell {number}: printed output split into {cell['split'] + 1} boxes")
         problems += [f"cell {number}: repeated lines {r}" for r in repeated_lines(cell["code"])]
     if notebook is not None:
         problems += missing_outputs(notebook, [cell["shown"] for cell in cells])
