@@ -95,7 +95,9 @@ def host_rows(shape=GPT2, calls=200, log=print) -> list[dict]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="folder for call_cost.json (default results/)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for call_cost.json (default results/)"
+    )
     args = parser.parse_args(argv)
     if not timing.on_gpu():
         raise SystemExit("kernels.gpu.call_cost needs a CUDA GPU")
@@ -103,7 +105,7 @@ def main(argv=None):
     launch.clear_plans()  # the host rows tune their own bucket, as chapter 10's benchmark does
     launch.tune_every_bucket()
     data = dict(first_call=first, host=host_rows(), speedups=dict(launch.SPEEDUPS))
-    path = results.save("call_cost", data, COMMAND, directory=args.out and Path(args.out))
+    path = results.save("call_cost", data, COMMAND, directory=args.out)
     print(f"wrote {path}")
 
 

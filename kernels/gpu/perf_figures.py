@@ -13,7 +13,7 @@ from .records import (
     PEAK_TFLOPS,
     SETTINGS,
     STYLE,
-    first_call_bars,
+    first_call_times,
     host_label,
     impls_in,
     select,
@@ -187,15 +187,15 @@ def plot_first_call(first: dict, target_s: float = 3.0):
     no bars), red where it exceeds the target, drawn as a line."""
     import matplotlib.pyplot as plt
 
-    bars = first_call_bars(first)
+    times = first_call_times(first)
     floor = 1e-4  # a call that compiled nothing takes ~1 ms; the axis starts below it
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6), layout="constrained")
-    y = np.arange(len(bars))
-    seconds = [max(s, floor) for _, s in bars]
-    colours = ["tab:red" if s > target_s else "tab:blue" for _, s in bars]
+    y = np.arange(len(times))
+    seconds = [max(s, floor) for _, s in times]
+    colours = ["tab:red" if s > target_s else "tab:blue" for _, s in times]
     ax.hlines(y, floor, seconds, color="0.75", lw=1.0)
     ax.scatter(seconds, y, c=colours, s=40, zorder=3)
-    for yi, (_, s) in zip(y, bars):
+    for yi, (_, s) in zip(y, times):
         text = f"{s:.1f} s" if s >= 0.1 else f"{s * 1e3:.1f} ms"
         ax.text(
             max(s, floor) * 1.4,
@@ -206,8 +206,8 @@ def plot_first_call(first: dict, target_s: float = 3.0):
             bbox=dict(facecolor="white", edgecolor="none", pad=0.5),
         )
     ax.axvline(target_s, color="black", ls=":", lw=1.2, label=f"target: {target_s:g} s")
-    ax.set_yticks(y, [label for label, _ in bars])
-    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first call at the top
+    ax.set_yticks(y, [label for label, _ in times])
+    ax.set_ylim(len(times) - 0.5, -0.5)  # the first call at the top
     ax.set_xscale("log")
     ax.set_xlim(floor, 200)
     ax.set_xlabel("first forward + backward call, wall time [s]")

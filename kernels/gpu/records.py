@@ -1,5 +1,6 @@
 """Chapter 10's measurements as records: ``results/perf_*.json`` (written by
-``python -m kernels.gpu.perf`` on a GPU) and the earlier ``results/flash_bench.json``.
+``python -m kernels.gpu.perf`` on a GPU), the earlier ``results/flash_bench.json`` and
+``results/call_cost.json`` (``python -m kernels.gpu.call_cost``).
 
 :func:`load` returns what there is and never treats a CPU record (provenance without a GPU,
 e.g. from ``--small``) as a GPU measurement; :func:`earlier_speed_rows` reads
@@ -76,7 +77,7 @@ def call_cost_record(directory=None) -> dict:
     return record
 
 
-def first_call_bars(first: dict) -> list[tuple[str, float]]:
+def first_call_times(first: dict) -> list[tuple[str, float]]:
     """(label, seconds) per measured first call, in the order they ran: the bucket's tuning,
     new lengths of the tuned bucket with ``tune_by_bucket`` on and off, and lengths of untuned
     buckets that borrow the nearest tuned one's configuration (``nearest_bucket``)."""

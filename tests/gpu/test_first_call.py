@@ -79,13 +79,13 @@ def _stored_first_call(rng):
     )
 
 
-def test_first_call_bars_keep_the_order_and_name_each_case():
+def test_first_call_times_keep_the_order_and_name_each_case():
     import numpy as np
 
     from kernels.gpu import records
 
     first = _stored_first_call(np.random.default_rng())
-    bars = records.first_call_bars(first)
+    bars = records.first_call_times(first)
     timed = [first["warm_up"], *first["on"], *first["off"], *first["nearest"]]
     assert [s for _, s in bars] == [r["seconds"] for r in timed]
     labels = [label for label, _ in bars]
@@ -110,14 +110,14 @@ def test_first_call_figure_marks_calls_over_the_target():
     fig = perf_figures.plot_first_call(first, target_s=3.0)
     ax = fig.axes[0]
     dots = ax.collections[-1]  # the scatter, drawn after the guide lines
-    seconds = [s for _, s in records.first_call_bars(first)]
+    seconds = [s for _, s in records.first_call_times(first)]
     assert [x for x, _ in dots.get_offsets()] == [max(s, 1e-4) for s in seconds]
     red = matplotlib.colors.to_rgba("tab:red")
     over = [tuple(c) == red for c in dots.get_facecolors()]
     assert over == [s > 3.0 for s in seconds]
     assert style.bar_axes_not_from_zero(fig) == 0
     _legible(fig)
-    seconds = [s for _, s in records.first_call_bars(first)]
+    seconds = [s for _, s in records.first_call_times(first)]
     assert over == [s > 3.0 for s in seconds]
 
 
