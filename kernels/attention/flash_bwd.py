@@ -57,13 +57,14 @@ from .launch import (
     kernel_params,
     launcher,
     new_output,
+    not_specialised,
     pick_blocks,
     switches,
 )
 from .options import LOW_CODES, AttentionOptions
 
 
-@triton.jit(do_not_specialize=["H"])
+@triton.jit(do_not_specialize=not_specialised("N_Q"))
 def _delta_from_o_kernel(O, DO, DELTA, strides_o, strides_do, H, N_Q, HEAD_DIM: tl.constexpr,
                          O_LOW: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
                          BLOCK_M: tl.constexpr):
@@ -135,7 +136,7 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, s
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["H"])
+@triton.jit(do_not_specialize=not_specialised("N_Q", "N_K"))
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides_k, strides_v,
                      strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
                      CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
@@ -207,7 +208,7 @@ def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stri
     return acc
 
 
-@triton.jit(do_not_specialize=["H"])
+@triton.jit(do_not_specialize=not_specialised("N_Q", "N_K"))
 def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k, strides_v,
                        strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
                        CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,

@@ -47,12 +47,14 @@ from .jit import (
     BF16,
     accumulate,
     batch_head,
+    load_block,
     load_row_tile,
     load_tile,
     mma,
     offset_update,
     program_tile,
     rnd_if,
+    row_block,
     store_tile,
 )
 from .launch import (
@@ -61,11 +63,14 @@ from .launch import (
     aligned,
     cdiv,
     check_device,
+    ensure_scratch_allocator,
     kernel_params,
     launcher,
     new_output,
+    not_specialised,
     pick_blocks,
     switches,
+    tma_usable,
     use_explicit,
     work_dtype,
 )
@@ -73,23 +78,29 @@ from .options import LOW_CODES, AttentionOptions, check_tensors, options_from
 
 
 @triton.jit
-def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                m, rm, rs, ell, acc, rows, lo, hi, N_K, scale, beta, eps, cap,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, STABLE: tl.constexpr, CAP: tl.constexpr,
                PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-               ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr):
+               ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr, TMA: tl.constexpr):
     """Key/value tiles [lo, hi): the online-softmax update. ``MASKED`` tiles may hold keys past
-    the end of the sequence or (causal) keys after the query; the others are fully visible."""
+    the end of the sequence or (causal) keys after the query; the others are fully visible.
+    ``k_src``, ``v_src``: this (batch, head)'s K and V, as base pointers or (``TMA``) as
+    tensor descriptors; both read keys past ``N_K`` as 0."""
     cols0 = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0
         in_seq = cols < N_K
-        k_t = load_tile(k_base + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
-                        in_seq[None, :], LOW, EXPLICIT, MASKED)             # Kᵀ: (D, BLOCK_N)
-        v = load_tile(v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
-                      in_seq[:, None], LOW, EXPLICIT, MASKED)               # V: (BLOCK_N, D)
+        if TMA:
+            k_t = tl.trans(load_block(k_src, start_n, LOW, EXPLICIT))      # Kᵀ: (D, BLOCK_N)
+            v = load_block(v_src, start_n, LOW, EXPLICIT)                   # V: (BLOCK_N, D)
+        else:
+            k_t = load_tile(k_src + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
+                            in_seq[None, :], LOW, EXPLICIT, MASKED)
+            v = load_tile(v_src + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
+                          in_seq[:, None], LOW, EXPLICIT, MASKED)
         # S = (Q Kᵀ)·scale; the paper's code rounds the product and the scaled scores
         scores = rnd_if(mma(q, k_t, LOW, EXPLICIT), PAPER, LOW, EXPLICIT)
         scores = rnd_if(scores * scale, PAPER, LOW, EXPLICIT)
@@ -108,7 +119,7 @@ def _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     return m, rm, rs, ell, acc
 
 
-@triton.jit(do_not_specialize=["H"])   # H only splits the grid: one compile for every head count
+@triton.jit(do_not_specialize=not_specialised("N_Q", "N_K"))
 def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
@@ -119,7 +130,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
                       EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
                       ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
-                      SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      SPLIT: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
     bh, b, h = batch_head(H)
     # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
@@ -131,8 +143,11 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     dims = tl.arange(0, HEAD_DIM)
     q = load_row_tile(Q, b, h, rows, row_ok, dims, stride_qb, stride_qh, stride_qn, stride_qd,
                       LOW, EXPLICIT)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    k_src = K + b * stride_kb + h * stride_kh
+    v_src = V + b * stride_vb + h * stride_vh
+    if TMA:   # the same matrices, read a tile at a time by the TMA engine (sm_90+)
+        k_src = row_block(k_src, N_K, stride_kn, BLOCK_N, HEAD_DIM)
+        v_src = row_block(v_src, N_K, stride_vn, BLOCK_N, HEAD_DIM)
 
     work = PARAMS.dtype.element_ty
     m = tl.full([BLOCK_M], float("-inf"), work)    # offset used for P̄ so far
@@ -150,20 +165,20 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
         hi_full = (N_K // BLOCK_N) * BLOCK_N
     if not SPLIT:
         hi_full = 0
-    m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+    m, rm, rs, ell, acc = _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, False, CAUSAL,
-                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED)
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED, TMA)
     # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
     # for every row of the block (keys after the block's last query) are skipped.
     if CAUSAL:
         hi = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_K)
     else:
         hi = N_K
-    m, rm, rs, ell, acc = _fwd_tiles(q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+    m, rm, rs, ell, acc = _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, True, CAUSAL,
-                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED)
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED, TMA)
 
     out = acc / ell[:, None]
     if ROUND_OUT:
@@ -259,18 +274,22 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
         oa = out.view(torch.int16) if low_out else out
     else:
         oa = out
+    tma = tma_usable(k, v)
+    if tma and q.device.type == "cuda":
+        ensure_scratch_allocator()
     args = (q, k, v, oa, lse, offset, params, *q.stride(), *k.stride(), *v.stride(),
             *oa.stride(), heads, n_q, n_k)
     # everything that decides what Triton compiles and how it is launched (the output
     # buffers are fresh, contiguous and aligned, so q's shape decides their strides)
     key = (opts, q.shape, n_k, q.stride(), k.stride(), v.stride(), dtype, device, explicit,
-           low_out, return_offset, aligned(q, k, v), switches())
+           low_out, return_offset, aligned(q, k, v), switches(), tma)
 
     def first():
         consts = dict(HEAD_DIM=d, CAUSAL=kc.causal, STABLE=kc.stable, CAP=kc.cap,
                       PAPER=kc.paper, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
                       ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
-                      STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"])
+                      STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"],
+                      TMA=tma)
         blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
         tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),

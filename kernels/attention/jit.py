@@ -26,19 +26,42 @@ CROSS = tl.constexpr(STABLE_CROSS)
 
 
 @triton.jit
-def load_tile(ptrs, mask, LOW: tl.constexpr, EXPLICIT: tl.constexpr, MASKED: tl.constexpr):
-    """Load a tile as the dtype ``tl.dot`` will take: low precision on the native path,
+def widen(x, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """A loaded tile as the dtype ``tl.dot`` will take: low precision on the native path,
     fp32 (bf16/fp16/fp32 inputs) or fp64 on the explicit / high-precision paths."""
-    if MASKED:
-        x = tl.load(ptrs, mask=mask, other=0)
-    else:
-        x = tl.load(ptrs)
     if LOW == BF16 and EXPLICIT:
         # raw bf16 bit patterns (int16): widen to the fp32 with the same value, exactly
         x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     elif LOW == FP16 and EXPLICIT:
         x = x.to(tl.float32)
     return x
+
+
+@triton.jit
+def load_tile(ptrs, mask, LOW: tl.constexpr, EXPLICIT: tl.constexpr, MASKED: tl.constexpr):
+    """Load a tile through pointers (entries outside ``mask`` read as 0 when ``MASKED``), as
+    the dtype ``tl.dot`` will take (:func:`widen`)."""
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0)
+    else:
+        x = tl.load(ptrs)
+    return widen(x, LOW, EXPLICIT)
+
+
+@triton.jit
+def row_block(base, n_rows, stride_row, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A tensor descriptor over the (n_rows × HEAD_DIM) matrix at ``base`` (rows ``stride_row``
+    apart, unit stride along a row) that reads ``BLOCK`` rows at a time. On sm_90+ GPUs its
+    loads are done by the TMA copy engine (one instruction moves a whole tile, no per-element
+    addresses in registers); rows past ``n_rows`` read as 0, as a masked load's would."""
+    return tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_row, 1],
+                                     block_shape=[BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def load_block(desc, row, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
+    """Rows [row, row + BLOCK) of a :func:`row_block` descriptor, as :func:`load_tile` gives."""
+    return widen(desc.load([row, 0]), LOW, EXPLICIT)
 
 
 @triton.jit

@@ -31,6 +31,7 @@ import contextlib
 import os
 
 import torch
+import triton
 
 from ..env import interpreting, native_bf16
 from ..numerics.rounding import work_dtype
@@ -67,13 +68,38 @@ POISON_OUTPUTS = interpreting()
 #                  its first call compiles one configuration (seconds), not every one (16-39 s).
 #                  Benchmarks switch it off (every bucket tuned for itself); LPFA_NEAREST_BUCKET=0
 #                  switches it off everywhere
+#   tma            the forward kernel reads its K and V tiles through tensor descriptors
+#                  (tl.make_tensor_descriptor), which sm_90+ GPUs serve with the TMA copy engine,
+#                  at head dims >= TMA_MIN_HEAD_DIM where the layout allows it (tma_usable);
+#                  off, or elsewhere: pointer loads. The same values arrive either way;
+#                  LPFA_TMA=0 switches it off everywhere
+#   tma_narrow     descriptors at the smaller head dims too (off: on an H200 they made the
+#                  forward 5-23 % slower at D = 64, where D = 128 gained 0-10 %; chapter 10)
 SPEEDUPS = {
     "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
     "causal_split": True,
     "wide_tuning": True,
     "tune_by_bucket": True,
     "nearest_bucket": os.environ.get("LPFA_NEAREST_BUCKET", "1") != "0",
+    "tma": os.environ.get("LPFA_TMA", "1") != "0",
+    "tma_narrow": False,
 }
+TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"
+# Triton compiles one kernel per *specialisation* of the integer arguments: whether each is 1
+# and whether it is divisible by 16. The head count H only splits the grid, so it is never
+# specialised (one compile for every head count). The sequence lengths are, by default: a
+# length divisible by 16 gets kernels of its own (a compile of seconds on its first call, as
+# kernels.gpu.first_call shows), but they run faster. LPFA_SPECIALISE_LENGTHS=0, read when the
+# kernels are defined, compiles one kernel for every length; kernels.gpu.call_cost measures
+# both, in two processes.
+SPECIALISE_LENGTHS = os.environ.get("LPFA_SPECIALISE_LENGTHS", "1") != "0"
+
+
+def not_specialised(*lengths: str) -> list[str]:
+    """The ``do_not_specialize`` list of a kernel whose length arguments are ``lengths``."""
+    return ["H"] + ([] if SPECIALISE_LENGTHS else list(lengths))
+
+
 NEAREST_STEPS = 2  # how far (in powers of two of each length) a borrowed configuration may come
 
 
@@ -190,6 +216,51 @@ def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
     return (block_m or dm, block_n or dn)
 
 
+_TMA_DEVICES: dict = {}  # device index -> compute capability >= 9.0 (remembered, as above)
+
+
+def tma_usable(*tensors) -> bool:
+    """Whether these (B, H, N, D) tensors are read through tensor descriptors: the ``"tma"``
+    speed-up is on, the head dim is at least :data:`TMA_MIN_HEAD_DIM` (or ``"tma_narrow"`` is
+    on), they are on a GPU with TMA (sm_90+) or in the interpreter (which reads descriptors
+    too, so the CPU tests run this path), and they meet TMA's layout rules: unit stride along
+    the head dim, every other stride and the address a multiple of 16 bytes."""
+    if not SPEEDUPS["tma"]:
+        return False
+    if tensors[0].shape[-1] < TMA_MIN_HEAD_DIM and not SPEEDUPS["tma_narrow"]:
+        return False
+    device = tensors[0].device
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _TMA_DEVICES:
+            _TMA_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+        if not _TMA_DEVICES[index]:
+            return False
+    elif not interpreting():
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Kernels that build tensor descriptors on the GPU need a little global memory per
+    launch (128 bytes per descriptor and program), which Triton asks an allocator for; give it
+    PyTorch's caching allocator unless the program has set one. Triton keeps the allocator in
+    a context variable, so this runs in the thread that launches (autograd's backward thread
+    may re-run a forward under activation checkpointing)."""
+    from triton.runtime import _allocation  # no public getter in Triton 3.6
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for grids (plain Python: ``triton.cdiv`` is a constexpr function in Triton 3.6
     and costs microseconds per call on the host)."""
@@ -209,6 +280,8 @@ def switches() -> tuple:
         SPEEDUPS["causal_split"],
         SPEEDUPS["wide_tuning"],
         SPEEDUPS["tune_by_bucket"],
+        SPEEDUPS["tma"],
+        SPEEDUPS["tma_narrow"],
     )
 
 

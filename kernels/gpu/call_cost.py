@@ -10,6 +10,16 @@
    kernels recorded once, then launched by one call), for the book's kernel and SDPA flash: the
    host µs to issue a call, the wall µs per call of a stream of calls, the GPU µs of its
    kernels, and whether the replay's output and gradients equal the eager call's bit for bit.
+3. ``specialisation``: Triton compiles separate kernels for a length divisible by 16 (see
+   :data:`kernels.attention.launch.SPECIALISE_LENGTHS`). The first calls of 1. and the speed of
+   the book's kernel at two shapes (forward, forward + backward), in this process (lengths
+   specialised, the default) and in a child process started with
+   ``LPFA_SPECIALISE_LENGTHS=0`` (one kernel for every length) and its own empty Triton cache.
+4. ``tma``: the forward at chapter 10's five shapes (bf16, causal) with K and V read through
+   pointers, through tensor descriptors (TMA) where :func:`kernels.attention.launch.tma_usable`
+   allows by default (head dim 128), and through descriptors at every head dim
+   (``tma_narrow``); SDPA cuDNN's forward and forward + backward beside the book's, the
+   targets' yardstick (issue 28: forward >= 0.8x cuDNN, forward + backward >= 0.7x).
 
 A graph replays fixed addresses: new inputs are copied into the recorded ones, as a training
 step does (:mod:`kernels.gpt2.graphs`). The eager host time is what a plain PyTorch loop pays.
@@ -18,6 +28,11 @@ step does (:mod:`kernels.gpt2.graphs`). The eager host time is what a plain PyTo
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -26,10 +41,18 @@ from kernels import results, timing
 from kernels.attention import launch
 from kernels.attention.registry import label, runner
 from kernels.gpu import first_call
+from kernels.gpu.perf import SHAPES as FIVE_SHAPES
 
 COMMAND = "python -m kernels.gpu.call_cost"
 GPT2 = (8, 12, 1024, 64)  # (B, H, N, D), chapter 10's smallest shape
 IMPLS = ("triton", "sdpa-flash")
+SPEED_SHAPES = ((4, 16, 4096, 64), (2, 16, 8192, 128))  # two of chapter 10's five
+# the forward's loads in section 4: the switches of kernels.attention.launch.SPEEDUPS
+LOADS = {
+    "pointers": dict(tma=False, tma_narrow=False),
+    "TMA at D = 128": dict(tma=True, tma_narrow=False),
+    "TMA at every D": dict(tma=True, tma_narrow=True),
+}
 
 
 def graphed_step(attn, q, k, v, grad, warmup=3):
@@ -93,18 +116,96 @@ def host_rows(shape=GPT2, calls=200, log=print) -> list[dict]:
     return rows
 
 
+def speed_rows(shapes=SPEED_SHAPES, log=print) -> list[dict]:
+    """TFLOP/s of the book's kernel (rule off, bf16, causal), forward and forward + backward."""
+    rows = []
+    for shape in shapes:
+        tensors = timing.inputs(shape, torch.bfloat16, "cuda")
+        for mode in timing.MODES:
+            attn = runner("triton", causal=True)
+            row = timing.speed_row(
+                label("triton"), attn, tensors, shape, "bf16", True, mode, warmup=10, rep=50
+            )
+            rows.append(row)
+            log(f"N={shape[2]} D={shape[3]} {mode:7s} {row['tflops'] or 0:6.1f} TFLOP/s")
+    return rows
+
+
+def tma_rows(shapes=FIVE_SHAPES, log=print) -> list[dict]:
+    """Section 4 of the module docstring: one row per shape, mode and way of loading."""
+    rows = []
+    for shape in shapes:
+        tensors = timing.inputs(shape, torch.bfloat16, "cuda")
+        cases = [(label("triton"), "triton", loads, "fwd") for loads in LOADS]
+        cases += [(label("triton"), "triton", "TMA at D = 128", "fwd+bwd")]
+        cases += [(label("sdpa-cudnn"), "sdpa-cudnn", None, mode) for mode in timing.MODES]
+        for name, impl, loads, mode in cases:
+            with launch.speedups(**LOADS.get(loads, {})):
+                attn = runner(impl, causal=True)
+                row = timing.speed_row(
+                    name, attn, tensors, shape, "bf16", True, mode, warmup=10, rep=50
+                )
+            row["loads"] = loads
+            rows.append(row)
+            log(
+                f"N={shape[2]:5d} D={shape[3]} {mode:7s} {name:16s} {loads or '':15s} "
+                f"{row['tflops'] or 0:6.1f} TFLOP/s"
+            )
+        del tensors
+        torch.cuda.empty_cache()
+    return rows
+
+
+def unspecialised_child() -> dict:
+    """:func:`first_call.first_calls` and :func:`speed_rows` in a child process whose kernels
+    do not specialise on the lengths (``LPFA_SPECIALISE_LENGTHS=0``), with an empty Triton
+    cache of its own (nothing compiled or tuned by this process is reused)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, LPFA_SPECIALISE_LENGTHS="0", TRITON_CACHE_DIR=cache)
+        done = subprocess.run(
+            [sys.executable, "-m", "kernels.gpu.call_cost", "--child"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"the unspecialised child failed:\n{done.stderr[-3000:]}")
+    print(done.stderr[-2000:], end="")  # its log
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _child():
+    def log(*parts):
+        print("[lengths not specialised]", *parts, file=sys.stderr, flush=True)
+
+    first = first_call.first_calls(log=log)
+    launch.clear_plans()
+    launch.tune_every_bucket()
+    print(json.dumps(dict(first_call=first, speed=speed_rows(log=log))))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out", type=Path, default=None, help="folder for call_cost.json (default results/)"
     )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not timing.on_gpu():
         raise SystemExit("kernels.gpu.call_cost needs a CUDA GPU")
+    if args.child:
+        return _child()
     first = first_call.first_calls()
     launch.clear_plans()  # the host rows tune their own bucket, as chapter 10's benchmark does
     launch.tune_every_bucket()
     data = dict(first_call=first, host=host_rows(), speedups=dict(launch.SPEEDUPS))
+    data["tma"] = tma_rows()
+    results.save("call_cost", data, COMMAND, directory=args.out)  # kept if the child fails
+    data["specialisation"] = dict(
+        specialised=dict(speed=speed_rows()),  # its first calls: first_call above
+        not_specialised=unspecialised_child(),
+    )
     path = results.save("call_cost", data, COMMAND, directory=args.out)
     print(f"wrote {path}")
 
