@@ -1,6 +1,6 @@
 """Chapter 10's figures from the rows of :mod:`kernels.gpu.records`: speed against N, the
 ablation, memory, host against GPU time (eager and as a CUDA graph), the first call at a new
-length, issue 15's targets. At most
+length, the forward's loads against cuDNN, issue 15's targets. At most
 :data:`kernels.tools.style.WIDTH_IN` wide, the site's text column."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .records import (
     impls_in,
     select,
     setting,
+    tma_ratios,
 )
 from .targets import TARGET_TEXT
 
@@ -236,4 +237,29 @@ def plot_call_host(rows):
     ax.set_xlim(0, 1.15 * max(max(r["host_us"], r["kernel_us"]) for r in rows))
     ax.set_xlabel("µs per forward + backward call")
     fig.legend(loc="outside lower center", ncol=2, fontsize=9)
+    return fig
+
+
+def plot_tma(rows, target=0.8):
+    """The book's forward over cuDNN's at each shape of the ``tma`` rows of ``call_cost.json``,
+    K and V read through pointers or through tensor descriptors (TMA): one dot per timing, so
+    two timings of the same kernel show the run-to-run spread; the target as a dotted line."""
+    import matplotlib.pyplot as plt
+
+    table = tma_ratios(rows)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.4), layout="constrained")
+    for shift, key, colour, marker in (
+        (-0.12, "pointers", "tab:blue", "o"),
+        (0.12, "descriptors", "tab:orange", "s"),
+    ):
+        xs = [i + shift for i, t in enumerate(table) for _ in t[key]]
+        ys = [v for t in table for v in t[key]]
+        ax.scatter(xs, ys, s=45, color=colour, marker=marker, label=f"{key} (each timing)")
+    ax.axhline(target, color="black", ls=":", lw=1.2, label=f"target: {target:g}")
+    ax.set_xticks(range(len(table)), [f"N={t['n'] // 1024}k, d={t['d']}" for t in table])
+    ax.set_xlim(-0.5, len(table) - 0.5)
+    ax.set_ylabel("forward TFLOP/s ÷ cuDNN's")
+    ax.set_ylim(0, 1)
+    ax.grid(axis="y", color="0.9")
+    fig.legend(loc="outside lower center", ncol=3, fontsize=9)
     return fig

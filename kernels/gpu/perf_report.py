@@ -26,6 +26,7 @@ from .perf_figures import (
     plot_memory,
     plot_speed,
     plot_targets,
+    plot_tma,
 )
 from .records import (
     BOOK_CROSS,
@@ -47,6 +48,7 @@ from .records import (
     select,
     setting,
     speed_rows,
+    tma_ratios,
 )
 from .roofline import attainable_tflops, exp2_changes, intensity, p_bar, plot_roofline
 from .targets import (
@@ -95,6 +97,7 @@ __all__ = [
     "plot_roofline",
     "plot_speed",
     "plot_targets",
+    "plot_tma",
     "print_ablation",
     "print_host",
     "print_live",
@@ -108,6 +111,7 @@ __all__ = [
     "speed_rows",
     "speed_table",
     "targets",
+    "tma_ratios",
     "targets_met",
 ]
 

@@ -93,6 +93,30 @@ def first_call_times(first: dict) -> list[tuple[str, float]]:
     return bars
 
 
+def tma_ratios(rows, min_head_dim=128) -> list[dict]:
+    """Per shape of the ``tma`` rows of ``call_cost.json`` (``n``, ``d``): the book's forward
+    TFLOP/s over cuDNN's, every timing, split by how K and V were actually read
+    (``"pointers"``, ``"descriptors"``: a list each, since the default, descriptors from
+    ``min_head_dim`` on, times the same kernel as one of the other two rows), and its
+    forward + backward over cuDNN's (``fb``)."""
+    shapes = list(dict.fromkeys((r["n"], r["d"]) for r in rows))
+    out = []
+    for n, d in shapes:
+        here = [r for r in rows if (r["n"], r["d"]) == (n, d) and r.get("tflops")]
+        cudnn = {r["mode"]: r["tflops"] for r in here if r["loads"] is None}
+        entry = dict(n=n, d=d, pointers=[], descriptors=[])
+        for r in here:
+            if r["loads"] is None:
+                continue
+            if r["mode"] == "fwd+bwd":
+                entry["fb"] = r["tflops"] / cudnn["fwd+bwd"]
+                continue
+            tma = r["loads"] == "TMA at every D" or (r["loads"] != "pointers" and d >= min_head_dim)
+            entry["descriptors" if tma else "pointers"].append(r["tflops"] / cudnn["fwd"])
+        out.append(entry)
+    return out
+
+
 def speed_rows(record) -> list:
     return [r for r in record["data"]["rows"] if r.get("tflops")]
 
