@@ -230,3 +230,24 @@ def _style_plots() -> None:
     from .tools import style
 
     style.install()
+
+
+def run_module_json(module: str, *args: str, env: dict, what: str, timeout: float = 600):
+    """Run ``python -m module args`` in a child process from the repository root with the
+    environment ``env`` and return the JSON object on the last line of its output; a child that
+    fails raises a RuntimeError naming ``what`` it was measuring, with the end of its stderr.
+    Used where a measurement needs a fresh process (Triton decides once per process whether it
+    interprets, and a kernel's specialisation is fixed when it is defined)."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr

@@ -190,3 +190,18 @@ def test_import_sets_a_passive_openmp_wait_policy_unless_the_reader_chose_one():
         timeout=120,
     )
     assert chosen.stdout.strip() == "ACTIVE", chosen.stderr[-500:]
+
+
+def test_a_failing_child_names_what_it_measured():
+    """run_module_json: a child that exits with an error raises, naming the measurement and
+    quoting the child's own message (here: call_cost needs a GPU, and the CPU has none)."""
+    import os
+
+    import pytest
+
+    from kernels.env import run_module_json
+
+    what = f"measurement {os.getpid()}"
+    with pytest.raises(RuntimeError, match=what) as failed:
+        run_module_json("kernels.gpu.call_cost", "--child", env=dict(os.environ), what=what)
+    assert "needs a CUDA GPU" in str(failed.value)

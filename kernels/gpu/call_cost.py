@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch
 from kernels import results, timing
 from kernels.attention import launch
 from kernels.attention.registry import label, runner
+from kernels.env import run_module_json
 from kernels.gpu import first_call
 from kernels.gpu.perf import SHAPES as FIVE_SHAPES
 
@@ -162,17 +162,11 @@ def unspecialised_child() -> dict:
     cache of its own (nothing compiled or tuned by this process is reused)."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, LPFA_SPECIALISE_LENGTHS="0", TRITON_CACHE_DIR=cache)
-        done = subprocess.run(
-            [sys.executable, "-m", "kernels.gpu.call_cost", "--child"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=420,
+        report, log = run_module_json(
+            "kernels.gpu.call_cost", "--child", env=env, what="the unspecialised child", timeout=420
         )
-    if done.returncode != 0:
-        raise RuntimeError(f"the unspecialised child failed:\n{done.stderr[-3000:]}")
-    print(done.stderr[-2000:], end="")  # its log
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    print(log[-2000:], end="")  # its log
+    return report
 
 
 def _child():

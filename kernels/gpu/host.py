@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 
 SHAPE = (2, 2, 128, 64)  # (B, H, N, D): small, so CPU allocations stay cheap
@@ -217,19 +216,13 @@ def host_cost(
             speedups=speedups or {},
         )
     )
+    from ..env import run_module_json
+
     env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [sys.executable, "-m", "kernels.gpu.host", "--child", request],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report, _ = run_module_json(
+        "kernels.gpu.host", "--child", request, env=env, what="the simulated-launch measurement"
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"the simulated-launch measurement failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 def table(rows: dict, title: str) -> str:

@@ -154,6 +154,24 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     return pairs
 
 
+def legibility_problems(fig) -> list[str]:
+    """Every way ``fig`` breaks the book's figure rules, in words (empty: none): text under
+    :data:`MIN_FONT_PT`, wider than the text column (:data:`WIDTH_IN`), a heatmap without a
+    colour bar, a bar axis not starting at zero, overlapping texts. Draws the figure first."""
+    fig.canvas.draw()
+    problems = []
+    if smallest_font_pt(fig) < MIN_FONT_PT:
+        problems.append(f"text at {smallest_font_pt(fig):.1f} pt, under {MIN_FONT_PT} pt")
+    if fig.get_size_inches()[0] > WIDTH_IN + 1e-9:
+        problems.append(f"{fig.get_size_inches()[0]:.2f} in wide, over {WIDTH_IN} in")
+    if heatmaps_without_colorbar(fig):
+        problems.append(f"{heatmaps_without_colorbar(fig)} heatmap(s) without a colour bar")
+    if bar_axes_not_from_zero(fig):
+        problems.append(f"{bar_axes_not_from_zero(fig)} bar axis/axes not starting at zero")
+    problems += [f"overlapping texts {a!r} / {b!r}" for a, b in overlapping_texts(fig)]
+    return problems
+
+
 def _finite(x: float) -> bool:
     return x == x and abs(x) != float("inf")
 

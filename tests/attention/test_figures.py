@@ -17,11 +17,7 @@ matplotlib.use("Agg")
 def assert_legible(fig):
     import matplotlib.pyplot as plt
 
-    fig.canvas.draw()
-    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
-    assert style.bar_axes_not_from_zero(fig) == 0
-    assert style.overlapping_texts(fig) == []
-    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
+    assert style.legibility_problems(fig) == []
     plt.close(fig)
 
 

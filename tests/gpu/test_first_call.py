@@ -58,10 +58,7 @@ def test_first_calls_refuses_lengths_of_another_bucket():
 def _legible(fig):
     from kernels.tools import style
 
-    fig.canvas.draw()
-    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
-    assert style.overlapping_texts(fig) == []
-    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
+    assert style.legibility_problems(fig) == []
 
 
 def _stored_first_call(rng):
@@ -103,7 +100,6 @@ def test_first_call_figure_marks_calls_over_the_target():
     import numpy as np
 
     from kernels.gpu import perf_figures, records
-    from kernels.tools import style
 
     first = _stored_first_call(np.random.default_rng())
     first["on"][0]["seconds"] = 0.0  # a call that compiled nothing: drawn at the axis floor
@@ -115,7 +111,6 @@ def test_first_call_figure_marks_calls_over_the_target():
     red = matplotlib.colors.to_rgba("tab:red")
     over = [tuple(c) == red for c in dots.get_facecolors()]
     assert over == [s > 3.0 for s in seconds]
-    assert style.bar_axes_not_from_zero(fig) == 0
     _legible(fig)
     seconds = [s for _, s in records.first_call_times(first)]
     assert over == [s > 3.0 for s in seconds]
@@ -159,3 +154,65 @@ def test_call_host_figure_draws_host_and_gpu_bars_per_row():
     assert labels == [f"{r['impl']}, {r['issued']}" for r in rows]
     assert ax.get_xlim()[1] > max(max(widths), 1.0)
     _legible(fig)
+
+
+def _tma_rows(rng):
+    """``call_cost.json["tma"]`` rows as ``tma_rows`` writes them, with fresh random speeds."""
+    rows = []
+    for n, d in ((1024, 64), (8192, 128)):
+        cases = [(loads, "fwd") for loads in ("pointers", "TMA at D = 128", "TMA at every D")]
+        cases += [("TMA at D = 128", "fwd+bwd"), (None, "fwd"), (None, "fwd+bwd")]
+        for loads, mode in cases:
+            impl = "SDPA cuDNN" if loads is None else "book, rule off"
+            tflops = float(rng.uniform(50, 600))
+            rows.append(dict(impl=impl, n=n, d=d, mode=mode, loads=loads, tflops=tflops))
+    return rows
+
+
+def test_tma_ratios_sort_timings_by_how_the_tiles_were_read():
+    import numpy as np
+
+    from kernels.gpu import records
+
+    rows = _tma_rows(np.random.default_rng())
+    speed = {(r["n"], r["loads"], r["mode"]): r["tflops"] for r in rows}
+    narrow, wide = records.tma_ratios(rows)
+    cudnn = speed[1024, None, "fwd"]
+    # d = 64: the default reads through pointers, as the "pointers" row does
+    assert narrow["pointers"] == [
+        speed[1024, k, "fwd"] / cudnn for k in ("pointers", "TMA at D = 128")
+    ]
+    assert narrow["descriptors"] == [speed[1024, "TMA at every D", "fwd"] / cudnn]
+    cudnn = speed[8192, None, "fwd"]
+    assert wide["pointers"] == [speed[8192, "pointers", "fwd"] / cudnn]
+    assert wide["descriptors"] == [
+        speed[8192, k, "fwd"] / cudnn for k in ("TMA at D = 128", "TMA at every D")
+    ]
+    assert wide["fb"] == speed[8192, "TMA at D = 128", "fwd+bwd"] / speed[8192, None, "fwd+bwd"]
+
+
+def test_tma_figure_draws_every_timing():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+
+    from kernels.gpu import perf_figures, records
+
+    rows = _tma_rows(np.random.default_rng())
+    fig = perf_figures.plot_tma(rows)
+    ax = fig.axes[0]
+    table = records.tma_ratios(rows)
+    drawn = sorted(float(y) for dots in ax.collections for _, y in dots.get_offsets())
+    assert drawn == sorted(v for t in table for v in t["pointers"] + t["descriptors"])
+    _legible(fig)
+
+
+def test_length_specialisation_switch(monkeypatch):
+    """Triton may specialise on the lengths by default; with the switch off every kernel lists
+    them as not specialised (the head count never is)."""
+    assert launch.not_specialised("N_Q", "N_K") == (
+        ["H"] if launch.SPECIALISE_LENGTHS else ["H", "N_Q", "N_K"]
+    )
+    monkeypatch.setattr(launch, "SPECIALISE_LENGTHS", False)
+    assert launch.not_specialised("N_Q") == ["H", "N_Q"]

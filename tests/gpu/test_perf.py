@@ -162,9 +162,7 @@ def synthetic(tmp_path):
 
 
 def assert_legible(fig):
-    fig.canvas.draw()
-    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
-    assert fig.get_size_inches()[0] <= style.WIDTH_IN + 1e-9
+    assert style.legibility_problems(fig) == []
 
 
 def test_figures_and_tables_from_a_synthetic_record(synthetic, capsys):

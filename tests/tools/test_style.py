@@ -144,3 +144,23 @@ def test_tick_labels_outside_the_view_are_not_text():
     right.set_xlim(-2_000, 35_000)
     assert style.read_record(style.png_with_record(fig))[style.PNG_KEY_OVERLAPS] == "0"
     plt.close(fig)
+
+
+def test_legibility_problems_names_each_broken_rule():
+    style.apply()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(style.WIDTH_IN, 3))
+    left.bar([0, 1], [3.0, 4.0])
+    right.plot(np.random.rand(5))
+    assert style.legibility_problems(fig) == []
+    small = round(random.uniform(4.0, style.MIN_FONT_PT - 0.5), 1)
+    right.set_title("small", fontsize=small)
+    left.set_ylim(2.0, 5.0)  # bars cut off at the bottom
+    right.imshow(np.random.rand(4, 4))  # no colour bar
+    fig.set_size_inches(style.WIDTH_IN + 1, 3)
+    problems = style.legibility_problems(fig)
+    assert len(problems) == 4, problems
+    assert any(f"{small:.1f} pt" in p for p in problems)
+    assert any("wide" in p for p in problems)
+    assert any("colour bar" in p for p in problems)
+    assert any("zero" in p for p in problems)
+    plt.close(fig)
