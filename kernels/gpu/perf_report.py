@@ -45,10 +45,13 @@ from .records import (
     impls_in,
     is_gpu_record,
     load,
+    repeat_spread,
     select,
     setting,
+    specialisation,
     speed_rows,
     tma_ratios,
+    tma_summary,
 )
 from .roofline import attainable_tflops, exp2_changes, intensity, p_bar, plot_roofline
 from .targets import (
@@ -112,6 +115,11 @@ __all__ = [
     "speed_table",
     "targets",
     "tma_ratios",
+    "tma_summary",
+    "repeat_spread",
+    "specialisation",
+    "print_specialisation",
+    "print_tma",
     "targets_met",
 ]
 
@@ -292,3 +300,28 @@ def live_benchmark(shape=(4, 16, 2048, 64), causal=True):
                 )
             )
     return rows
+
+
+def print_specialisation(spec: dict) -> None:
+    """The first call at N = 2,000 and the speed, lengths specialised and not (one print)."""
+    lines = [
+        f"N = 2,000, first call: {spec['first_specialised']:.2f} s specialised, "
+        f"{1e3 * spec['first_plain']:.1f} ms not"
+    ]
+    lines += [
+        f"N = {r['n']:,}, d = {r['d']:3d}, {r['mode']:7s}: {r['specialised']:5.1f} TFLOP/s "
+        f"specialised, {r['plain']:5.1f} not ({r['plain'] / r['specialised'] - 1:+.0%})"
+        for r in spec["rows"]
+    ]
+    print("\n".join(lines))
+
+
+def print_tma(summary: list) -> None:
+    """Descriptors against pointers and the default's shares of cuDNN, per shape (one print)."""
+    lines = ["forward and forward + backward as a share of cuDNN's; descriptors against pointers"]
+    lines += [
+        f"N = {t['n']:6,d}, d = {t['d']:3d}: descriptors {t['change']:+4.0%}; "
+        f"forward {t['default']:.2f}, f+b {t['fb']:.2f}"
+        for t in summary
+    ]
+    print("\n".join(lines))

@@ -117,6 +117,43 @@ def tma_ratios(rows, min_head_dim=128) -> list[dict]:
     return out
 
 
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def tma_summary(rows, min_head_dim=128) -> list[dict]:
+    """Per shape of the ``tma`` rows: ``change``, descriptors against pointers (the mean of
+    each one's timings, − 1); ``default``, the forward ÷ cuDNN's as the kernel reads by
+    default (descriptors from ``min_head_dim`` on); ``fb``, forward + backward ÷ cuDNN's."""
+    out = []
+    for t in tma_ratios(rows, min_head_dim):
+        reads = t["descriptors"] if t["d"] >= min_head_dim else t["pointers"]
+        change = _mean(t["descriptors"]) / _mean(t["pointers"]) - 1
+        out.append(dict(n=t["n"], d=t["d"], change=change, default=_mean(reads), fb=t["fb"]))
+    return out
+
+
+def repeat_spread(rows) -> float:
+    """The largest relative gap between two timings of one kernel among the ``tma`` rows
+    (pointers at a small head dim, descriptors at a large one are each timed twice)."""
+    timed = [v for t in tma_ratios(rows) for v in (t["pointers"], t["descriptors"]) if len(v) > 1]
+    return max(max(v) / min(v) - 1 for v in timed)
+
+
+def specialisation(data) -> dict:
+    """From ``call_cost.json``'s data: the first call at N = 2,000 with the lengths
+    specialised and not (seconds), and per (shape, mode) the TFLOP/s of both (``rows``:
+    n, d, mode, specialised, plain)."""
+    spec = data["specialisation"]
+    first = {r["n"]: r["seconds"] for r in data["first_call"]["nearest"]}
+    plain = {r["n"]: r["seconds"] for r in spec["not_specialised"]["first_call"]["nearest"]}
+    rows = [
+        dict(n=a["n"], d=a["d"], mode=a["mode"], specialised=a["tflops"], plain=b["tflops"])
+        for a, b in zip(spec["specialised"]["speed"], spec["not_specialised"]["speed"])
+    ]
+    return dict(first_specialised=first[2000], first_plain=plain[2000], rows=rows)
+
+
 def speed_rows(record) -> list:
     return [r for r in record["data"]["rows"] if r.get("tflops")]
 

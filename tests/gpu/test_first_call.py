@@ -216,3 +216,56 @@ def test_length_specialisation_switch(monkeypatch):
     )
     monkeypatch.setattr(launch, "SPECIALISE_LENGTHS", False)
     assert launch.not_specialised("N_Q") == ["H", "N_Q"]
+
+
+def test_tma_summary_and_repeat_spread(capsys):
+    import numpy as np
+
+    from kernels.gpu import perf_report, records
+
+    rows = _tma_rows(np.random.default_rng())
+    table = records.tma_ratios(rows)
+    summary = records.tma_summary(rows)
+    for t, s in zip(table, summary):
+        mean = lambda v: sum(v) / len(v)  # noqa: E731
+        assert s["change"] == mean(t["descriptors"]) / mean(t["pointers"]) - 1
+        assert s["default"] == mean(t["descriptors"] if t["d"] >= 128 else t["pointers"])
+    pairs = [v for t in table for v in (t["pointers"], t["descriptors"]) if len(v) == 2]
+    assert records.repeat_spread(rows) == max(max(v) / min(v) - 1 for v in pairs)
+    perf_report.print_tma(summary)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 + len(summary) and max(map(len, printed)) <= 88
+
+
+def test_specialisation_pairs_each_timing_with_its_twin(capsys):
+    import numpy as np
+
+    from kernels.gpu import perf_report, records
+
+    rng = np.random.default_rng()
+
+    def speeds():
+        return [
+            dict(n=n, d=d, mode=m, tflops=float(rng.uniform(100, 400)))
+            for n, d in ((4096, 64), (8192, 128))
+            for m in ("fwd", "fwd+bwd")
+        ]
+
+    first = _stored_first_call(rng)
+    plain_first = _stored_first_call(rng)
+    data = dict(
+        first_call=first,
+        specialisation=dict(
+            specialised=dict(speed=speeds()),
+            not_specialised=dict(first_call=plain_first, speed=speeds()),
+        ),
+    )
+    spec = records.specialisation(data)
+    assert spec["first_specialised"] == first["nearest"][1]["seconds"]  # N = 2,000
+    assert spec["first_plain"] == plain_first["nearest"][1]["seconds"]
+    one, other = data["specialisation"]["specialised"], data["specialisation"]["not_specialised"]
+    assert [r["specialised"] for r in spec["rows"]] == [r["tflops"] for r in one["speed"]]
+    assert [r["plain"] for r in spec["rows"]] == [r["tflops"] for r in other["speed"]]
+    perf_report.print_specialisation(spec)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 5 and max(map(len, printed)) <= 88
