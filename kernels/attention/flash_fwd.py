@@ -274,22 +274,21 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
         oa = out.view(torch.int16) if low_out else out
     else:
         oa = out
-    tma = tma_usable(k, v)
-    if tma and q.device.type == "cuda":
+    if SPEEDUPS["tma"] and q.is_cuda:   # per call: Triton keeps it per thread
         ensure_scratch_allocator()
     args = (q, k, v, oa, lse, offset, params, *q.stride(), *k.stride(), *v.stride(),
             *oa.stride(), heads, n_q, n_k)
     # everything that decides what Triton compiles and how it is launched (the output
     # buffers are fresh, contiguous and aligned, so q's shape decides their strides)
     key = (opts, q.shape, n_k, q.stride(), k.stride(), v.stride(), dtype, device, explicit,
-           low_out, return_offset, aligned(q, k, v), switches(), tma)
+           low_out, return_offset, aligned(q, k, v), switches())
 
     def first():
         consts = dict(HEAD_DIM=d, CAUSAL=kc.causal, STABLE=kc.stable, CAP=kc.cap,
                       PAPER=kc.paper, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
                       ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
                       STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"],
-                      TMA=tma)
+                      TMA=tma_usable(k, v))   # decided by the key: switches, strides, alignment
         blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
         tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),

@@ -32,6 +32,7 @@ import os
 
 import torch
 import triton
+from triton.runtime import _allocation  # no public getter for the allocator in Triton 3.6
 
 from ..env import interpreting, native_bf16
 from ..numerics.rounding import work_dtype
@@ -216,25 +217,20 @@ def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
     return (block_m or dm, block_n or dn)
 
 
-_TMA_DEVICES: dict = {}  # device index -> compute capability >= 9.0 (remembered, as above)
-
-
 def tma_usable(*tensors) -> bool:
     """Whether these (B, H, N, D) tensors are read through tensor descriptors: the ``"tma"``
     speed-up is on, the head dim is at least :data:`TMA_MIN_HEAD_DIM` (or ``"tma_narrow"`` is
     on), they are on a GPU with TMA (sm_90+) or in the interpreter (which reads descriptors
     too, so the CPU tests run this path), and they meet TMA's layout rules: unit stride along
-    the head dim, every other stride and the address a multiple of 16 bytes."""
+    the head dim, every other stride and the address a multiple of 16 bytes. Everything it
+    reads is in the forward's plan key, so it runs once per plan, not per call."""
     if not SPEEDUPS["tma"]:
         return False
     if tensors[0].shape[-1] < TMA_MIN_HEAD_DIM and not SPEEDUPS["tma_narrow"]:
         return False
     device = tensors[0].device
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in _TMA_DEVICES:
-            _TMA_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
-        if not _TMA_DEVICES[index]:
+        if torch.cuda.get_device_capability(device)[0] < 9:
             return False
     elif not interpreting():
         return False
@@ -252,11 +248,10 @@ def _scratch(size: int, alignment: int, stream):
 def ensure_scratch_allocator() -> None:
     """Kernels that build tensor descriptors on the GPU need a little global memory per
     launch (128 bytes per descriptor and program), which Triton asks an allocator for; give it
-    PyTorch's caching allocator unless the program has set one. Triton keeps the allocator in
-    a context variable, so this runs in the thread that launches (autograd's backward thread
-    may re-run a forward under activation checkpointing)."""
-    from triton.runtime import _allocation  # no public getter in Triton 3.6
-
+    PyTorch's caching allocator unless the program has set one (kernels that need no scratch
+    never call it). Triton keeps the allocator in a context variable, so this runs in the
+    thread that launches (autograd's backward thread may re-run a forward under activation
+    checkpointing), on every call: a lookup and a comparison."""
     if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
         triton.set_allocator(_scratch)
 

@@ -42,17 +42,12 @@ from kernels.attention.registry import label, runner
 from kernels.env import run_module_json
 from kernels.gpu import first_call
 from kernels.gpu.perf import SHAPES as FIVE_SHAPES
+from kernels.gpu.records import LOADS  # the forward's loads in section 4, as switches
 
 COMMAND = "python -m kernels.gpu.call_cost"
 GPT2 = (8, 12, 1024, 64)  # (B, H, N, D), chapter 10's smallest shape
 IMPLS = ("triton", "sdpa-flash")
 SPEED_SHAPES = ((4, 16, 4096, 64), (2, 16, 8192, 128))  # two of chapter 10's five
-# the forward's loads in section 4: the switches of kernels.attention.launch.SPEEDUPS
-LOADS = {
-    "pointers": dict(tma=False, tma_narrow=False),
-    "TMA at D = 128": dict(tma=True, tma_narrow=False),
-    "TMA at every D": dict(tma=True, tma_narrow=True),
-}
 
 
 def graphed_step(attn, q, k, v, grad, warmup=3):

@@ -11,6 +11,7 @@ format. The implementations' labels come from :mod:`kernels.attention.registry`.
 from __future__ import annotations
 
 from .. import results
+from ..attention.launch import TMA_MIN_HEAD_DIM
 from ..attention.registry import FLASH_BENCH, group, label
 
 PEAK_TFLOPS = 790.0  # dense bf16 matmul on an H100/H200: the ceiling of every speed
@@ -93,7 +94,22 @@ def first_call_times(first: dict) -> list[tuple[str, float]]:
     return bars
 
 
-def tma_ratios(rows, min_head_dim=128) -> list[dict]:
+# the ways call_cost times the forward's loads (its "tma" rows): the SPEEDUPS switches of each
+LOADS = {
+    "pointers": dict(tma=False, tma_narrow=False),
+    "TMA at D = 128": dict(tma=True, tma_narrow=False),
+    "TMA at every D": dict(tma=True, tma_narrow=True),
+}
+
+
+def reads_descriptors(loads: str, d: int, min_head_dim=TMA_MIN_HEAD_DIM) -> bool:
+    """Whether the forward read K and V through descriptors with the switches ``LOADS[loads]``
+    at head dim ``d`` (as :func:`kernels.attention.launch.tma_usable` decides)."""
+    switches = LOADS[loads]
+    return switches["tma"] and (d >= min_head_dim or switches["tma_narrow"])
+
+
+def tma_ratios(rows, min_head_dim=TMA_MIN_HEAD_DIM) -> list[dict]:
     """Per shape of the ``tma`` rows of ``call_cost.json`` (``n``, ``d``): the book's forward
     TFLOP/s over cuDNN's, every timing, split by how K and V were actually read
     (``"pointers"``, ``"descriptors"``: a list each, since the default, descriptors from
@@ -111,7 +127,7 @@ def tma_ratios(rows, min_head_dim=128) -> list[dict]:
             if r["mode"] == "fwd+bwd":
                 entry["fb"] = r["tflops"] / cudnn["fwd+bwd"]
                 continue
-            tma = r["loads"] == "TMA at every D" or (r["loads"] != "pointers" and d >= min_head_dim)
+            tma = reads_descriptors(r["loads"], d, min_head_dim)
             entry["descriptors" if tma else "pointers"].append(r["tflops"] / cudnn["fwd"])
         out.append(entry)
     return out
@@ -121,7 +137,7 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-def tma_summary(rows, min_head_dim=128) -> list[dict]:
+def tma_summary(rows, min_head_dim=TMA_MIN_HEAD_DIM) -> list[dict]:
     """Per shape of the ``tma`` rows: ``change``, descriptors against pointers (the mean of
     each one's timings, − 1); ``default``, the forward ÷ cuDNN's as the kernel reads by
     default (descriptors from ``min_head_dim`` on); ``fb``, forward + backward ÷ cuDNN's."""
