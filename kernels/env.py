@@ -234,8 +234,9 @@ def _style_plots() -> None:
 
 def run_module_json(module: str, *args: str, env: dict, what: str, timeout: float = 600):
     """Run ``python -m module args`` in a child process from the repository root with the
-    environment ``env`` and return the JSON object on the last line of its output; a child that
-    fails raises a RuntimeError naming ``what`` it was measuring, with the end of its stderr.
+    environment ``env``; return the JSON object on the last line of its output and the child's
+    stderr (its log), as a pair. A child that fails raises a RuntimeError naming ``what`` it
+    was measuring, with the end of its stderr.
     Used where a measurement needs a fresh process (Triton decides once per process whether it
     interprets, and a kernel's specialisation is fixed when it is defined)."""
     import json

@@ -160,14 +160,16 @@ def legibility_problems(fig) -> list[str]:
     colour bar, a bar axis not starting at zero, overlapping texts. Draws the figure first."""
     fig.canvas.draw()
     problems = []
-    if smallest_font_pt(fig) < MIN_FONT_PT:
-        problems.append(f"text at {smallest_font_pt(fig):.1f} pt, under {MIN_FONT_PT} pt")
-    if fig.get_size_inches()[0] > WIDTH_IN + 1e-9:
-        problems.append(f"{fig.get_size_inches()[0]:.2f} in wide, over {WIDTH_IN} in")
-    if heatmaps_without_colorbar(fig):
-        problems.append(f"{heatmaps_without_colorbar(fig)} heatmap(s) without a colour bar")
-    if bar_axes_not_from_zero(fig):
-        problems.append(f"{bar_axes_not_from_zero(fig)} bar axis/axes not starting at zero")
+    font, width = smallest_font_pt(fig), fig.get_size_inches()[0]
+    bare, off_zero = heatmaps_without_colorbar(fig), bar_axes_not_from_zero(fig)
+    if font < MIN_FONT_PT:
+        problems.append(f"text at {font:.1f} pt, under {MIN_FONT_PT} pt")
+    if width > WIDTH_IN + 1e-9:
+        problems.append(f"{width:.2f} in wide, over {WIDTH_IN} in")
+    if bare:
+        problems.append(f"{bare} heatmap(s) without a colour bar")
+    if off_zero:
+        problems.append(f"{off_zero} bar axis/axes not starting at zero")
     problems += [f"overlapping texts {a!r} / {b!r}" for a, b in overlapping_texts(fig)]
     return problems
 
