@@ -39,7 +39,9 @@ from ..env import interpreting
 from ..numerics.triton_rounding import round_low
 from .jit import (
     BF16,
+    LOG2E,
     batch_head,
+    exp_base,
     load_rows,
     load_tile,
     load_tile_pair,
@@ -53,6 +55,7 @@ from .launch import (
     SPEEDUPS,
     Launch,
     aligned,
+    base_two,
     cdiv,
     kernel_params,
     launcher,
@@ -82,7 +85,8 @@ def _delta_from_o_kernel(O, DO, DELTA, strides_o, strides_do, H, N_Q, HEAD_DIM: 
 @triton.jit
 def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                rows, ok, dims, start_n, N_K, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_N: tl.constexpr):
+               LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_N: tl.constexpr,
+               LOG2: tl.constexpr):
     """For a query tile and the key tile at ``start_n``: P = exp(S − L) (0 where masked),
     dP = dO Vᵀ, and Kᵀ (the dQ kernel multiplies dS by it). Without ``MASKED`` every key of
     the tile is inside the sequence and visible to every row (rows past the end of the
@@ -93,7 +97,7 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
     v_t = load_tile(v_base + cols[None, :] * stride_vn + dims[:, None] * stride_vd,
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
-    p = tl.exp(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None])
+    p = exp_base(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None], LOG2)
     if MASKED:
         visible = in_seq[None, :] & ok[:, None]
         if CAUSAL:
@@ -106,7 +110,8 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
 @triton.jit
 def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, strides_q,
                 strides_do, lo, hi, N_Q, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr):
+                LOW: tl.constexpr, EXPLICIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                LOG2: tl.constexpr):
     """Query tiles [lo, hi) for one key/value tile: dV += Pᵀ dO and dK += dSᵀ Q (unscaled).
     Without ``MASKED`` every query row is inside the sequence and sees every key."""
     for start_m in range(lo, hi, BLOCK_M):
@@ -122,7 +127,9 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, s
         else:
             lse = tl.load(LSE + bh * N_Q + rows)
             delta = tl.load(DELTA + bh * N_Q + rows)
-        p_t = tl.exp(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :])
+        if LOG2:
+            lse = lse * LOG2E
+        p_t = exp_base(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :], LOG2)
         if MASKED:
             visible = in_seq[:, None] & ok[None, :]
             if CAUSAL:
@@ -140,7 +147,8 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, s
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides_k, strides_v,
                      strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
                      CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-                     SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     SPLIT: tl.constexpr, LOG2: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
     """One key/value tile: dV = Σ Pᵀ dO and dK = scale · Σ dSᵀ Q over the query tiles.
 
     Works on transposed tiles (keys along rows): Sᵀ = K Qᵀ, so no in-register transpose.
@@ -148,6 +156,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides
     (``strides_g``, shared), each a tuple."""
     bh, b, h = batch_head(H)
     scale = tl.load(PARAMS)
+    p_scale = scale          # P = exp(QKᵀ·p_scale − L), or 2^(QKᵀ·p_scale − L·log₂e) (LOG2)
+    if LOG2:
+        p_scale = scale * LOG2E
     start_n, cols, in_seq = program_tile(BLOCK_N, N_K)   # key indices of this program
     dims = tl.arange(0, HEAD_DIM)
     k, v = load_tile_pair(K, V, b, h, cols, in_seq, dims, strides_k, strides_v, LOW, LOW,
@@ -172,14 +183,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides
         mid_lo = lo
         mid_hi = 0
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, lo, tl.minimum(mid_lo, N_Q), N_Q, scale, True,
-                         CAUSAL, LOW, EXPLICIT, BLOCK_M)
+                         strides_q, strides_do, lo, tl.minimum(mid_lo, N_Q), N_Q, p_scale,
+                         True, CAUSAL, LOW, EXPLICIT, BLOCK_M, LOG2)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, mid_lo, mid_hi, N_Q, scale, False, CAUSAL, LOW,
-                         EXPLICIT, BLOCK_M)
+                         strides_q, strides_do, mid_lo, mid_hi, N_Q, p_scale, False, CAUSAL,
+                         LOW, EXPLICIT, BLOCK_M, LOG2)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, scale,
-                         True, CAUSAL, LOW, EXPLICIT, BLOCK_M)
+                         strides_q, strides_do, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, p_scale,
+                         True, CAUSAL, LOW, EXPLICIT, BLOCK_M, LOG2)
     dk = round_low(dk * scale, LOW, EXPLICIT)
     dv = round_low(dv, LOW, EXPLICIT)
     g = (cols[:, None] * strides_g[2] + dims[None, :] * strides_g[3] + b * strides_g[0]
@@ -192,13 +203,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides
 def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stride_vn,
               stride_vd, rows, ok, dims, lo, hi, N_K, scale, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-              DELTA_ONLY: tl.constexpr, BLOCK_N: tl.constexpr):
+              DELTA_ONLY: tl.constexpr, BLOCK_N: tl.constexpr, LOG2: tl.constexpr):
     """Key tiles [lo, hi) for one query tile: ``acc`` += rowsum(dP ∘ P) (``DELTA_ONLY``, δ) or
     ``acc`` += dS K with dS = P ∘ (dP − δ) (dQ, unscaled)."""
     for start_n in range(lo, hi, BLOCK_N):
         p, dp, k_t = _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn,
                                 stride_vd, rows, ok, dims, start_n, N_K, scale, MASKED, CAUSAL,
-                                LOW, EXPLICIT, BLOCK_N)
+                                LOW, EXPLICIT, BLOCK_N, LOG2)
         if DELTA_ONLY:
             acc += tl.sum(p * dp, 1)
         else:
@@ -212,8 +223,8 @@ def _dq_tiles(q, do, lse, delta, acc, k_base, v_base, stride_kn, stride_kd, stri
 def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k, strides_v,
                        strides_do, strides_g, H, N_Q, N_K, HEAD_DIM: tl.constexpr,
                        CAUSAL: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-                       DELTA_ONLY: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
+                       DELTA_ONLY: tl.constexpr, SPLIT: tl.constexpr, LOG2: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One query tile walks the key tiles, recomputing P = exp(S − L) and dP = dO Vᵀ.
 
     ``DELTA_ONLY``: δ_i = Σ_j dP_ij P_ij (the δ source "dp", which never reads O), stored in
@@ -224,6 +235,10 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k
     dims = tl.arange(0, HEAD_DIM)
     q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, strides_q, strides_do, N_Q,
                            LOW, EXPLICIT)
+    p_scale = scale          # as in _bwd_dkdv_kernel: base-2 units when LOG2
+    if LOG2:
+        p_scale = scale * LOG2E
+        lse = lse * LOG2E
     if DELTA_ONLY:
         delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
         acc = delta
@@ -243,11 +258,11 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k
     k_base = K + b * strides_k[0] + h * strides_k[1]
     v_base = V + b * strides_v[0] + h * strides_v[1]
     acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
-                    strides_v[2], strides_v[3], rows, ok, dims, 0, hi_full, N_K, scale, False,
-                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N)
+                    strides_v[2], strides_v[3], rows, ok, dims, 0, hi_full, N_K, p_scale, False,
+                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N, LOG2)
     acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
-                    strides_v[2], strides_v[3], rows, ok, dims, hi_full, hi, N_K, scale, True,
-                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N)
+                    strides_v[2], strides_v[3], rows, ok, dims, hi_full, hi, N_K, p_scale, True,
+                    CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N, LOG2)
     if DELTA_ONLY:
         tl.store(DELTA + bh * N_Q + rows, acc, mask=ok)
     else:
@@ -319,7 +334,8 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
             _tile_args(qa, ka, va, da, lse, delta, (da,), params, heads, n_q, k.shape[2]),
             lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
                                 EXPLICIT=explicit, DELTA_ONLY=True,
-                                SPLIT=SPEEDUPS["causal_split"]), grid, tiles))
+                                SPLIT=SPEEDUPS["causal_split"],
+                                LOG2=base_two(False, q.dtype)), grid, tiles))
         return delta
     (oa,) = _as_args(explicit, out)
     _DELTA(("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
@@ -366,7 +382,7 @@ def _bwd_launch(blocks, dtype, causal, d, explicit, lengths, programs, which) ->
     """How the dK/dV (``which="dkdv"``, one program per key tile) or the dQ kernel is
     launched the first time for a plan key; ``lengths`` = (N_Q, N_K)."""
     consts = dict(HEAD_DIM=d, CAUSAL=causal, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
-                  SPLIT=SPEEDUPS["causal_split"])
+                  SPLIT=SPEEDUPS["causal_split"], LOG2=base_two(False, dtype))
     if which == "dq":
         consts["DELTA_ONLY"] = False
     axis, n = ("BLOCK_N", lengths[1]) if which == "dkdv" else ("BLOCK_M", lengths[0])

@@ -45,6 +45,8 @@ import triton.language as tl
 from ..numerics.triton_rounding import round_low
 from .jit import (
     BF16,
+    LN2,
+    LOG2E,
     accumulate,
     batch_head,
     load_block,
@@ -61,6 +63,7 @@ from .launch import (
     SPEEDUPS,
     Launch,
     aligned,
+    base_two,
     cdiv,
     check_device,
     ensure_scratch_allocator,
@@ -83,7 +86,8 @@ def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, STABLE: tl.constexpr, CAP: tl.constexpr,
                PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
-               ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr, TMA: tl.constexpr):
+               ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr, TMA: tl.constexpr,
+               LOG2: tl.constexpr):
     """Key/value tiles [lo, hi): the online-softmax update. ``MASKED`` tiles may hold keys past
     the end of the sequence or (causal) keys after the query; the others are fully visible.
     ``k_src``, ``v_src``: this (batch, head)'s K and V, as base pointers or (``TMA``) as
@@ -114,7 +118,7 @@ def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                       EXPLICIT)
         # ℓ = α ℓ + rowsum(P̄),  Ō = α Ō + rnd(P̄) V_j,  α = exp(m − m_new)
         ell, acc = accumulate(scores, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P,
-                              ELL_ROUNDED)
+                              ELL_ROUNDED, LOG2)
         m = m_new
     return m, rm, rs, ell, acc
 
@@ -130,14 +134,18 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
                       EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
                       ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
-                      SPLIT: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      SPLIT: tl.constexpr, TMA: tl.constexpr, LOG2: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h = batch_head(H)
     # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
     beta = tl.load(PARAMS + 1)
     eps = tl.load(PARAMS + 2)
     cap = tl.load(PARAMS + 3)
+    if LOG2:   # work in base-2 units, S·log₂e: P̄ = 2^(S·log₂e − m) (see SPEEDUPS "exp2")
+        scale = scale * LOG2E
+        eps = eps * LOG2E
+        cap = cap * LOG2E
 
     start_m, rows, row_ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
@@ -168,7 +176,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     m, rm, rs, ell, acc = _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, False, CAUSAL,
-                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED, TMA)
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED,
+                                     TMA, LOG2)
     # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
     # for every row of the block (keys after the block's last query) are skipped.
     if CAUSAL:
@@ -178,7 +187,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     m, rm, rs, ell, acc = _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn,
                                      stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, True, CAUSAL,
-                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED, TMA)
+                                     STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED,
+                                     TMA, LOG2)
 
     out = acc / ell[:, None]
     if ROUND_OUT:
@@ -187,6 +197,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                + dims[None, :] * stride_od, out, row_ok[:, None],
                ROUND_OUT and LOW == BF16 and EXPLICIT)
     stat = bh * N_Q + rows
+    if LOG2:   # back to natural units: m·ln 2
+        m = m * LN2
     tl.store(LSE + stat, m + tl.log(ell), mask=row_ok)
     if STORE_OFFSET:
         tl.store(ROW_OFFSET + stat, m, mask=row_ok)
@@ -288,7 +300,8 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
                       PAPER=kc.paper, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
                       ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
                       STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"],
-                      TMA=tma_usable(k, v))   # decided by the key: switches, strides, alignment
+                      TMA=tma_usable(k, v),   # decided by the key: switches, strides, alignment
+                      LOG2=base_two(kc.paper, dtype))
         blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
         tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),

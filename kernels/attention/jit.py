@@ -23,6 +23,8 @@ BF16 = tl.constexpr(LOW_BF16)
 FP16 = tl.constexpr(LOW_FP16)
 TILE = tl.constexpr(STABLE_TILE)
 CROSS = tl.constexpr(STABLE_CROSS)
+LOG2E = tl.constexpr(1.4426950408889634)   # log₂ e: e^x = 2^(x·log₂e)
+LN2 = tl.constexpr(0.6931471805599453)     # ln 2 = 1 / log₂ e
 
 
 @triton.jit
@@ -156,16 +158,28 @@ def offset_update(scores, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr, CAP: 
 
 
 @triton.jit
+def exp_base(x, LOG2: tl.constexpr):
+    """e^x, or (``LOG2``: x is in base-2 units, S·log₂e) 2^x: the same number, one multiply
+    per entry fewer (``tl.exp`` is 2^(x·log₂e) on a GPU)."""
+    if LOG2:
+        return tl.exp2(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.constexpr,
-               EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr):
+               EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr,
+               LOG2: tl.constexpr):
     """The online-softmax update for one tile: P̄ = exp(S − m_new), α = exp(m_old − m_new),
     ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V. Returns (ℓ, Ō). ``ELL_ROUNDED``: ℓ sums rnd(P̄),
-    the values the matmul multiplies V by."""
+    the values the matmul multiplies V by. ``LOG2``: S and m are in base-2 units (S·log₂e)."""
     # a row that has seen no key keeps m = -inf: use 0 so exp(-inf - m) is 0, not NaN
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p_bar = tl.exp(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT))
+    p_bar = exp_base(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT), LOG2)
     p_bar = rnd_if(p_bar, PAPER, LOW, EXPLICIT)
-    alpha = rnd_if(tl.exp(rnd_if(m - m_safe, PAPER, LOW, EXPLICIT)), PAPER, LOW, EXPLICIT)
+    alpha = rnd_if(exp_base(rnd_if(m - m_safe, PAPER, LOW, EXPLICIT), LOG2), PAPER, LOW,
+                   EXPLICIT)
     if PAPER:
         pv = mma(to_operand(p_bar, LOW, EXPLICIT), v, LOW, EXPLICIT)   # P̄ V_j
         row_sum = round_low(tl.sum(p_bar, 1), LOW, EXPLICIT)

@@ -74,6 +74,12 @@ POISON_OUTPUTS = interpreting()
 #                  at head dims >= TMA_MIN_HEAD_DIM where the layout allows it (tma_usable);
 #                  off, or elsewhere: pointer loads. The same values arrive either way;
 #                  LPFA_TMA=0 switches it off everywhere
+#   exp2           the forward kernel (FA2 numerics, bf16/fp16: base_two) works in base-2 units:
+#                  it scales the scores by scale·log₂e instead of scale and exponentiates with
+#                  2^x, as FlashAttention's own kernels do; a GPU's tl.exp is 2^(x·log₂e), so
+#                  this saves one multiply per score. The same numbers up to fp32 rounding
+#                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); the tests compare it with the
+#                  emulator as they compare tl.exp. LPFA_EXP2=0 switches it off everywhere
 #   tma_narrow     descriptors at the smaller head dims too (off: on an H200 they made the
 #                  forward 5-23 % slower at D = 64, where D = 128 gained 0-10 %; chapter 10)
 SPEEDUPS = {
@@ -84,6 +90,7 @@ SPEEDUPS = {
     "nearest_bucket": os.environ.get("LPFA_NEAREST_BUCKET", "1") != "0",
     "tma": os.environ.get("LPFA_TMA", "1") != "0",
     "tma_narrow": False,
+    "exp2": os.environ.get("LPFA_EXP2", "1") != "0",
 }
 TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"
 # Triton compiles one kernel per *specialisation* of the integer arguments: whether each is 1
@@ -277,7 +284,16 @@ def switches() -> tuple:
         SPEEDUPS["tune_by_bucket"],
         SPEEDUPS["tma"],
         SPEEDUPS["tma_narrow"],
+        SPEEDUPS["exp2"],
     )
+
+
+def base_two(paper: bool, dtype) -> bool:
+    """Whether the forward works in base-2 units (:data:`SPEEDUPS` ``"exp2"``): FA2 numerics
+    with bf16/fp16 inputs only. The paper's numerics round S and S − m to the low format,
+    which in base-2 units would be other roundings; fp32/fp64 inputs (the references) keep
+    e^x."""
+    return SPEEDUPS["exp2"] and not paper and dtype in (torch.bfloat16, torch.float16)
 
 
 class _Plan:

@@ -43,8 +43,16 @@ def compile_jobs(ablation_steps):
     jobs.append(
         dict(dtype="bf16", causal=None, d=64, stable=["off"], switches={}, checks=True)
     )  # checks() at N = 1000, 64×32 tiles
-    for d in (64, 128):  # the ablation's other variants
-        for _, switches in (ablation_steps[0], ablation_steps[2]):
+    # the ablation's other variants: each step that compiles other kernels than the defaults
+    # (direct_launch only changes how a compiled kernel is started)
+    compiled = {launch.switches()[1:]}  # the defaults, compiled above
+    for _, switches in ablation_steps:
+        with launch.speedups(**switches):
+            variant = launch.switches()[1:]
+        if variant in compiled:
+            continue
+        compiled.add(variant)
+        for d in (64, 128):
             jobs.append(dict(dtype="bf16", causal=True, d=d, stable=["off"], switches=switches))
     return jobs
 

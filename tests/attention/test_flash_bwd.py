@@ -136,3 +136,25 @@ def test_strided_inputs_and_gradients():
     flash_attention(*again, causal=True, block_m=16, block_n=16).backward(grad_t)
     for a in again:
         assert not torch.isnan(a.grad).any()
+
+
+def test_base_two_backward_moves_only_last_bits():
+    """SPEEDUPS "exp2" in the backward kernels: P = 2^(S·log₂e − L·log₂e) instead of e^(S − L).
+    The gradients agree to a few bf16 ulps and are as close to fp64 either way."""
+    from kernels.attention import launch
+
+    q, k, v = (leaf(1, 2, 197 if ON_GPU else 45, 64, dtype=torch.bfloat16) for _ in range(3))
+    grad_out = torch.randn_like(q)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    attention_fp64(*ref_inputs, True).backward(grad_out.double())
+    got = {}
+    for on in (False, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with launch.speedups(exp2=on):
+            out = flash_attention(*leaves, causal=True, **BLOCKS)
+            out.backward(grad_out)
+        got[on] = [t.grad for t in leaves]
+        errors = [relative_error(g, r.grad) for g, r in zip(got[on], ref_inputs)]
+        assert max(errors) < TOLERANCE[torch.bfloat16], f"exp2={on}: errors {errors}"
+    for name, a, b in zip("qkv", got[False], got[True]):
+        assert relative_error(b, a) < 2e-3, f"d{name} moved by more than rounding flips"

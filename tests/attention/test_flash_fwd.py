@@ -352,3 +352,36 @@ def test_scale_is_used():
     out, _, _ = flash_forward(q, k, v, scale=0.3)
     assert relative_error(out, attention_fp64(q, k, v, scale=0.3)) < 1e-12
     assert relative_error(out, attention_fp64(q, k, v)) > 1e-3  # default 1/sqrt(16) differs
+
+
+@pytest.mark.parametrize("stable", ["off", "cross"])
+def test_base_two_moves_only_last_bits(stable):
+    """SPEEDUPS "exp2": P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
+    fp32 rounding. So L and the offsets agree (to 1e-5) and O agrees as the kernel agrees with
+    the emulator: bit for bit but for rare flips of a rounding."""
+    q, k, v = qkv(2, 2, 300 if ON_GPU else 90, 64, torch.bfloat16)
+    runs = {}
+    for on in (False, True):
+        with launch.speedups(exp2=on):
+            runs[on] = flash_forward(
+                q, k, v, causal=True, stable=stable, return_offset=True, **BLOCKS
+            )
+    (o_e, lse_e, m_e), (o_2, lse_2, m_2) = runs[False], runs[True]
+    assert (lse_2 - lse_e).abs().max().item() < 1e-5
+    assert (m_2 - m_e).abs().max().item() < 1e-5
+    assert_close_to_emulator(o_2, o_e, 0.99, paper=False)
+    assert relative_error(o_2, attention_fp64(q, k, v, True)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype,numerics", [(torch.bfloat16, "paper"), (torch.float32, "fa2")])
+def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
+    """The paper's numerics round S and S − m to bf16 (other roundings in base 2) and fp32
+    inputs are the references: neither takes the exp2 rewrite, so the switch moves no bit."""
+    q, k, v = qkv(1, 2, 70, 32, dtype)
+    outs = []
+    for on in (False, True):
+        with launch.speedups(exp2=on):
+            outs.append(flash_forward(q, k, v, causal=True, numerics=numerics, **BLOCKS))
+    for a, b in zip(*outs):
+        if a is not None:
+            assert torch.equal(a, b), f"{dtype} {numerics}: the exp2 switch changed a bit"
