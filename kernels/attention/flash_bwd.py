@@ -97,7 +97,8 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
     v_t = load_tile(v_base + cols[None, :] * stride_vn + dims[:, None] * stride_vd,
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
-    p = exp_base(mma(q, k_t, LOW, EXPLICIT) * scale - lse[:, None], LOG2)
+    # S·scale − L as one fused multiply-add (one rounding), the same in every tile
+    p = exp_base(tl.fma(mma(q, k_t, LOW, EXPLICIT), scale, -lse[:, None]), LOG2)
     if MASKED:
         visible = in_seq[None, :] & ok[:, None]
         if CAUSAL:
@@ -129,7 +130,7 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, s
             delta = tl.load(DELTA + bh * N_Q + rows)
         if LOG2:
             lse = lse * LOG2E
-        p_t = exp_base(mma(k, q_t, LOW, EXPLICIT) * scale - lse[None, :], LOG2)
+        p_t = exp_base(tl.fma(mma(k, q_t, LOW, EXPLICIT), scale, -lse[None, :]), LOG2)
         if MASKED:
             visible = in_seq[:, None] & ok[None, :]
             if CAUSAL:

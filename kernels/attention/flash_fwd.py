@@ -106,18 +106,18 @@ def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
             v = load_tile(v_src + cols[:, None] * stride_vn + dims[None, :] * stride_vd,
                           in_seq[:, None], LOW, EXPLICIT, MASKED)
         # S = (Q Kᵀ)·scale; the paper's code rounds the product and the scaled scores
-        scores = rnd_if(mma(q, k_t, LOW, EXPLICIT), PAPER, LOW, EXPLICIT)
-        scores = rnd_if(scores * scale, PAPER, LOW, EXPLICIT)
+        qk = rnd_if(mma(q, k_t, LOW, EXPLICIT), PAPER, LOW, EXPLICIT)
         if MASKED:
             visible = in_seq[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
+            qk = tl.where(visible, qk, float("-inf"))
+        scores = rnd_if(qk * scale, PAPER, LOW, EXPLICIT)   # for the running max and the rule
         # m_new: the offset this tile's P̄ = exp(S − m_new) uses (running max, or Algorithm 3)
         m_new, rm, rs = offset_update(scores, m, rm, rs, beta, eps, cap, STABLE, CAP, PAPER, LOW,
                                       EXPLICIT)
         # ℓ = α ℓ + rowsum(P̄),  Ō = α Ō + rnd(P̄) V_j,  α = exp(m − m_new)
-        ell, acc = accumulate(scores, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P,
+        ell, acc = accumulate(qk, scale, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P,
                               ELL_ROUNDED, LOG2)
         m = m_new
     return m, rm, rs, ell, acc

@@ -168,15 +168,30 @@ def exp_base(x, LOG2: tl.constexpr):
 
 
 @triton.jit
-def accumulate(scores, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.constexpr,
+def shifted_scores(qk, scale, m, PAPER: tl.constexpr, LOW: tl.constexpr,
+                   EXPLICIT: tl.constexpr):
+    """S − m with S = QKᵀ·scale (``qk``: the product, -inf where masked), the exponent of P̄.
+    FA2 numerics: one fused multiply-add, one rounding, as FlashAttention's kernels compute it.
+    Written out because a GPU compiler fuses qk·scale − m by itself only where nothing stands
+    between the two: a masked tile and a full one would round differently. Paper numerics: S
+    and S − m each rounded to the low format, as the paper's PyTorch code does."""
+    if PAPER:
+        return round_low(round_low(qk * scale, LOW, EXPLICIT) - m[:, None], LOW, EXPLICIT)
+    else:
+        return tl.fma(qk, scale, -m[:, None])
+
+
+@triton.jit
+def accumulate(qk, scale, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.constexpr,
                EXPLICIT: tl.constexpr, ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr,
                LOG2: tl.constexpr):
     """The online-softmax update for one tile: P̄ = exp(S − m_new), α = exp(m_old − m_new),
-    ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V. Returns (ℓ, Ō). ``ELL_ROUNDED``: ℓ sums rnd(P̄),
-    the values the matmul multiplies V by. ``LOG2``: S and m are in base-2 units (S·log₂e)."""
+    ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V, with S = ``qk``·``scale``. Returns (ℓ, Ō).
+    ``ELL_ROUNDED``: ℓ sums rnd(P̄), the values the matmul multiplies V by. ``LOG2``: scale
+    and m are in base-2 units (scale·log₂e, m·log₂e)."""
     # a row that has seen no key keeps m = -inf: use 0 so exp(-inf - m) is 0, not NaN
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p_bar = exp_base(rnd_if(scores - m_safe[:, None], PAPER, LOW, EXPLICIT), LOG2)
+    p_bar = exp_base(shifted_scores(qk, scale, m_safe, PAPER, LOW, EXPLICIT), LOG2)
     p_bar = rnd_if(p_bar, PAPER, LOW, EXPLICIT)
     alpha = rnd_if(exp_base(rnd_if(m - m_safe, PAPER, LOW, EXPLICIT), LOG2), PAPER, LOW,
                    EXPLICIT)
