@@ -197,9 +197,13 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                + dims[None, :] * stride_od, out, row_ok[:, None],
                ROUND_OUT and LOW == BF16 and EXPLICIT)
     stat = bh * N_Q + rows
-    if LOG2:   # back to natural units: m·ln 2
+    if LOG2:   # back to natural units: L = m·ln 2 + log ℓ, one fused multiply-add (written
+        # out: the compiler fused it in some kernel variants and not in others)
+        lse = tl.fma(m, LN2, tl.log(ell))
         m = m * LN2
-    tl.store(LSE + stat, m + tl.log(ell), mask=row_ok)
+    else:
+        lse = m + tl.log(ell)
+    tl.store(LSE + stat, lse, mask=row_ok)
     if STORE_OFFSET:
         tl.store(ROW_OFFSET + stat, m, mask=row_ok)
 
