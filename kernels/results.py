@@ -62,6 +62,16 @@ def load(name: str, directory=None) -> dict:
         return json.load(f)
 
 
+def gpu_short(record: dict) -> str:
+    """The GPU of a record in a word for a figure's title ("H100" for "NVIDIA H100 80GB
+    HBM3"); "CPU" for a record measured without one."""
+    gpu = record["provenance"].get("gpu")
+    if not gpu:
+        return "CPU"
+    words = gpu.removeprefix("NVIDIA ").split()
+    return words[0] if words else gpu
+
+
 def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     """What a chapter prints under a plot of stored data: where, with what and when it was
     measured, after ``prefix``, wrapped to lines of at most ``width`` characters (continuation

@@ -33,6 +33,11 @@ The same source serves every machine through two compile-time switches:
     exact in fp32) and rounded with
     :func:`kernels.numerics.triton_rounding.round_low` at the same points.
 
+With ``LOG2`` (FA2 numerics, bf16/fp16, :data:`~kernels.attention.launch.SPEEDUPS` ``"exp2"``)
+the kernel works in base-2 units, as FlashAttention's kernels do: scale, ε and the cap are
+multiplied by log₂e once, P̄ = 2^(S − m) with S and m so scaled (one multiplication per score
+fewer than ``tl.exp``, which is 2^(x·log₂e) on a GPU), and L = m·ln 2 + log ℓ at the end.
+
 fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything in fp64
 (``tl.dot`` accepts fp64 operands in Triton 3.6, in the interpreter and on sm_80+ GPUs).
 """

@@ -74,12 +74,13 @@ POISON_OUTPUTS = interpreting()
 #                  at head dims >= TMA_MIN_HEAD_DIM where the layout allows it (tma_usable);
 #                  off, or elsewhere: pointer loads. The same values arrive either way;
 #                  LPFA_TMA=0 switches it off everywhere
-#   exp2           the forward kernel (FA2 numerics, bf16/fp16: base_two) works in base-2 units:
-#                  it scales the scores by scale·log₂e instead of scale and exponentiates with
-#                  2^x, as FlashAttention's own kernels do; a GPU's tl.exp is 2^(x·log₂e), so
-#                  this saves one multiply per score. The same numbers up to fp32 rounding
-#                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); the tests compare it with the
-#                  emulator as they compare tl.exp. LPFA_EXP2=0 switches it off everywhere
+#   exp2           the forward and backward kernels (FA2 numerics, bf16/fp16: base_two) work in
+#                  base-2 units: they scale the scores by scale·log₂e instead of scale and
+#                  exponentiate with 2^x, as FlashAttention's own kernels do; a GPU's tl.exp is
+#                  2^(x·log₂e), so this saves one multiply per score (H100: forward 17 % faster
+#                  at N >= 4096, chapter 10). The same numbers up to fp32 rounding
+#                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so it
+#                  moves bits. LPFA_EXP2=0 switches it off everywhere
 #   tma_narrow     descriptors at the smaller head dims too (off: on an H200 they made the
 #                  forward 5-23 % slower at D = 64, where D = 128 gained 0-10 %; chapter 10)
 SPEEDUPS = {
