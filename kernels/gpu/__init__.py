@@ -11,6 +11,8 @@ in :mod:`kernels.attention.registry`.
 * :mod:`.host`      the host cost of one call with the GPU taken out
   (``python -m kernels.gpu.host``)
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
+* :mod:`.compiled`  the kernels compiled for an H100 on any machine: their PTX's multiply-adds
+  (``python -m kernels.gpu.compiled``)
 * :mod:`.perf_report`  what chapter 10 imports: :mod:`.records`, :mod:`.perf_figures`,
   :mod:`.roofline`, :mod:`.targets` and its tables; :mod:`.exercises` the chapter's checks
 
