@@ -34,9 +34,10 @@ The same source serves every machine through two compile-time switches:
     :func:`kernels.numerics.triton_rounding.round_low` at the same points.
 
 With ``LOG2`` (FA2 numerics, bf16/fp16, :data:`~kernels.attention.launch.SPEEDUPS` ``"exp2"``)
-the kernel works in base-2 units, as FlashAttention's kernels do: scale, ε and the cap are
-multiplied by log₂e once, P̄ = 2^(S − m) with S and m so scaled (one multiplication per score
-fewer than ``tl.exp``, which is 2^(x·log₂e) on a GPU), and L = m·ln 2 + log ℓ at the end.
+the exponentials are computed in base 2, as FlashAttention's kernels do:
+P̄ = 2^(QKᵀ·(scale·log₂e) − m·log₂e), one fused multiply-add per score, where ``tl.exp`` of
+S − m would cost a multiplication more (it is 2^(x·log₂e) on a GPU). S, m, the offset rule and
+L stay in natural units.
 
 fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything in fp64
 (``tl.dot`` accepts fp64 operands in Triton 3.6, in the interpreter and on sm_80+ GPUs).
@@ -50,8 +51,6 @@ import triton.language as tl
 from ..numerics.triton_rounding import round_low
 from .jit import (
     BF16,
-    LN2,
-    LOG2E,
     accumulate,
     batch_head,
     load_block,
@@ -147,10 +146,6 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
     beta = tl.load(PARAMS + 1)
     eps = tl.load(PARAMS + 2)
     cap = tl.load(PARAMS + 3)
-    if LOG2:   # work in base-2 units, S·log₂e: P̄ = 2^(S·log₂e − m) (see SPEEDUPS "exp2")
-        scale = scale * LOG2E
-        eps = eps * LOG2E
-        cap = cap * LOG2E
 
     start_m, rows, row_ok = program_tile(BLOCK_M, N_Q)
     dims = tl.arange(0, HEAD_DIM)
@@ -202,13 +197,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                + dims[None, :] * stride_od, out, row_ok[:, None],
                ROUND_OUT and LOW == BF16 and EXPLICIT)
     stat = bh * N_Q + rows
-    if LOG2:   # back to natural units: L = m·ln 2 + log ℓ, one fused multiply-add (written
-        # out: the compiler fused it in some kernel variants and not in others)
-        lse = tl.fma(m, LN2, tl.log(ell))
-        m = m * LN2
-    else:
-        lse = m + tl.log(ell)
-    tl.store(LSE + stat, lse, mask=row_ok)
+    tl.store(LSE + stat, m + tl.log(ell), mask=row_ok)
     if STORE_OFFSET:
         tl.store(ROW_OFFSET + stat, m, mask=row_ok)
 

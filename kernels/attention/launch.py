@@ -74,10 +74,10 @@ POISON_OUTPUTS = interpreting()
 #                  at head dims >= TMA_MIN_HEAD_DIM where the layout allows it (tma_usable);
 #                  off, or elsewhere: pointer loads. The same values arrive either way;
 #                  LPFA_TMA=0 switches it off everywhere
-#   exp2           the forward and backward kernels (FA2 numerics, bf16/fp16: base_two) work in
-#                  base-2 units: they scale the scores by scale·log₂e instead of scale and
-#                  exponentiate with 2^x, as FlashAttention's own kernels do; a GPU's tl.exp is
-#                  2^(x·log₂e), so this saves one multiply per score (H100: forward 17 % faster
+#   exp2           the forward and backward kernels (FA2 numerics, bf16/fp16: base_two)
+#                  exponentiate with 2^x, log₂e folded into the scale and the row's offset
+#                  (one fused multiply-add per score), as FlashAttention's own kernels do; a
+#                  GPU's tl.exp is 2^(x·log₂e), so this saves one multiply per score (H100: forward 17 % faster
 #                  at N >= 4096, chapter 10). The same numbers up to fp32 rounding
 #                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so it
 #                  moves bits. LPFA_EXP2=0 switches it off everywhere

@@ -6,10 +6,11 @@ language: :func:`compile_ptx`. In PTX a multiply and an add written as ``mul.f32
 own discretion; ``fma.rn.f32`` is one rounding, always. So ``a·b + c`` can come out with one
 rounding in one kernel and two in another, and their last bits differ.
 
-Chapter 10 met this: with the exp2 rewrite the forward kernel computed L = m·ln 2 + log ℓ,
-and the compiler fused that multiply-add in the kernel with the causal split but not in the
-kernel that masks every tile, so the two gave different L and different gradients. The kernels
-now write such multiply-adds as ``tl.fma``. :func:`census` compiles the three kernels with the
+Chapter 10 met this: a first version of the exp2 rewrite kept the offset m in base-2 units
+and computed L = m·ln 2 + log ℓ, and the compiler fused that multiply-add in the kernel with
+the causal split but not in the kernel that masks every tile, so the two gave different L and
+different gradients. The kernels now keep m in natural units and write the multiply-add of
+every score as ``tl.fma``. :func:`census` compiles the three kernels with the
 split on and off and counts their fused multiply-adds and :func:`unfused_multiply_adds`.
 
 ``python -m kernels.gpu.compiled`` prints the census (as JSON with ``--json``).
