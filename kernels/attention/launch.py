@@ -77,8 +77,9 @@ POISON_OUTPUTS = interpreting()
 #   exp2           the forward and backward kernels (FA2 numerics, bf16/fp16: base_two)
 #                  exponentiate with 2^x, log₂e folded into the scale and the row's offset
 #                  (one fused multiply-add per score), as FlashAttention's own kernels do; a
-#                  GPU's tl.exp is 2^(x·log₂e), so this saves one multiply per score (H100: forward 17 % faster
-#                  at N >= 4096, chapter 10). The same numbers up to fp32 rounding
+#                  GPU's tl.exp is 2^(x·log₂e), so this saves one multiply per score (H100:
+#                  forward 17 % faster at N >= 4096, chapter 10). The same numbers up to fp32
+#                  rounding
 #                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so it
 #                  moves bits. LPFA_EXP2=0 switches it off everywhere
 #   tma_narrow     descriptors at the smaller head dims too (off: on an H200 they made the
