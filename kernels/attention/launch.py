@@ -79,11 +79,10 @@ POISON_OUTPUTS = interpreting()
 #                  (one fused multiply-add per score), as FlashAttention's own kernels do; a
 #                  GPU's tl.exp is 2^(x·log₂e), so this saves one multiply per score (H100:
 #                  forward 17 % faster at N >= 4096, chapter 10). The same numbers up to fp32
-#                  rounding
-#                  (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so it
-#                  moves bits. LPFA_EXP2=0 switches it off everywhere
-#   tma_narrow     descriptors at the smaller head dims too (off: on an H200 they made the
-#                  forward 5-23 % slower at D = 64, where D = 128 gained 0-10 %; chapter 10)
+#                  rounding (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so
+#                  it moves bits. LPFA_EXP2=0 switches it off everywhere
+#   tma_narrow     descriptors at the smaller head dims too (off: on an H100 and an H200 they
+#                  made the forward slower at D = 64, where D = 128 gained; chapter 10)
 SPEEDUPS = {
     "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
     "causal_split": True,
