@@ -79,24 +79,28 @@ def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
     return fig
 
 
-# --- exp2: what folding log2(e) into the scale would change ----------------------------
+# --- exp2: what folding log2(e) into the scale changes ------------------------------------
 def p_bar(s, scale, fold: bool):
-    """P̄ = exp(S·scale − m) in fp32 as the kernels compute it (``fold=False``), or the exp2
-    rewrite P̄ = 2^(S·(scale·log2 e) − m₂), one multiply folding the scale and log2 e, with
-    the row maximum kept in log2 units (``fold=True``)."""
+    """P̄ = exp(S·scale − m) in fp32 (``fold=False``: ``tl.exp`` of the shifted score), or as
+    the kernels compute it with SPEEDUPS "exp2" (``fold=True``): 2^(S·(scale·log₂e) − m·log₂e)
+    with the argument from one fused multiply-add (one rounding, emulated in fp64) and m, the
+    row maximum, in natural units."""
     import torch
 
-    if fold:
-        s2 = s * (scale * math.log2(math.e))
-        return torch.exp2(s2 - s2.amax(-1, keepdim=True))
     scaled = s * scale
-    return torch.exp(scaled - scaled.amax(-1, keepdim=True))
+    m = scaled.amax(-1, keepdim=True)
+    if fold:
+        log2e = torch.tensor(math.log2(math.e), dtype=torch.float32)
+        c = torch.tensor(scale, dtype=torch.float32) * log2e  # fp32, as in the kernel
+        m2 = m * log2e  # fp32, per row
+        return torch.exp2((s.double() * c.double() - m2.double()).float())  # fma: one rounding
+    return torch.exp(scaled - m)
 
 
 def exp2_changes(rows=256, keys=256, d=64, seed=0) -> dict:
-    """P̄ = exp(S·scale − m) as the kernels compute it, against the exp2 rewrite
-    P̄ = 2^(S·(scale·log2 e) − m₂) with the running maximum kept in log2 units: the share of
-    fp32 P̄ values that change, and of their bf16 roundings (the P̄ that multiplies V)."""
+    """P̄ = exp(S·scale − m) against the exp2 rewrite the kernels use (:func:`p_bar`): the
+    share of fp32 P̄ values that change, and of their bf16 roundings (the P̄ that multiplies
+    V)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
