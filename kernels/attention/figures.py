@@ -206,17 +206,16 @@ def plot_delta_gap(gap):
     Eq. (3) (right)."""
     plt = _plt()
     gap = np.asarray(gap)  # a CPU array or tensor
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.4), layout="constrained")
     rows_t = np.arange(len(gap))
     ax1.plot(rows_t, gap, ".", markersize=4)
     ax1.axhline(0, color="k", linewidth=0.8)
     ax1.set_xlabel("query row T")
     ax1.set_ylabel(r"$(\delta_{lp} - \delta_{hp})[T]$")
-    ax1.set_title("δ error per row (bf16 O vs fp32 O)")
+    ax1.set_title("δ error per row, bf16 O vs fp32 O")
     ax2.plot(rows_t, np.cumsum(gap), color="tab:red")
     ax2.axhline(0, color="k", linewidth=0.8)
     ax2.set_xlabel("query row T")
     ax2.set_ylabel(r"$\sum_{t \leq T} (\delta_{lp} - \delta_{hp})[t]$")
-    ax2.set_title("running sum: the coefficient of Eq. (3)")
-    plt.tight_layout()
+    ax2.set_title("running sum: Eq. (3)'s coefficient")
     return fig

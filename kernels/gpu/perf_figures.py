@@ -89,7 +89,7 @@ def plot_ablation(rows):
         ax.set(title="forward" if mode == "fwd" else "forward + backward")
     axes[0].set_ylabel("TFLOP/s")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=len(steps))
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(steps), 3))
     return fig
 
 

@@ -160,7 +160,10 @@ def legibility_problems(fig) -> list[str]:
     colour bar, a bar axis not starting at zero, overlapping texts. Draws the figure first."""
     fig.canvas.draw()
     problems = []
-    font, width = smallest_font_pt(fig), fig.get_size_inches()[0]
+    # as saved (tight box): a legend or a label that sticks out widens the image, which the
+    # site then shrinks to the column, and its text with it
+    tight = fig.get_tightbbox(fig.canvas.get_renderer()).width
+    font, width = smallest_font_pt(fig), max(fig.get_size_inches()[0], tight)
     bare, off_zero = heatmaps_without_colorbar(fig), bar_axes_not_from_zero(fig)
     if font < MIN_FONT_PT:
         problems.append(f"text at {font:.1f} pt, under {MIN_FONT_PT} pt")
