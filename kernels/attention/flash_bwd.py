@@ -39,9 +39,8 @@ from ..env import interpreting
 from ..numerics.triton_rounding import round_low
 from .jit import (
     BF16,
-    LOG2E,
     batch_head,
-    exp_base,
+    exp_shifted,
     load_rows,
     load_tile,
     load_tile_pair,
@@ -97,8 +96,7 @@ def _p_dp_tile(q, do, lse, k_base, v_base, stride_kn, stride_kd, stride_vn, stri
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
     v_t = load_tile(v_base + cols[None, :] * stride_vn + dims[:, None] * stride_vd,
                     in_seq[None, :], LOW, EXPLICIT, MASKED)
-    # S·scale − L as one fused multiply-add (one rounding), the same in every tile
-    p = exp_base(tl.fma(mma(q, k_t, LOW, EXPLICIT), scale, -lse[:, None]), LOG2)
+    p = exp_shifted(mma(q, k_t, LOW, EXPLICIT), scale, lse[:, None], LOG2)
     if MASKED:
         visible = in_seq[None, :] & ok[:, None]
         if CAUSAL:
@@ -128,9 +126,7 @@ def _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims, s
         else:
             lse = tl.load(LSE + bh * N_Q + rows)
             delta = tl.load(DELTA + bh * N_Q + rows)
-        if LOG2:
-            lse = lse * LOG2E
-        p_t = exp_base(tl.fma(mma(k, q_t, LOW, EXPLICIT), scale, -lse[None, :]), LOG2)
+        p_t = exp_shifted(mma(k, q_t, LOW, EXPLICIT), scale, lse[None, :], LOG2)
         if MASKED:
             visible = in_seq[:, None] & ok[None, :]
             if CAUSAL:
@@ -157,9 +153,6 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides
     (``strides_g``, shared), each a tuple."""
     bh, b, h = batch_head(H)
     scale = tl.load(PARAMS)
-    p_scale = scale          # P = exp(QKᵀ·p_scale − L), or 2^(QKᵀ·p_scale − L·log₂e) (LOG2)
-    if LOG2:
-        p_scale = scale * LOG2E
     start_n, cols, in_seq = program_tile(BLOCK_N, N_K)   # key indices of this program
     dims = tl.arange(0, HEAD_DIM)
     k, v = load_tile_pair(K, V, b, h, cols, in_seq, dims, strides_k, strides_v, LOW, LOW,
@@ -184,13 +177,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, PARAMS, strides_q, strides
         mid_lo = lo
         mid_hi = 0
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, lo, tl.minimum(mid_lo, N_Q), N_Q, p_scale,
+                         strides_q, strides_do, lo, tl.minimum(mid_lo, N_Q), N_Q, scale,
                          True, CAUSAL, LOW, EXPLICIT, BLOCK_M, LOG2)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, mid_lo, mid_hi, N_Q, p_scale, False, CAUSAL,
+                         strides_q, strides_do, mid_lo, mid_hi, N_Q, scale, False, CAUSAL,
                          LOW, EXPLICIT, BLOCK_M, LOG2)
     dk, dv = _dkdv_tiles(k, v, dk, dv, Q, DO, LSE, DELTA, b, h, bh, cols, in_seq, dims,
-                         strides_q, strides_do, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, p_scale,
+                         strides_q, strides_do, tl.maximum(mid_lo, mid_hi), N_Q, N_Q, scale,
                          True, CAUSAL, LOW, EXPLICIT, BLOCK_M, LOG2)
     dk = round_low(dk * scale, LOW, EXPLICIT)
     dv = round_low(dv, LOW, EXPLICIT)
@@ -236,10 +229,6 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k
     dims = tl.arange(0, HEAD_DIM)
     q, do, lse = load_rows(Q, DO, LSE, b, h, bh, rows, ok, dims, strides_q, strides_do, N_Q,
                            LOW, EXPLICIT)
-    p_scale = scale          # as in _bwd_dkdv_kernel: base-2 units when LOG2
-    if LOG2:
-        p_scale = scale * LOG2E
-        lse = lse * LOG2E
     if DELTA_ONLY:
         delta = tl.zeros([BLOCK_M], LSE.dtype.element_ty)
         acc = delta
@@ -259,10 +248,10 @@ def _query_tile_kernel(Q, K, V, DO, LSE, DELTA, DQ, PARAMS, strides_q, strides_k
     k_base = K + b * strides_k[0] + h * strides_k[1]
     v_base = V + b * strides_v[0] + h * strides_v[1]
     acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
-                    strides_v[2], strides_v[3], rows, ok, dims, 0, hi_full, N_K, p_scale, False,
+                    strides_v[2], strides_v[3], rows, ok, dims, 0, hi_full, N_K, scale, False,
                     CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N, LOG2)
     acc = _dq_tiles(q, do, lse, delta, acc, k_base, v_base, strides_k[2], strides_k[3],
-                    strides_v[2], strides_v[3], rows, ok, dims, hi_full, hi, N_K, p_scale, True,
+                    strides_v[2], strides_v[3], rows, ok, dims, hi_full, hi, N_K, scale, True,
                     CAUSAL, LOW, EXPLICIT, DELTA_ONLY, BLOCK_N, LOG2)
     if DELTA_ONLY:
         tl.store(DELTA + bh * N_Q + rows, acc, mask=ok)

@@ -158,31 +158,18 @@ def offset_update(scores, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr, CAP: 
 
 
 @triton.jit
-def exp_base(x, LOG2: tl.constexpr):
-    """e^x, or (``LOG2``: x is already in base-2 units, x·log₂e) 2^x: the same number, one
-    multiply per entry fewer (``tl.exp`` is 2^(x·log₂e) on a GPU)."""
+def exp_shifted(x, scale, shift, LOG2: tl.constexpr):
+    """e^(x·scale − shift) for a tile ``x`` (a product QKᵀ, -inf where masked) and a ``shift``
+    already broadcast against it (each row's offset m, or its log-sum-exp L). The exponent is
+    one fused multiply-add, one rounding, as FlashAttention's kernels compute it; written out
+    because a GPU compiler fuses x·scale − shift by itself only where nothing stands between
+    the two, so a masked tile and a full one would round differently. ``LOG2``: log₂e folded
+    into the scale and the shift, and 2^x: the same number, one multiply per entry fewer
+    (``tl.exp`` is 2^(x·log₂e) on a GPU); m and L stay in natural units."""
     if LOG2:
-        return tl.exp2(x)
+        return tl.exp2(tl.fma(x, scale * LOG2E, shift * NEG_LOG2E))
     else:
-        return tl.exp(x)
-
-
-@triton.jit
-def shifted_scores(qk, scale, m, PAPER: tl.constexpr, LOW: tl.constexpr,
-                   EXPLICIT: tl.constexpr, LOG2: tl.constexpr):
-    """S − m with S = QKᵀ·scale (``qk``: the product, -inf where masked), the exponent of P̄;
-    ``LOG2``: (S − m)·log₂e, for 2^x. FA2 numerics: one fused multiply-add, one rounding, as
-    FlashAttention's kernels compute it (with log₂e folded into the scale and into the row's
-    offset, so m itself stays in natural units, exactly as the offset rule set it). Written out
-    because a GPU compiler fuses qk·scale − m by itself only where nothing stands between the
-    two: a masked tile and a full one would round differently. Paper numerics: S and S − m
-    each rounded to the low format, as the paper's PyTorch code does."""
-    if PAPER:
-        return round_low(round_low(qk * scale, LOW, EXPLICIT) - m[:, None], LOW, EXPLICIT)
-    elif LOG2:
-        return tl.fma(qk, scale * LOG2E, (m * NEG_LOG2E)[:, None])
-    else:
-        return tl.fma(qk, scale, -m[:, None])
+        return tl.exp(tl.fma(x, scale, -shift))
 
 
 @triton.jit
@@ -192,15 +179,21 @@ def accumulate(qk, scale, v, m, m_new, ell, acc, PAPER: tl.constexpr, LOW: tl.co
     """The online-softmax update for one tile: P̄ = exp(S − m_new), α = exp(m_old − m_new),
     ℓ = α ℓ + rowsum(P̄), Ō = α Ō + rnd(P̄) V, with S = ``qk``·``scale``. Returns (ℓ, Ō).
     ``ELL_ROUNDED``: ℓ sums rnd(P̄), the values the matmul multiplies V by. ``LOG2``: both
-    exponentials as 2^(x·log₂e) (FA2 numerics only; see :func:`shifted_scores`)."""
+    exponentials as 2^(x·log₂e) (FA2 numerics only; see :func:`exp_shifted`)."""
     # a row that has seen no key keeps m = -inf: use 0 so exp(-inf - m) is 0, not NaN
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p_bar = exp_base(shifted_scores(qk, scale, m_safe, PAPER, LOW, EXPLICIT, LOG2), LOG2)
-    p_bar = rnd_if(p_bar, PAPER, LOW, EXPLICIT)
-    shift = rnd_if(m - m_safe, PAPER, LOW, EXPLICIT)
+    if PAPER:   # the paper's code rounds S, S − m and P̄ to the low format
+        shifted = round_low(round_low(qk * scale, LOW, EXPLICIT) - m_safe[:, None], LOW,
+                            EXPLICIT)
+        p_bar = round_low(tl.exp(shifted), LOW, EXPLICIT)
+    else:
+        p_bar = exp_shifted(qk, scale, m_safe[:, None], LOG2)
+    shift = rnd_if(m - m_safe, PAPER, LOW, EXPLICIT)     # α = e^shift
     if LOG2:
-        shift = shift * LOG2E
-    alpha = rnd_if(exp_base(shift, LOG2), PAPER, LOW, EXPLICIT)
+        alpha = tl.exp2(shift * LOG2E)
+    else:
+        alpha = tl.exp(shift)
+    alpha = rnd_if(alpha, PAPER, LOW, EXPLICIT)
     if PAPER:
         pv = mma(to_operand(p_bar, LOW, EXPLICIT), v, LOW, EXPLICIT)   # P̄ V_j
         row_sum = round_low(tl.sum(p_bar, 1), LOW, EXPLICIT)

@@ -290,10 +290,10 @@ def switches() -> tuple:
 
 
 def base_two(paper: bool, dtype) -> bool:
-    """Whether the forward works in base-2 units (:data:`SPEEDUPS` ``"exp2"``): FA2 numerics
-    with bf16/fp16 inputs only. The paper's numerics round S and S − m to the low format,
-    which in base-2 units would be other roundings; fp32/fp64 inputs (the references) keep
-    e^x."""
+    """Whether the kernels exponentiate in base 2 (:data:`SPEEDUPS` ``"exp2"``,
+    :func:`~kernels.attention.jit.exp_shifted`): FA2 numerics with bf16/fp16 inputs only. The
+    paper's numerics round S and S − m to the low format, which in base 2 would be other
+    roundings; fp32/fp64 inputs (the references) keep e^x."""
     return SPEEDUPS["exp2"] and not paper and dtype in (torch.bfloat16, torch.float16)
 
 
