@@ -69,29 +69,17 @@ MEMORY_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 MEMORY_SHAPE = (1, 16, 64)  # (B, H, D)
 # the ablation: speed-ups switched on one at a time, in this order (cumulative)
 _BEFORE = dict(direct_launch=False, causal_split=False, wide_tuning=False, tma=False, exp2=False)
+_STEPS = [
+    ("as before", {}),
+    ("+ direct launch", {"direct_launch": True}),
+    ("+ causal split", {"causal_split": True}),
+    ("+ wider tuning", {"wide_tuning": True}),
+    ("+ TMA loads", {"tma": True}),
+    ("+ exp2", {"exp2": True}),
+]
 ABLATION_STEPS = [
-    ("as before", _BEFORE),
-    ("+ direct launch", {**_BEFORE, "direct_launch": True}),
-    ("+ causal split", {**_BEFORE, "direct_launch": True, "causal_split": True}),
-    (
-        "+ wider tuning",
-        {**_BEFORE, "direct_launch": True, "causal_split": True, "wide_tuning": True},
-    ),
-    (
-        "+ TMA loads",
-        {**_BEFORE, "direct_launch": True, "causal_split": True, "wide_tuning": True, "tma": True},
-    ),
-    (
-        "+ exp2",
-        {
-            **_BEFORE,
-            "direct_launch": True,
-            "causal_split": True,
-            "wide_tuning": True,
-            "tma": True,
-            "exp2": True,
-        },
-    ),
+    (label, {**_BEFORE, **{k: v for _, on in _STEPS[: i + 1] for k, v in on.items()}})
+    for i, (label, _) in enumerate(_STEPS)
 ]
 ABLATION_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]
 
