@@ -45,13 +45,16 @@ def compile_jobs(ablation_steps):
     )  # checks() at N = 1000, 64×32 tiles
     # the ablation's other variants: each step that compiles other kernels than the defaults
     # (direct_launch only changes how a compiled kernel is started)
-    compiled = {launch.switches()[1:]}  # the defaults, compiled above
+
+    def variant(switches):
+        merged = {**launch.SPEEDUPS, **switches}
+        return frozenset((k, v) for k, v in merged.items() if k != "direct_launch")
+
+    compiled = {variant({})}  # the defaults, compiled above
     for _, switches in ablation_steps:
-        with launch.speedups(**switches):
-            variant = launch.switches()[1:]
-        if variant in compiled:
+        if variant(switches) in compiled:
             continue
-        compiled.add(variant)
+        compiled.add(variant(switches))
         for d in (64, 128):
             jobs.append(dict(dtype="bf16", causal=True, d=d, stable=["off"], switches=switches))
     return jobs
