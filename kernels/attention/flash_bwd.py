@@ -54,8 +54,10 @@ from .launch import (
     SPEEDUPS,
     Launch,
     aligned,
+    autotuners,
     base_two,
     cdiv,
+    compile_ahead,
     kernel_params,
     launcher,
     new_output,
@@ -286,6 +288,7 @@ _bwd_dkdv_tuned = _tuned(_bwd_dkdv_kernel, _WIDE_DKDV)
 _bwd_dq_tuned = _tuned(_query_tile_kernel, _WIDE_DQ)
 _bwd_dkdv_narrow = _tuned(_bwd_dkdv_kernel, _NARROW_DKDV)   # before issue 15 (ablation)
 _bwd_dq_narrow = _tuned(_query_tile_kernel, _NARROW_DQ)
+autotuners(_bwd_dkdv_tuned, _bwd_dq_tuned, _bwd_dkdv_narrow, _bwd_dq_narrow)
 _DELTA = launcher(_delta_from_o_kernel)
 _DKDV = launcher(_bwd_dkdv_kernel)
 _DQ = launcher(_query_tile_kernel)
@@ -359,12 +362,20 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
     dk = new_output(k.shape, dtype, q.device)
     dv = new_output(v.shape, dtype, q.device)
     qa, ka, va, da, dqa, dka, dva = _as_args(explicit, q, k, v, do, dq, dk, dv)
-    _DKDV(key, _tile_args(qa, ka, va, da, lse, delta, (dka, dva), params, heads, n_q, n_k),
-          lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k),
-                              batch * heads, "dkdv"))
-    _DQ(key, _tile_args(qa, ka, va, da, lse, delta, (dqa,), params, heads, n_q, n_k),
+    dkdv_args = _tile_args(qa, ka, va, da, lse, delta, (dka, dva), params, heads, n_q, n_k)
+    dq_args = _tile_args(qa, ka, va, da, lse, delta, (dqa,), params, heads, n_q, n_k)
+    # a new key: both kernels' configurations are compiled at once, in parallel threads
+    dkdv_jobs, dkdv_first = _DKDV.pending(
+        key, dkdv_args,
+        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
+                            "dkdv"))
+    dq_jobs, dq_first = _DQ.pending(
+        key, dq_args,
         lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
                             "dq"))
+    compile_ahead(dkdv_jobs + dq_jobs)
+    _DKDV(key, dkdv_args, dkdv_first)
+    _DQ(key, dq_args, dq_first)
     return dq, dk, dv, delta
 
 

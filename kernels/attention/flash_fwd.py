@@ -39,6 +39,10 @@ P̄ = 2^(QKᵀ·(scale·log₂e) − m·log₂e), one fused multiply-add per sco
 S − m would cost a multiplication more (it is 2^(x·log₂e) on a GPU). S, m, the offset rule and
 L stay in natural units.
 
+With ``MAX_FIRST`` (:data:`~kernels.attention.launch.SPEEDUPS` ``"max_first"``, the offset rule
+off) the running maximum is taken over QKᵀ and scaled once per row, max(S) = max(QKᵀ)·scale:
+rounding a product is monotone in it, so the two are equal to the bit.
+
 fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything in fp64
 (``tl.dot`` accepts fp64 operands in Triton 3.6, in the interpreter and on sm_80+ GPUs).
 """
@@ -67,6 +71,7 @@ from .launch import (
     SPEEDUPS,
     Launch,
     aligned,
+    autotuners,
     base_two,
     cdiv,
     check_device,
@@ -91,7 +96,7 @@ def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                CAUSAL: tl.constexpr, STABLE: tl.constexpr, CAP: tl.constexpr,
                PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr,
                ROUND_P: tl.constexpr, ELL_ROUNDED: tl.constexpr, TMA: tl.constexpr,
-               LOG2: tl.constexpr):
+               LOG2: tl.constexpr, MAX_FIRST: tl.constexpr):
     """Key/value tiles [lo, hi): the online-softmax update. ``MASKED`` tiles may hold keys past
     the end of the sequence or (causal) keys after the query; the others are fully visible.
     ``k_src``, ``v_src``: this (batch, head)'s K and V, as base pointers or (``TMA``) as
@@ -116,10 +121,9 @@ def _fwd_tiles(q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        scores = rnd_if(qk * scale, PAPER, LOW, EXPLICIT)   # for the running max and the rule
         # m_new: the offset this tile's P̄ = exp(S − m_new) uses (running max, or Algorithm 3)
-        m_new, rm, rs = offset_update(scores, m, rm, rs, beta, eps, cap, STABLE, CAP, PAPER, LOW,
-                                      EXPLICIT)
+        m_new, rm, rs = offset_update(qk, scale, m, rm, rs, beta, eps, cap, STABLE, CAP, PAPER,
+                                      LOW, EXPLICIT, MAX_FIRST)
         # ℓ = α ℓ + rowsum(P̄),  Ō = α Ō + rnd(P̄) V_j,  α = exp(m − m_new)
         ell, acc = accumulate(qk, scale, v, m, m_new, ell, acc, PAPER, LOW, EXPLICIT, ROUND_P,
                               ELL_ROUNDED, LOG2)
@@ -139,7 +143,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                       EXPLICIT: tl.constexpr, ROUND_OUT: tl.constexpr,
                       ELL_ROUNDED: tl.constexpr, STORE_OFFSET: tl.constexpr,
                       SPLIT: tl.constexpr, TMA: tl.constexpr, LOG2: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      MAX_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h = batch_head(H)
     # scale, beta, eps, cap as the working dtype (fp32, or fp64 for fp64 inputs), from memory
     scale = tl.load(PARAMS)
@@ -177,7 +181,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                                      stride_vd, m, rm, rs, ell, acc, rows, 0, hi_full, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, False, CAUSAL,
                                      STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED,
-                                     TMA, LOG2)
+                                     TMA, LOG2, MAX_FIRST)
     # Stage 2: the diagonal tiles (causal) and the ragged last tile; tiles that are masked
     # for every row of the block (keys after the block's last query) are skipped.
     if CAUSAL:
@@ -188,7 +192,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
                                      stride_vd, m, rm, rs, ell, acc, rows, hi_full, hi, N_K,
                                      scale, beta, eps, cap, BLOCK_N, HEAD_DIM, True, CAUSAL,
                                      STABLE, CAP, PAPER, LOW, EXPLICIT, ROUND_OUT, ELL_ROUNDED,
-                                     TMA, LOG2)
+                                     TMA, LOG2, MAX_FIRST)
 
     out = acc / ell[:, None]
     if ROUND_OUT:
@@ -242,6 +246,7 @@ def _tuned(pairs):
 
 _flash_fwd_tuned = _tuned(_WIDE)
 _flash_fwd_narrow = _tuned(_NARROW)       # the configurations before issue 15 (ablation)
+autotuners(_flash_fwd_tuned, _flash_fwd_narrow)
 _FWD = launcher(_flash_fwd_kernel)
 
 
@@ -299,7 +304,8 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
                       ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
                       STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"],
                       TMA=tma_usable(k, v),   # decided by the key: switches, strides, alignment
-                      LOG2=base_two(kc.paper, dtype))
+                      LOG2=base_two(kc.paper, dtype),
+                      MAX_FIRST=SPEEDUPS["max_first"])
         blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
         tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),

@@ -130,10 +130,18 @@ def offset_rule(rm, rs, beta, cap, CAP: tl.constexpr, PAPER: tl.constexpr, LOW: 
 
 
 @triton.jit
-def offset_update(scores, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr, CAP: tl.constexpr,
-                  PAPER: tl.constexpr, LOW: tl.constexpr, EXPLICIT: tl.constexpr):
-    """The offset m_new this tile's P̄ = exp(S − m_new) uses; also the raw running maximum rm
-    and (``CROSS``) the running tie count rs. Returns (m_new, rm_new, rs)."""
+def offset_update(qk, scale, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr,
+                  CAP: tl.constexpr, PAPER: tl.constexpr, LOW: tl.constexpr,
+                  EXPLICIT: tl.constexpr, MAX_FIRST: tl.constexpr):
+    """The offset m_new this tile's P̄ = exp(S − m_new) uses, S = ``qk``·``scale``; also the
+    raw running maximum rm and (``CROSS``) the running tie count rs. Returns
+    (m_new, rm_new, rs)."""
+    if STABLE != TILE and STABLE != CROSS and not PAPER and MAX_FIRST:
+        # max(S) = max(QKᵀ)·scale exactly: rounding is monotone and scale > 0, so the row's
+        # maximum costs one multiplication per row instead of one per score
+        rm_new = tl.maximum(rm, tl.max(qk, 1) * scale)
+        return rm_new, rm_new, rs
+    scores = rnd_if(qk * scale, PAPER, LOW, EXPLICIT)   # the paper's code rounds S
     tile_max = tl.max(scores, 1)
     rm_new = tl.maximum(rm, tile_max)                  # raw running maximum of S
     if STABLE == TILE:

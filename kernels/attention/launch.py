@@ -28,11 +28,16 @@ The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
-from triton.runtime import _allocation  # no public getter for the allocator in Triton 3.6
+from triton.runtime import (
+    _allocation,  # no public getter for the allocator in Triton 3.6
+    _async_compile,  # whether an AsyncCompileMode is active
+)
 
 from ..env import interpreting, native_bf16
 from ..numerics.rounding import work_dtype
@@ -81,6 +86,22 @@ POISON_OUTPUTS = interpreting()
 #                  forward 17 % faster at N >= 4096, chapter 10). The same numbers up to fp32
 #                  rounding (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so
 #                  it moves bits. LPFA_EXP2=0 switches it off everywhere
+#   max_first      the forward kernel (FA2 numerics, offset rule off) finds each row's maximum
+#                  of QKᵀ and scales that one number, where it scaled every score first: a
+#                  multiplication per score fewer, and the same bits, since max(fl(x·s)) =
+#                  fl(max(x)·s) exactly (rounding is monotone and s > 0). The paper's numerics
+#                  and the offset rules need every scaled score anyway (they compare each with
+#                  the row's maximum)
+#   stored_tuning  a bucket of a family never tuned in this process (no nearby tuned bucket to
+#                  borrow from either) takes the configuration the autotuner chose for the
+#                  nearest lengths of the same family in the stored GPU benchmark
+#                  (results/perf_tuning.json, written by kernels.gpu.perf), when this GPU is the
+#                  model that benchmark ran on: its first call compiles one configuration
+#                  (seconds) instead of timing every one. Elsewhere, or off: autotune.
+#                  LPFA_STORED_TUNING=0 switches it off everywhere
+#   parallel_compile  a first launch that compiles several configurations (autotuning), and
+#                  the backward's two kernels, compile in parallel threads (compile_ahead)
+#                  instead of one after the other. LPFA_PARALLEL_COMPILE=0 switches it off
 #   tma_narrow     descriptors at the smaller head dims too (off: on an H100 and an H200 they
 #                  made the forward slower at D = 64, where D = 128 gained; chapter 10)
 SPEEDUPS = {
@@ -92,6 +113,9 @@ SPEEDUPS = {
     "tma": os.environ.get("LPFA_TMA", "1") != "0",
     "tma_narrow": False,
     "exp2": os.environ.get("LPFA_EXP2", "1") != "0",
+    "max_first": True,
+    "stored_tuning": os.environ.get("LPFA_STORED_TUNING", "1") != "0",
+    "parallel_compile": os.environ.get("LPFA_PARALLEL_COMPILE", "1") != "0",
 }
 TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"
 # Triton compiles one kernel per *specialisation* of the integer arguments: whether each is 1
@@ -128,11 +152,14 @@ def speedups(**switches):
 
 
 def tune_every_bucket() -> None:
-    """For a benchmark: every bucket tuned for itself (``"nearest_bucket"`` off), in this
-    process and in the processes it starts (``LPFA_NEAREST_BUCKET=0``), so each timed shape
-    runs the configuration tuned for it."""
+    """For a benchmark: every bucket tuned for itself (``"nearest_bucket"`` and
+    ``"stored_tuning"`` off), in this process and in the processes it starts
+    (``LPFA_NEAREST_BUCKET=0``, ``LPFA_STORED_TUNING=0``), so each timed shape runs the
+    configuration tuned for it."""
     os.environ["LPFA_NEAREST_BUCKET"] = "0"
+    os.environ["LPFA_STORED_TUNING"] = "0"
     SPEEDUPS["nearest_bucket"] = False
+    SPEEDUPS["stored_tuning"] = False
 
 
 _PARAMS_CACHE: dict = {}
@@ -286,6 +313,7 @@ def switches() -> tuple:
         SPEEDUPS["tma"],
         SPEEDUPS["tma_narrow"],
         SPEEDUPS["exp2"],
+        SPEEDUPS["max_first"],
     )
 
 
@@ -342,13 +370,16 @@ class Launcher:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self.name = getattr(kernel, "__name__", type(kernel).__name__)
         self.plans: dict = {}
         self.buckets: dict = {}  # bucket -> the triton.Config tuned for its first key
 
     def __call__(self, key, args, first):
         plan = self.plans.get(key)
         if plan is None:
-            self._first_launch(key, args, first())
+            how = first()
+            compile_ahead(self.compile_jobs(args, how))  # several configurations: in parallel
+            self._first_launch(key, args, how)
         elif plan.runner is not None:
             plan.runner(*args, *plan.tail)
         else:
@@ -381,12 +412,86 @@ class Launcher:
                 best, best_steps = config, sum(steps)
         return best
 
-    def _first_launch(self, key, args, how: Launch):
+    def stored(self, bucket, device):
+        """The configuration the stored GPU benchmark's autotuner chose for ``bucket``'s
+        family (same kernel, autotuner choices, compile-time values and dtypes) at the
+        nearest lengths (fewest powers of two away, any number), if it ran on this GPU's
+        model (:func:`stored_table`); else None."""
+        if bucket is None or not SPEEDUPS["stored_tuning"]:
+            return None
+        family = (self.name, choices_id(bucket[0]), bucket[1], bucket[2])
+        best, best_steps = None, None
+        for lengths, config in stored_table(device).get(family, ()):
+            steps = sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(bucket[3], lengths))
+            if best is None or steps < best_steps:
+                best, best_steps = config, steps
+        return best
+
+    def tuned_entries(self) -> list[dict]:
+        """This launcher's tuned buckets as JSON-ready entries (see :func:`tuned_entries`)."""
+        return [
+            dict(
+                kernel=self.name,
+                choices=choices_id(tuned),
+                consts=dict(consts),
+                dtypes=list(dtypes),
+                lengths=list(lengths),
+                config=dict(
+                    kwargs=dict(config.kwargs),
+                    num_warps=config.num_warps,
+                    num_stages=config.num_stages,
+                ),
+            )
+            for (tuned, consts, dtypes, lengths), config in self.buckets.items()
+        ]
+
+    def _known_config(self, args, how: Launch):
+        """(bucket, configuration): the bucket of an autotuned launch (None for fixed tiles or
+        with bucket tuning off) and the configuration tuned for it, borrowed from the nearest
+        tuned bucket or stored (None: the autotuner must time its choices)."""
         bucket = None if how.blocks is not None else self.bucket(args, how)
-        config = None if bucket is None else self.buckets.get(bucket) or self.nearest(bucket)
+        config = None
+        if bucket is not None:
+            config = (
+                self.buckets.get(bucket)
+                or self.nearest(bucket)
+                or self.stored(bucket, _device_of(args))
+            )
+        return bucket, config
+
+    def compile_jobs(self, args, how: Launch) -> list:
+        """(kernel, args, grid, keyword arguments) for each configuration the first launch of
+        ``how`` compiles: the fixed tiles, the known configuration, or every choice of the
+        autotuner left after its pruning."""
+        if how.blocks is not None:
+            configs = [{**how.blocks, **how.options}]
+        else:
+            _, config = self._known_config(args, how)
+            if config is not None:
+                configs = [config.all_kwargs()]
+            else:
+                tuned = how.tuned
+                choices = getattr(tuned, "configs", None) or []
+                if getattr(tuned, "early_config_prune", None):
+                    named = dict(zip(self.kernel.arg_names, args))
+                    choices = tuned.early_config_prune(choices, named, **how.consts)
+                configs = [c.all_kwargs() for c in choices]
+        return [(self.kernel, args, how.grid_of(kw), {**how.consts, **kw}) for kw in configs]
+
+    def pending(self, key, args, first):
+        """The compile jobs of this call's first launch (none for a known key), and a ``first``
+        that returns the same :class:`Launch` without building it again: a caller about to
+        launch several new kernels compiles all of them at once (:func:`compile_ahead`)."""
+        if key in self.plans:
+            return [], first
+        how = first()
+        return self.compile_jobs(args, how), lambda: how
+
+    def _first_launch(self, key, args, how: Launch):
+        bucket, config = self._known_config(args, how)
         if how.blocks is None and config is not None:
-            # a configuration tuned for this bucket, or borrowed from the nearest tuned one:
-            # compile (if new) and launch, no timing
+            # a configuration tuned for this bucket, borrowed from the nearest tuned one or
+            # taken from the stored benchmark: compile (if new) and launch, no timing
             kwargs = {**how.consts, **config.all_kwargs()}
             grid = how.grid_of(config.kwargs)
             compiled = self.kernel[grid](*args, **kwargs)
@@ -436,6 +541,106 @@ def launcher(kernel) -> Launcher:
     made = Launcher(kernel)
     _LAUNCHERS.append(made)
     return made
+
+
+def compile_ahead(jobs) -> None:
+    """Compile these kernels (:meth:`Launcher.compile_jobs`) in parallel threads, where the
+    launches that follow would compile them one after the other; they then find them compiled
+    (:data:`SPEEDUPS` ``"parallel_compile"``; CUDA only, two jobs or more). Triton's compiler
+    spends its time in C++ passes and in ptxas, neither holding Python's lock, so threads
+    overlap: on an H100 host, 36 kernels compiled in 78 s one after the other and in 13 s on
+    12 threads. A job that fails here is left for its launch, which raises the error itself."""
+    if len(jobs) < 2 or not SPEEDUPS["parallel_compile"] or interpreting():
+        return
+    if _async_compile.active_mode.get() is not None:  # the program compiles asynchronously
+        return
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, MAX_COMPILE_THREADS))
+    with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+        for kernel, args, grid, kwargs in jobs:
+            try:
+                kernel.warmup(*args, grid=grid, **kwargs)
+            except Exception:  # noqa: BLE001 - the launch raises it, with its own message
+                continue
+
+
+MAX_COMPILE_THREADS = 16
+
+
+def choices_id(tuned) -> str:
+    """A short name for the configurations an autotuner chooses among (a hash of their tile
+    sizes, warps and stages): a stored pick is used only by an autotuner with the same ones."""
+    configs = getattr(tuned, "configs", None) or ()
+    text = repr([(sorted(c.kwargs.items()), c.num_warps, c.num_stages) for c in configs])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _device_of(args):
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+
+
+def tuned_entries() -> list[dict]:
+    """Every configuration the autotuner chose in this process, one entry per tuned bucket of
+    every launcher: the kernel, its autotuner's choices (:func:`choices_id`), the compile-time
+    values, the dtypes, the bucket's lengths and the chosen tile sizes, warps and stages.
+    :mod:`kernels.gpu.perf` stores them (``perf_tuning.json``) for :func:`stored_table`."""
+    return [entry for made in _LAUNCHERS for entry in made.tuned_entries()]
+
+
+STORED_TUNING = "perf_tuning"  # results/perf_tuning.json, written by python -m kernels.gpu.perf
+_STORED: dict = {}  # GPU name -> its table (read once per process)
+
+
+def stored_table(device) -> dict:
+    """The stored benchmark's picks (``results/perf_tuning.json``) as {family: [(lengths,
+    triton.Config)]}, if that benchmark ran on the same GPU model as ``device`` (its name, as
+    CUDA reports it); else (another GPU, the CPU, no stored file) empty."""
+    if device is None or device.type != "cuda":
+        return {}
+    gpu = torch.cuda.get_device_name(device)
+    if gpu not in _STORED:
+        from .. import results  # here, not at import: results/ is read only when needed
+
+        try:
+            record = results.load(STORED_TUNING)
+        except (FileNotFoundError, OSError, ValueError):
+            record = None
+        _STORED[gpu] = {}
+        if record is not None and record.get("provenance", {}).get("gpu") == gpu:
+            _STORED[gpu] = table_of(record["data"]["entries"])
+    return _STORED[gpu]
+
+
+def table_of(entries) -> dict:
+    """{(kernel, choices, compile-time values, dtypes): [(lengths, triton.Config)]} from
+    :func:`tuned_entries`' JSON."""
+    table: dict = {}
+    for e in entries:
+        family = (e["kernel"], e["choices"], tuple(sorted(e["consts"].items())), tuple(e["dtypes"]))
+        c = e["config"]
+        config = triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+        table.setdefault(family, []).append((tuple(e["lengths"]), config))
+    return table
+
+
+_AUTOTUNERS: list = []
+
+
+def autotuners(*tuned):
+    """Register the kernels' autotuners, so :func:`forget_compiled` reaches their memory."""
+    _AUTOTUNERS.extend(tuned)
+
+
+def forget_compiled() -> None:
+    """Drop the compiled kernels every launcher's kernel holds in memory (Triton's caches per
+    device) and what every autotuner remembers choosing: with :func:`clear_plans` and an empty
+    Triton cache folder, the next calls compile and tune again, as in a fresh process (for
+    measuring compile times)."""
+    for made in _LAUNCHERS:
+        caches = getattr(made.kernel, "device_caches", None)
+        if caches is not None:
+            caches.clear()
+    for tuned in _AUTOTUNERS:
+        tuned.cache.clear()
 
 
 def clear_plans() -> None:

@@ -49,7 +49,7 @@ def unfused_multiply_adds(ptx: str) -> int:
 def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
     import torch
 
-    from ..attention.launch import base_two
+    from ..attention.launch import SPEEDUPS, base_two
     from ..attention.options import LOW_CODES, STABLE_OFF
 
     common = dict(
@@ -70,6 +70,7 @@ def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
             ELL_ROUNDED=False,
             STORE_OFFSET=False,
             TMA=False,
+            MAX_FIRST=SPEEDUPS["max_first"],
             BLOCK_M=128,
             BLOCK_N=64,
         )

@@ -111,13 +111,14 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
 
 
 # Exercise 10.3 -------------------------------------------------------------------------
-CHANGES = ("direct launch", "causal split", "tile shape", "exp2")
+CHANGES = ("direct launch", "causal split", "tile shape", "exp2", "max first")
 
 
 def _bit_changes_expected(gen=None, rng=None) -> set:
     """Which of :data:`CHANGES` change a bit of O on fresh bf16 inputs: the book's kernel with
     its direct launches or its causal split switched off, with 64-key instead of 32-key tiles
-    (what an autotuner may choose between), and with its exp2 rewrite switched off."""
+    (what an autotuner may choose between), and with its exp2 rewrite or its max-first row
+    maximum switched off."""
     import torch
 
     from ..attention import flash_attention, launch
@@ -148,6 +149,8 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
     tiles = dict(block_m=64, block_n=32)
     if not torch.equal(run(exp2=True), run(exp2=False)):
         changed.add("exp2")
+    if not torch.equal(run(max_first=True), run(max_first=False)):
+        changed.add("max first")
     return changed
 
 

@@ -68,7 +68,14 @@ TIMING = dict(warmup=10, rep=50, cpu=True)  # short do_bench runs; wall clock wi
 MEMORY_NS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 MEMORY_SHAPE = (1, 16, 64)  # (B, H, D)
 # the ablation: speed-ups switched on one at a time, in this order (cumulative)
-_BEFORE = dict(direct_launch=False, causal_split=False, wide_tuning=False, tma=False, exp2=False)
+_BEFORE = dict(
+    direct_launch=False,
+    causal_split=False,
+    wide_tuning=False,
+    tma=False,
+    exp2=False,
+    max_first=False,
+)
 _STEPS = [
     ("as before", {}),
     ("+ direct launch", {"direct_launch": True}),
@@ -76,6 +83,7 @@ _STEPS = [
     ("+ wider tuning", {"wide_tuning": True}),
     ("+ TMA loads", {"tma": True}),
     ("+ exp2", {"exp2": True}),
+    ("+ max first", {"max_first": True}),
 ]
 ABLATION_STEPS = [
     (label, {**_BEFORE, **{k: v for _, on in _STEPS[: i + 1] for k, v in on.items()}})
@@ -87,8 +95,15 @@ ABLATION_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]
 START = time.time()
 
 
+LOG_FILE: list = []  # the open perf_log.txt of a run, if any
+
+
 def log(*parts):
-    print(f"[{time.time() - START:6.1f}s]", *parts, flush=True)
+    line = " ".join([f"[{time.time() - START:6.1f}s]", *map(str, parts)])
+    print(line, flush=True)
+    for f in LOG_FILE:
+        f.write(line + "\n")
+        f.flush()
 
 
 def _show(row):
@@ -357,6 +372,7 @@ def main(argv=None):
     else:
         out_dir = results.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
+    LOG_FILE[:] = [open(out_dir / "perf_log.txt", "w")]  # what it prints, kept beside the data
     command = COMMAND + (" --small" if args.small else "")
     budget = timing.Budget(args.budget, log)
     where = (
@@ -401,6 +417,9 @@ def main(argv=None):
         for _ in speed(args.small, budget, rows, skipped, reserve=0 if args.small else 45):
             save("perf_speed", dict(rows=rows, skipped_groups=skipped))
         save("perf_speed", dict(rows=rows, skipped_groups=skipped))
+        # what the autotuner chose for every bucket it tuned: the stored picks a later
+        # process on the same GPU model starts from (launch.SPEEDUPS "stored_tuning")
+        save("perf_tuning", dict(entries=launch.tuned_entries()))
         save(
             "perf_ablation",
             dict(steps=[label for label, _ in ABLATION_STEPS], rows=ablation(args.small, budget)),
@@ -408,8 +427,10 @@ def main(argv=None):
     except Exception:
         log("FAILED:\n" + traceback.format_exc())
         save("perf_failure", dict(traceback=traceback.format_exc()[-4000:]))
+        LOG_FILE.pop().close()
         raise
     log(f"done in {budget.elapsed():.0f} s; files in {out_dir}")
+    LOG_FILE.pop().close()
     return out_dir
 
 

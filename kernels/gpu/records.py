@@ -81,8 +81,13 @@ def call_cost_record(directory=None) -> dict:
 def first_call_times(first: dict) -> list[tuple[str, float]]:
     """(label, seconds) per measured first call, in the order they ran: the bucket's tuning,
     new lengths of the tuned bucket with ``tune_by_bucket`` on and off, and lengths of untuned
-    buckets that borrow the nearest tuned one's configuration (``nearest_bucket``)."""
+    buckets that borrow the nearest tuned one's configuration (``nearest_bucket``), then (in
+    records that have them) lengths of families never tuned in the process, which start from
+    the stored benchmark's picks (``stored_tuning``) or, without one, tune."""
     bars = [(f"N={first['warm_up']['n']:,}: tunes its bucket", first["warm_up"]["seconds"])]
+    if "warm_up_serial" in first:
+        serial = first["warm_up_serial"]
+        bars.append((f"N={serial['n']:,}: tunes, one compile at a time", serial["seconds"]))
     for switch, words in (("on", "same bucket"), ("off", "same bucket, retuned")):
         bars += [(f"N={r['n']:,}: {words}", r["seconds"]) for r in first[switch]]
     seen = set()
@@ -91,6 +96,11 @@ def first_call_times(first: dict) -> list[tuple[str, float]]:
         sixteen = ", a multiple of 16" if r["n"] % 16 == 0 else ""
         bars.append((f"N={r['n']:,}: {words}{sixteen}", r["seconds"]))
         seen.add(r["bucket"])
+    for r in first.get("stored", ()):
+        family = f"{r['dtype']}{'' if r['causal'] else ' full'} D={r['d']}"
+        words = "stored pick" if r["stored"] else "tunes, none stored"
+        serial = "" if r.get("parallel", True) else ", one at a time"
+        bars.append((f"N={r['n']:,} {family}: {words}{serial}", r["seconds"]))
     return bars
 
 

@@ -15,6 +15,7 @@ caching and the speed-ups change no number.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -22,7 +23,7 @@ import torch
 import triton
 
 import kernels  # noqa: F401
-from kernels import flash_attention
+from kernels import flash_attention, results
 from kernels.attention import launch
 from kernels.attention.options import AttentionOptions, options_from
 from kernels.env import native_bf16
@@ -362,3 +363,143 @@ def test_host_cost_harness_runs_and_launches_directly():
     assert "forward+backward" in table(real, "title")
     with pytest.raises(ValueError, match="mode must be"):
         host_cost("gpu")
+
+
+def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch):
+    """What one process tuned (``tuned_entries``), stored as JSON and read back (``table_of``),
+    spares a later process the tuning: a family it never tuned compiles the stored pick of the
+    nearest lengths; another family, or the switch off, tunes as before."""
+    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
+    tuned, made = BucketTuned(), launch.Launcher(FakeKernel())
+    picks = {}
+    for n, (bm, warps) in zip((1000, 4000), ((128, 8), (64, 4))):  # buckets 1024 and 4096
+        tuned.best_config = triton.Config(dict(BLOCK_M=bm, BLOCK_N=64), num_warps=warps)
+        call_tuned(made, tuned, n)
+        picks[n] = dict(A=7, BLOCK_M=bm, BLOCK_N=64, num_warps=warps)
+    monkeypatch.setattr(launch, "_LAUNCHERS", [made])
+    entries = json.loads(json.dumps(launch.tuned_entries()))
+    assert [e["lengths"] for e in entries] == [[1024, 1024], [4096, 4096]]
+    monkeypatch.setattr(launch, "stored_table", lambda device: launch.table_of(entries))
+
+    later_tuned, kernel = BucketTuned(), FakeKernel()
+    later = launch.Launcher(kernel)
+    n_near_1024 = random.randint(300, 1500)  # 512, 1024 or 2048: nearest to 1024
+    n_near_4096 = random.randint(3000, 40000)  # 4096 .. 65536: nearest to 4096
+    for n in (n_near_1024, n_near_4096):
+        call_tuned(later, later_tuned, n)
+    assert later_tuned.calls == [] and later.buckets == {}  # nothing tuned, nothing claimed
+    for (_, _, kwargs), want in zip(kernel.calls, (picks[1000], picks[4000])):
+        assert {k: kwargs[k] for k in want} == want
+    call_tuned(later, later_tuned, 1500, dtype=torch.float16)  # a family never stored: tuned
+    monkeypatch.setitem(launch.SPEEDUPS, "stored_tuning", False)
+    call_tuned(later, later_tuned, 2500)  # the switch off: tuned
+    assert lengths_of(later_tuned.calls) == [1500, 2500]
+
+
+def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch):
+    """``stored_table`` reads ``results/perf_tuning.json`` once per GPU model, and only for the
+    model named in its provenance; the CPU and other GPUs get nothing (they tune)."""
+    entry = dict(
+        kernel="k",
+        choices="c",
+        consts=dict(HEAD_DIM=64),
+        dtypes=["torch.bfloat16"],
+        lengths=[2048],
+        config=dict(kwargs=dict(BLOCK_M=128, BLOCK_N=64), num_warps=8, num_stages=3),
+    )
+    record = dict(provenance=dict(gpu="GPU A"), data=dict(entries=[entry]))
+    reads = []
+    monkeypatch.setattr(launch, "_STORED", {})
+    monkeypatch.setattr(results, "load", lambda name: reads.append(name) or record)
+    cuda = torch.device("cuda", 0)
+    for gpu, want in (("GPU A", 1), ("GPU B", 0), ("GPU A", 1)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, gpu=gpu: gpu)
+        assert len(launch.stored_table(cuda)) == want
+    assert reads == ["perf_tuning", "perf_tuning"]  # once per model
+    ((family, [(lengths, config)]),) = launch.stored_table(cuda).items()
+    assert family == ("k", "c", (("HEAD_DIM", 64),), ("torch.bfloat16",)) and lengths == (2048,)
+    assert (config.kwargs, config.num_warps, config.num_stages) == (entry["config"]["kwargs"], 8, 3)
+    assert launch.stored_table(torch.device("cpu")) == {}
+
+
+def test_stored_picks_need_the_same_choices():
+    """A stored pick names its autotuner's choices: the wide and the narrow lists differ."""
+    from kernels.attention import flash_bwd, flash_fwd
+
+    ids = {launch.choices_id(t) for t in (flash_fwd._flash_fwd_tuned, flash_fwd._flash_fwd_narrow)}
+    assert len(ids) == 2 and launch.choices_id(flash_fwd._flash_fwd_tuned) == launch.choices_id(
+        flash_fwd._tuned(flash_fwd._WIDE)
+    )
+    assert launch.choices_id(flash_bwd._bwd_dkdv_tuned) not in ids
+
+
+class WarmKernel(FakeKernel):
+    """A FakeKernel that also records ``warmup`` (compile without launching) and the thread
+    that asked; ``fail`` names a BLOCK_M whose compile raises."""
+
+    def __init__(self, fail=None):
+        super().__init__()
+        self.warmed, self.fail = [], fail
+
+    def warmup(self, *args, grid, **kwargs):
+        import threading
+
+        if kwargs.get("BLOCK_M") == self.fail:
+            raise RuntimeError("out of shared memory")
+        self.warmed.append((grid, args, kwargs, threading.get_ident()))
+
+
+def test_compile_ahead_warms_every_job_and_leaves_failures_to_the_launch(on_cuda, monkeypatch):
+    kernel = WarmKernel(fail=32)
+    blocks = random.sample([16, 32, 64, 128, 256], 4)
+    jobs = [(kernel, ("x", i), (i, 1), dict(BLOCK_M=bm)) for i, bm in enumerate(blocks)]
+    launch.compile_ahead(jobs)
+    want = [(grid, args, kw) for _, args, grid, kw in jobs if kw["BLOCK_M"] != 32]
+    assert [w[:3] for w in kernel.warmed] == want
+    kernel.warmed.clear()
+    launch.compile_ahead(jobs[:1])  # one job: its launch compiles it, no threads
+    monkeypatch.setitem(launch.SPEEDUPS, "parallel_compile", False)
+    launch.compile_ahead(jobs)
+    assert kernel.warmed == []
+
+
+def test_a_first_launch_compiles_its_choices_ahead(on_cuda, monkeypatch):
+    """An autotuned first launch hands every choice left after pruning to ``compile_ahead``;
+    one with a known configuration or fixed tiles hands one; a known key none."""
+    handed = []
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs: handed.append(jobs))
+    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
+    monkeypatch.setitem(launch.SPEEDUPS, "stored_tuning", False)
+    tuned, kernel = BucketTuned(), FakeKernel()
+    sizes = random.sample([16, 32, 64, 128], 3)
+    tuned.configs = [triton.Config(dict(BLOCK_M=m, BLOCK_N=64), num_warps=4) for m in sizes]
+    tuned.early_config_prune = lambda configs, named, **consts: [
+        c for c in configs if c.kwargs["BLOCK_M"] != sizes[0]
+    ]
+    made = launch.Launcher(kernel)
+    call_tuned(made, tuned, 1000)
+    (jobs,) = handed
+    assert [kw["BLOCK_M"] for _, _, _, kw in jobs] == sizes[1:]
+    assert all(
+        kw["A"] == 7 and grid == (launch.cdiv(1000, kw["BLOCK_M"]), 3) for _, _, grid, kw in jobs
+    )
+    call_tuned(made, tuned, 1000)  # a known key
+    call_tuned(made, tuned, 1010)  # the tuned bucket's configuration
+    assert len(handed) == 2 and [kw["BLOCK_M"] for _, _, _, kw in handed[1]] == [128]
+    counter = []
+    fixed = how(counter)
+    jobs, first = made.pending(("fixed",), ("x", "y", 5), fixed)
+    assert [kw for _, _, _, kw in jobs] == [dict(A=7, BLOCK_M=32, BLOCK_N=16)]
+    assert first() is first() and len(counter) == 1  # the Launch is built once
+
+
+def test_forget_compiled_empties_kernels_and_autotuners(monkeypatch):
+    class Tuner:
+        cache = {("key",): "config"}
+
+    kernel = FakeKernel()
+    kernel.device_caches = {0: "compiled"}
+    monkeypatch.setattr(launch, "_LAUNCHERS", [launch.Launcher(kernel)])
+    monkeypatch.setattr(launch, "_AUTOTUNERS", [Tuner()])
+    launch.forget_compiled()
+    assert kernel.device_caches == {} and Tuner.cache == {}

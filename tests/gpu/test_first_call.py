@@ -21,31 +21,62 @@ def test_first_calls_reports_each_new_length_with_the_switch_on_and_off(monkeypa
     folders = []
     timed = first_call.first_call_seconds
 
-    def seconds(n, shape, device):
-        switches = launch.SPEEDUPS["tune_by_bucket"], launch.SPEEDUPS["nearest_bucket"]
-        folders.append((n, knobs.cache.dir, switches))
-        return timed(n, shape, device)
+    def seconds(n, shape, device, dtype="bf16", causal=True):
+        keys = ("tune_by_bucket", "nearest_bucket", "parallel_compile")
+        switches = tuple(launch.SPEEDUPS[k] for k in keys)
+        folders.append((n, knobs.cache.dir, switches, launch.SPEEDUPS["stored_tuning"]))
+        return timed(n, shape, device, dtype, causal)
 
     monkeypatch.setattr(first_call, "first_call_seconds", seconds)
     before, nearest = knobs.cache.dir, launch.SPEEDUPS["nearest_bucket"]
+    kept = launch.SPEEDUPS["stored_tuning"]
+    stored = (("fp16", True, 40, 16), ("bf16", False, 50, 32))
     report = first_call.first_calls(
-        20, {"on": (21, 30), "off": (22,)}, (1, 1, 16), "cpu", log=lambda *a: None, nearest=(200,)
+        20,
+        {"on": (21, 30), "off": (22,)},
+        (1, 1, 16),
+        "cpu",
+        log=lambda *a: None,
+        nearest=(200,),
+        stored=stored,
     )
     assert report["bucket"] == 128 and report["warm_up"]["n"] == 20
     assert [r["n"] for r in report["on"]] == [21, 30] and [r["n"] for r in report["off"]] == [22]
     assert report["nearest"] == [dict(n=200, bucket=256, seconds=report["nearest"][0]["seconds"])]
-    timed_calls = (report["warm_up"], *report["on"], *report["off"], *report["nearest"])
-    assert all(r["seconds"] > 0 for r in timed_calls)
-    assert [(n, switch) for n, _, switch in folders] == [
-        (20, (True, False)),
-        (21, (True, False)),
-        (30, (True, False)),
-        (22, (False, False)),
-        (200, (True, True)),
+    # the CPU has no stored picks (they serve the GPU model they were measured on)
+    assert [
+        (r["dtype"], r["causal"], r["n"], r["d"], r["stored"], r["parallel"])
+        for r in report["stored"]
+    ] == [(*case, False, parallel) for parallel in (True, False) for case in stored]
+    assert report["warm_up_serial"]["n"] == 20
+    timed_calls = (
+        report["warm_up"],
+        report["warm_up_serial"],
+        *report["on"],
+        *report["off"],
+        *report["nearest"],
+    )
+    assert all(r["seconds"] > 0 for r in (*timed_calls, *report["stored"]))
+    # the stored picks only where measured: the tuning measurements must tune
+    assert [(n, switch, kept) for n, _, switch, kept in folders] == [
+        (20, (True, False, True), False),
+        (20, (True, False, False), False),
+        (21, (True, False, True), False),
+        (30, (True, False, True), False),
+        (22, (False, False, True), False),
+        (200, (True, True, True), False),
+        (40, (True, True, True), True),
+        (50, (True, True, True), True),
+        (40, (True, True, False), True),
+        (50, (True, True, False), True),
     ]
-    assert len({folder for _, folder, _ in folders}) == 1 and folders[0][1] != before
+    # one fresh cache folder for the measurement, and a fresh one for each "new process"
+    fresh = [folder for _, folder, _, _ in folders]
+    assert fresh[0] != before and fresh[1] not in (before, fresh[0])
+    assert set(fresh[2:6]) == {fresh[0]} and fresh[6] == fresh[7] != fresh[8] == fresh[9]
+    assert fresh[6] not in (before, fresh[0], fresh[1])
     assert knobs.cache.dir == before and launch.SPEEDUPS["tune_by_bucket"] is True
-    assert launch.SPEEDUPS["nearest_bucket"] is nearest
+    assert launch.SPEEDUPS["nearest_bucket"] is nearest and launch.SPEEDUPS["stored_tuning"] is kept
 
 
 def test_first_calls_refuses_lengths_of_another_bucket():
@@ -73,6 +104,14 @@ def _stored_first_call(rng):
             dict(n=2000, bucket=2048, seconds=draw()),
             dict(n=4000, bucket=4096, seconds=draw()),
         ],
+        stored=[
+            dict(dtype="fp16", causal=True, n=3000, d=64, seconds=draw(), stored=True),
+            dict(dtype="bf16", causal=False, n=1500, d=64, seconds=draw(), stored=False),
+            dict(
+                dtype="fp16", causal=True, n=3000, d=64, seconds=draw(), stored=True, parallel=False
+            ),
+        ],
+        warm_up_serial=dict(n=1000, seconds=draw()),
     )
 
 
@@ -83,14 +122,27 @@ def test_first_call_times_keep_the_order_and_name_each_case():
 
     first = _stored_first_call(np.random.default_rng())
     bars = records.first_call_times(first)
-    timed = [first["warm_up"], *first["on"], *first["off"], *first["nearest"]]
+    timed = [
+        first["warm_up"],
+        first["warm_up_serial"],
+        *first["on"],
+        *first["off"],
+        *first["nearest"],
+        *first["stored"],
+    ]
     assert [s for _, s in bars] == [r["seconds"] for r in timed]
+    assert bars.pop(1)[0] == "N=1,000: tunes, one compile at a time"
     labels = [label for label, _ in bars]
     assert labels[0].startswith("N=1,000") and "tunes" in labels[0]
     assert "retuned" in labels[3] and "retuned" not in labels[1]
     assert labels[4] == "N=2,001: new bucket, borrows"  # 2,001 is no multiple of 16
     assert labels[5] == "N=2,000: same new bucket, a multiple of 16"
     assert labels[6] == "N=4,000: new bucket, borrows, a multiple of 16"
+    assert labels[7] == "N=3,000 fp16 D=64: stored pick"
+    assert labels[8] == "N=1,500 bf16 full D=64: tunes, none stored"
+    assert labels[9] == "N=3,000 fp16 D=64: stored pick, one at a time"
+    del first["stored"], first["warm_up_serial"]  # records made before these existed
+    assert len(records.first_call_times(first)) == 7
 
 
 def test_first_call_figure_marks_calls_over_the_target():

@@ -284,6 +284,11 @@ def test_small_run_end_to_end(tmp_path):
     assert out == tmp_path
     files = {p.name for p in tmp_path.iterdir()}
     assert {"perf_host.json", "perf_speed.json", "perf_memory.json", "perf_ablation.json"} <= files
+    assert {"perf_tuning.json", "perf_log.txt"} <= files
+    # the interpreter runs one fixed tile shape: nothing was tuned, so nothing to store
+    assert results.load("perf_tuning", directory=tmp_path)["data"]["entries"] == []
+    log = (tmp_path / "perf_log.txt").read_text().splitlines()
+    assert "CPU, Triton interpreter" in log[0] and "done in" in log[-1]
     host = results.load("perf_host", directory=tmp_path)
     assert host["provenance"]["gpu"] is None and host["data"]["small"]
     assert host["data"]["all_checks_pass"]

@@ -35,14 +35,21 @@ def test_exercise_checks_accept_only_the_solution():
 
 
 def test_which_changes_move_bits():
-    """Direct launches and the causal split leave every bit of O alone; another tile width
-    and the exp2 rewrite do not (the rewrite rarely, hence its large sample)."""
+    """Direct launches, the causal split and the max-first row maximum leave every bit of O
+    alone; another tile width and the exp2 rewrite do not (the rewrite rarely, hence its large
+    sample)."""
     assert ex._bit_changes_expected() == {"tile shape", "exp2"}
     ex.check_bit_changes({"tile shape", "exp2"})
     ex.check_bit_changes(["exp2", "tile shape"])
     from kernels.checking import WrongAnswer
 
-    for wrong in ({"exp2"}, set(ex.CHANGES), set(), "tile shape"):
+    for wrong in (
+        {"exp2"},
+        set(ex.CHANGES),
+        set(),
+        "tile shape",
+        {"tile shape", "exp2", "max first"},
+    ):
         with pytest.raises(WrongAnswer):
             ex.check_bit_changes(wrong)
     with pytest.raises(WrongAnswer, match="use only the names"):

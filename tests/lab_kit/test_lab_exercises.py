@@ -194,6 +194,7 @@ WRONG = {
         {"exp2"},
         {"tile shape"},
         {"direct launch", "causal split", "tile shape", "exp2"},
+        {"tile shape", "exp2", "max first"},
         set(),
     ],
 }
