@@ -5,7 +5,8 @@ nothing in it imports from ``lab``, ``gpt2`` or ``gpu``.
 
 * :mod:`.options`    :class:`AttentionOptions` (validated once) and :func:`check_tensors`
 * :mod:`.jit`        Triton helpers shared by the kernels (tiles, MMAs, ``offset_update``,
-  ``accumulate``); :mod:`.launch` the Python side of a launch
+  ``accumulate``); :mod:`.launch` the Python side of a launch, :mod:`.speedups` its switches,
+  :mod:`.tuning` parallel compiles and the stored autotuning picks
 * :mod:`.flash_fwd`, :mod:`.flash_bwd`   the FlashAttention-2 kernels (Algorithms 1 and 2)
 * :mod:`.emulator`   the numerics contract in PyTorch, forward and (paper numerics) backward
 * :mod:`.reference`  the fp64 truth and torch's "standard" attention

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from .custom_op import Gradients, backward_gradients, flash_attention_op
-from .flash_fwd import flash_forward
+from .flash_bwd import compile_backward_ahead
+from .flash_fwd import first_launches, flash_forward
 from .launch import check_device, use_explicit
 from .options import AttentionOptions, check_tensors, options_from
 
@@ -42,7 +43,11 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, opts: AttentionOptions, explicit: bool):
+        planned = first_launches()
         out, lse, _ = flash_forward(q, k, v, opts, explicit=explicit, checked=True)
+        if first_launches() != planned and any(ctx.needs_input_grad[:3]):
+            # a new shape: the backward's kernels compile in the background meanwhile
+            compile_backward_ahead(q, k, v, out, lse, opts, explicit=explicit)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts, ctx.explicit = opts, explicit
         return out

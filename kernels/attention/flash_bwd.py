@@ -57,7 +57,6 @@ from .launch import (
     autotuners,
     base_two,
     cdiv,
-    compile_ahead,
     kernel_params,
     launcher,
     new_output,
@@ -66,6 +65,7 @@ from .launch import (
     switches,
 )
 from .options import LOW_CODES, AttentionOptions
+from .tuning import compile_ahead, compile_in_background, wait_for_background
 
 
 @triton.jit(do_not_specialize=not_specialised("N_Q"))
@@ -311,8 +311,9 @@ def _tile_args(qa, ka, va, da, lse, delta, grads, params, heads, n_q, n_k):
 
 
 def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
-                  block_m, block_n, key=None):
-    """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P."""
+                  block_m, block_n, key=None, ahead=None):
+    """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P. ``ahead``: a
+    list that receives the launch's compile jobs instead of launching (δ is left unset)."""
     batch, heads, n_q, d = q.shape
     if key is None:
         key = (q.shape, k.shape[2], q.stride(), k.stride(), v.stride(), do.stride(), q.dtype,
@@ -323,25 +324,34 @@ def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explic
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     if delta_source == "dp":
         # the query-tile kernel in its δ mode (DQ unused: it gets dO and dO's strides)
-        _DQ(("dp", bool(causal), block_m, block_n) + key,
+        made, call = _DQ, (
+            ("dp", bool(causal), block_m, block_n) + key,
             _tile_args(qa, ka, va, da, lse, delta, (da,), params, heads, n_q, k.shape[2]),
             lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
                                 EXPLICIT=explicit, DELTA_ONLY=True,
                                 SPLIT=SPEEDUPS["causal_split"],
                                 LOG2=base_two(False, q.dtype)), grid, tiles))
-        return delta
-    (oa,) = _as_args(explicit, out)
-    _DELTA(("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
-           (oa, da, delta, oa.stride(), da.stride(), heads, n_q),
-           lambda: Launch(dict(HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
-                               EXPLICIT=explicit), grid, dict(BLOCK_M=block_m)))
+    else:
+        (oa,) = _as_args(explicit, out)
+        made, call = _DELTA, (
+            ("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
+            (oa, da, delta, oa.stride(), da.stride(), heads, n_q),
+            lambda: Launch(dict(HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
+                                EXPLICIT=explicit), grid, dict(BLOCK_M=block_m)))
+    if ahead is None:
+        made(*call)
+    else:
+        ahead += made.pending(*call)[0]
     return delta
 
 
 def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: bool,
-                   out_fp32=None):
+                   out_fp32=None, ahead=None):
     """dQ, dK, dV (inputs' dtype) and δ for O = attention(q, k, v) with the options ``opts``
-    (tensors already checked); ``out_fp32`` for δ source "o_fp32"."""
+    (tensors already checked); ``out_fp32`` for δ source "o_fp32". ``ahead``: a list that
+    receives the compile jobs of the three launches, which then do not run (returns None)."""
+    if ahead is None:
+        wait_for_background()   # kernels compiled ahead for this call may be on their way
     kc = opts.kernel                      # validated once per options object
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
@@ -356,7 +366,7 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
     o_for_delta = out_fp32 if kc.delta_source == "o_fp32" else out
     delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=kc.causal,
                           delta_source=kc.delta_source, explicit=explicit, block_m=pre_m,
-                          block_n=pre_n, key=key)
+                          block_n=pre_n, key=key, ahead=ahead)
     # fresh contiguous gradient buffers (NaN-poisoned when POISON_OUTPUTS is on)
     dq = new_output(q.shape, dtype, q.device)
     dk = new_output(k.shape, dtype, q.device)
@@ -364,19 +374,33 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
     qa, ka, va, da, dqa, dka, dva = _as_args(explicit, q, k, v, do, dq, dk, dv)
     dkdv_args = _tile_args(qa, ka, va, da, lse, delta, (dka, dva), params, heads, n_q, n_k)
     dq_args = _tile_args(qa, ka, va, da, lse, delta, (dqa,), params, heads, n_q, n_k)
-    # a new key: both kernels' configurations are compiled at once, in parallel threads
-    dkdv_jobs, dkdv_first = _DKDV.pending(
-        key, dkdv_args,
-        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
-                            "dkdv"))
-    dq_jobs, dq_first = _DQ.pending(
-        key, dq_args,
-        lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit, (n_q, n_k), batch * heads,
-                            "dq"))
-    compile_ahead(dkdv_jobs + dq_jobs)
+    dkdv_first = lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit,  # noqa: E731
+                                     (n_q, n_k), batch * heads, "dkdv")
+    dq_first = lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit,  # noqa: E731
+                                   (n_q, n_k), batch * heads, "dq")
+    if ahead is not None or key not in _DKDV.plans or key not in _DQ.plans:
+        # a new key: both kernels' configurations are compiled at once, in parallel threads
+        dkdv_jobs, dkdv_first = _DKDV.pending(key, dkdv_args, dkdv_first)
+        dq_jobs, dq_first = _DQ.pending(key, dq_args, dq_first)
+        if ahead is not None:
+            ahead += dkdv_jobs + dq_jobs
+            return None
+        compile_ahead(dkdv_jobs + dq_jobs)
     _DKDV(key, dkdv_args, dkdv_first)
     _DQ(key, dq_args, dq_first)
     return dq, dk, dv, delta
+
+
+def compile_backward_ahead(q, k, v, out, lse, opts: AttentionOptions, *, explicit: bool):
+    """Start compiling, in a background thread, the kernels the backward pass of this forward
+    call will need (its dO taken to be laid out like O, as autograd's gradient usually is),
+    so that they compile while the forward pass goes on (``SPEEDUPS["parallel_compile"]``).
+    If dO comes otherwise, the backward compiles what it needs itself."""
+    if not (SPEEDUPS["parallel_compile"] and q.is_cuda) or opts.delta_source == "o_fp32":
+        return
+    jobs: list = []
+    flash_backward(q, k, v, out, out, lse, opts, explicit=explicit, ahead=jobs)
+    compile_in_background(jobs, q.device)
 
 
 def _bwd_launch(blocks, dtype, causal, d, explicit, lengths, programs, which) -> Launch:

@@ -250,6 +250,12 @@ autotuners(_flash_fwd_tuned, _flash_fwd_narrow)
 _FWD = launcher(_flash_fwd_kernel)
 
 
+def first_launches() -> int:
+    """How many plan keys the forward kernel has launched for the first time in this process
+    (a call that raised it compiled, or at least planned, something new)."""
+    return _FWD.first_launches
+
+
 def autotune_tiles() -> list[tuple[int, int]]:
     """The (BLOCK_M, BLOCK_N) tile shapes the GPU autotuner chooses among now (they depend on
     ``SPEEDUPS["wide_tuning"]``), sorted; the interpreter always runs 64×64."""

@@ -2,9 +2,10 @@
 
 Which rounding path runs (:func:`use_explicit`), the output buffers (NaN-poisoned when
 :data:`POISON_OUTPUTS` is on, so an unwritten entry shows), the scalar parameters
-(:func:`kernel_params`, cached), the tile sizes (:func:`pick_blocks`), the speed-up switches
-(:data:`SPEEDUPS`, :func:`speedups`) and :class:`Launcher`, which launches one kernel with as
-little host work per call as possible.
+(:func:`kernel_params`, cached), the tile sizes (:func:`pick_blocks`) and :class:`Launcher`,
+which launches one kernel with as little host work per call as possible. The speed-up switches
+(:data:`SPEEDUPS`, :func:`speedups`) live in :mod:`.speedups` and are reached from here too;
+parallel compiles and the stored autotuning picks in :mod:`.tuning`.
 
 Why the host work matters: at the GPT-2 shape (B8 H12 N1024 D64) the forward kernel runs for
 ~60 µs and the three backward kernels for ~200 µs on an H100. A Python wrapper that spends
@@ -27,20 +28,24 @@ The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
-from triton.runtime import (
-    _allocation,  # no public getter for the allocator in Triton 3.6
-    _async_compile,  # whether an AsyncCompileMode is active
-)
+from triton.runtime import _allocation  # no public getter for the allocator in Triton 3.6
 
 from ..env import interpreting, native_bf16
 from ..numerics.rounding import work_dtype
+from . import tuning
+from .speedups import (  # noqa: F401  (the switches, also reached as launch.SPEEDUPS)
+    SPEEDUPS,
+    TMA_MIN_HEAD_DIM,
+    base_two,
+    speedups,
+    switches,
+    tma_usable,
+    tune_every_bucket,
+)
 
 INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter (the
 # emulator's default block_n is 64 too)
@@ -49,75 +54,6 @@ INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter
 # GPU it costs an extra memset per output, so it is off there by default).
 POISON_OUTPUTS = interpreting()
 
-# The speed-ups, each switchable so the performance chapter can measure what it buys. None of
-# them changes a number the kernels compute (the tests run with all of them on; the switches
-# only exist for the ablation in kernels.gpu.perf):
-#   direct_launch  remember each plan key's launch (grid, tile sizes, constexprs) and on CUDA
-#                  launch the cached compiled kernel directly (no autotuner lookup, no
-#                  argument re-binding); off: every call goes through Triton's autotuner
-#                  and launch path, as before
-#   causal_split   the kernels' key/query loops run the tiles that need no mask (most of them)
-#                  without computing one; only the diagonal and ragged tiles are masked
-#   wide_tuning    autotune over more tile shapes, warp counts and pipeline depths (CUDA,
-#                  bf16/fp16 only; the interpreter always uses one fixed configuration)
-#   tune_by_bucket the configuration the autotuner picks for the first sequence length of a
-#                  power-of-two bucket (n_bucket) serves every later length of that bucket
-#                  (same compile-time values and dtypes): a new length at most compiles one
-#                  configuration, where Triton's autotuner re-times every configuration for
-#                  each exact length (16-39 s forward + backward on an H100, issue 28;
-#                  kernels.gpu.first_call measures both); off, or with direct_launch off:
-#                  every new length is autotuned, as before. It changes which tile shape runs
-#                  (and so the bits, as autotuning does), never what is computed
-#   nearest_bucket a new bucket of a family already tuned in this process (same kernel,
-#                  compile-time values and dtypes, lengths at most NEAREST_STEPS powers of two
-#                  away) borrows the nearest tuned bucket's configuration instead of autotuning:
-#                  its first call compiles one configuration (seconds), not every one (16-39 s).
-#                  Benchmarks switch it off (every bucket tuned for itself); LPFA_NEAREST_BUCKET=0
-#                  switches it off everywhere
-#   tma            the forward kernel reads its K and V tiles through tensor descriptors
-#                  (tl.make_tensor_descriptor), which sm_90+ GPUs serve with the TMA copy engine,
-#                  at head dims >= TMA_MIN_HEAD_DIM where the layout allows it (tma_usable);
-#                  off, or elsewhere: pointer loads. The same values arrive either way;
-#                  LPFA_TMA=0 switches it off everywhere
-#   exp2           the forward and backward kernels (FA2 numerics, bf16/fp16: base_two)
-#                  exponentiate with 2^x, log₂e folded into the scale and the row's offset
-#                  (one fused multiply-add per score), as FlashAttention's own kernels do; a
-#                  GPU's tl.exp is 2^(x·log₂e), so this saves one multiply per score (H100:
-#                  forward 17 % faster at N >= 4096, chapter 10). The same numbers up to fp32
-#                  rounding (P̄ = 2^(S·log₂e − m·log₂e) = e^(S − m)); rare bf16 values flip, so
-#                  it moves bits. LPFA_EXP2=0 switches it off everywhere
-#   max_first      the forward kernel (FA2 numerics, offset rule off) finds each row's maximum
-#                  of QKᵀ and scales that one number, where it scaled every score first: a
-#                  multiplication per score fewer, and the same bits, since max(fl(x·s)) =
-#                  fl(max(x)·s) exactly (rounding is monotone and s > 0). The paper's numerics
-#                  and the offset rules need every scaled score anyway (they compare each with
-#                  the row's maximum)
-#   stored_tuning  a bucket of a family never tuned in this process (no nearby tuned bucket to
-#                  borrow from either) takes the configuration the autotuner chose for the
-#                  nearest lengths of the same family in the stored GPU benchmark
-#                  (results/perf_tuning.json, written by kernels.gpu.perf), when this GPU is the
-#                  model that benchmark ran on: its first call compiles one configuration
-#                  (seconds) instead of timing every one. Elsewhere, or off: autotune.
-#                  LPFA_STORED_TUNING=0 switches it off everywhere
-#   parallel_compile  a first launch that compiles several configurations (autotuning), and
-#                  the backward's two kernels, compile in parallel threads (compile_ahead)
-#                  instead of one after the other. LPFA_PARALLEL_COMPILE=0 switches it off
-#   tma_narrow     descriptors at the smaller head dims too (off: on an H100 and an H200 they
-#                  made the forward slower at D = 64, where D = 128 gained; chapter 10)
-SPEEDUPS = {
-    "direct_launch": os.environ.get("LPFA_DIRECT_LAUNCH", "1") != "0",
-    "causal_split": True,
-    "wide_tuning": True,
-    "tune_by_bucket": True,
-    "nearest_bucket": os.environ.get("LPFA_NEAREST_BUCKET", "1") != "0",
-    "tma": os.environ.get("LPFA_TMA", "1") != "0",
-    "tma_narrow": False,
-    "exp2": os.environ.get("LPFA_EXP2", "1") != "0",
-    "max_first": True,
-    "stored_tuning": os.environ.get("LPFA_STORED_TUNING", "1") != "0",
-    "parallel_compile": os.environ.get("LPFA_PARALLEL_COMPILE", "1") != "0",
-}
-TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"
 # Triton compiles one kernel per *specialisation* of the integer arguments: whether each is 1
 # and whether it is divisible by 16. The head count H only splits the grid, so it is never
 # specialised (one compile for every head count). The sequence lengths are, by default: a
@@ -134,32 +70,6 @@ def not_specialised(*lengths: str) -> list[str]:
 
 
 NEAREST_STEPS = 2  # how far (in powers of two of each length) a borrowed configuration may come
-
-
-@contextlib.contextmanager
-def speedups(**switches):
-    """Change :data:`SPEEDUPS` inside the block (``with speedups(direct_launch=False): ...``);
-    every switch is as it was afterwards, whatever happens inside."""
-    unknown = set(switches) - set(SPEEDUPS)
-    if unknown:
-        raise ValueError(f"unknown speed-up {sorted(unknown)}; one of {sorted(SPEEDUPS)}")
-    saved = dict(SPEEDUPS)
-    SPEEDUPS.update(switches)
-    try:
-        yield SPEEDUPS
-    finally:
-        SPEEDUPS.update(saved)
-
-
-def tune_every_bucket() -> None:
-    """For a benchmark: every bucket tuned for itself (``"nearest_bucket"`` and
-    ``"stored_tuning"`` off), in this process and in the processes it starts
-    (``LPFA_NEAREST_BUCKET=0``, ``LPFA_STORED_TUNING=0``), so each timed shape runs the
-    configuration tuned for it."""
-    os.environ["LPFA_NEAREST_BUCKET"] = "0"
-    os.environ["LPFA_STORED_TUNING"] = "0"
-    SPEEDUPS["nearest_bucket"] = False
-    SPEEDUPS["stored_tuning"] = False
 
 
 _PARAMS_CACHE: dict = {}
@@ -252,30 +162,6 @@ def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
     return (block_m or dm, block_n or dn)
 
 
-def tma_usable(*tensors) -> bool:
-    """Whether these (B, H, N, D) tensors are read through tensor descriptors: the ``"tma"``
-    speed-up is on, the head dim is at least :data:`TMA_MIN_HEAD_DIM` (or ``"tma_narrow"`` is
-    on), they are on a GPU with TMA (sm_90+) or in the interpreter (which reads descriptors
-    too, so the CPU tests run this path), and they meet TMA's layout rules: unit stride along
-    the head dim, every other stride and the address a multiple of 16 bytes. Everything it
-    reads is in the forward's plan key, so it runs once per plan, not per call."""
-    if not SPEEDUPS["tma"]:
-        return False
-    if tensors[0].shape[-1] < TMA_MIN_HEAD_DIM and not SPEEDUPS["tma_narrow"]:
-        return False
-    device = tensors[0].device
-    if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] < 9:
-            return False
-    elif not interpreting():
-        return False
-    for t in tensors:
-        size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
-
 def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -301,28 +187,6 @@ def aligned(*tensors) -> tuple:
     """Whether each tensor's address is a multiple of 16 bytes: Triton compiles a different
     kernel (vectorised loads) for aligned pointers, so this belongs in every plan key."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
-
-
-def switches() -> tuple:
-    """The current :data:`SPEEDUPS`, as part of a plan key."""
-    return (
-        SPEEDUPS["direct_launch"],
-        SPEEDUPS["causal_split"],
-        SPEEDUPS["wide_tuning"],
-        SPEEDUPS["tune_by_bucket"],
-        SPEEDUPS["tma"],
-        SPEEDUPS["tma_narrow"],
-        SPEEDUPS["exp2"],
-        SPEEDUPS["max_first"],
-    )
-
-
-def base_two(paper: bool, dtype) -> bool:
-    """Whether the kernels exponentiate in base 2 (:data:`SPEEDUPS` ``"exp2"``,
-    :func:`~kernels.attention.jit.exp_shifted`): FA2 numerics with bf16/fp16 inputs only. The
-    paper's numerics round S and S − m to the low format, which in base 2 would be other
-    roundings; fp32/fp64 inputs (the references) keep e^x."""
-    return SPEEDUPS["exp2"] and not paper and dtype in (torch.bfloat16, torch.float16)
 
 
 class _Plan:
@@ -370,6 +234,7 @@ class Launcher:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self.first_launches = 0  # how many keys it has launched for the first time
         self.name = getattr(kernel, "__name__", type(kernel).__name__)
         self.plans: dict = {}
         self.buckets: dict = {}  # bucket -> the triton.Config tuned for its first key
@@ -378,7 +243,9 @@ class Launcher:
         plan = self.plans.get(key)
         if plan is None:
             how = first()
-            compile_ahead(self.compile_jobs(args, how))  # several configurations: in parallel
+            tuning.compile_ahead(
+                self.compile_jobs(args, how)
+            )  # several configurations: in parallel
             self._first_launch(key, args, how)
         elif plan.runner is not None:
             plan.runner(*args, *plan.tail)
@@ -419,9 +286,9 @@ class Launcher:
         model (:func:`stored_table`); else None."""
         if bucket is None or not SPEEDUPS["stored_tuning"]:
             return None
-        family = (self.name, choices_id(bucket[0]), bucket[1], bucket[2])
+        family = (self.name, tuning.choices_id(bucket[0]), bucket[1], bucket[2])
         best, best_steps = None, None
-        for lengths, config in stored_table(device).get(family, ()):
+        for lengths, config in tuning.stored_table(device).get(family, ()):
             steps = sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(bucket[3], lengths))
             if best is None or steps < best_steps:
                 best, best_steps = config, steps
@@ -432,7 +299,7 @@ class Launcher:
         return [
             dict(
                 kernel=self.name,
-                choices=choices_id(tuned),
+                choices=tuning.choices_id(tuned),
                 consts=dict(consts),
                 dtypes=list(dtypes),
                 lengths=list(lengths),
@@ -455,7 +322,7 @@ class Launcher:
             config = (
                 self.buckets.get(bucket)
                 or self.nearest(bucket)
-                or self.stored(bucket, _device_of(args))
+                or self.stored(bucket, tuning.device_of(args))
             )
         return bucket, config
 
@@ -488,6 +355,7 @@ class Launcher:
         return self.compile_jobs(args, how), lambda: how
 
     def _first_launch(self, key, args, how: Launch):
+        self.first_launches += 1
         bucket, config = self._known_config(args, how)
         if how.blocks is None and config is not None:
             # a configuration tuned for this bucket, borrowed from the nearest tuned one or
@@ -543,83 +411,12 @@ def launcher(kernel) -> Launcher:
     return made
 
 
-def compile_ahead(jobs) -> None:
-    """Compile these kernels (:meth:`Launcher.compile_jobs`) in parallel threads, where the
-    launches that follow would compile them one after the other; they then find them compiled
-    (:data:`SPEEDUPS` ``"parallel_compile"``; CUDA only, two jobs or more). Triton's compiler
-    spends its time in C++ passes and in ptxas, neither holding Python's lock, so threads
-    overlap: on an H100 host, 36 kernels compiled in 78 s one after the other and in 13 s on
-    12 threads. A job that fails here is left for its launch, which raises the error itself."""
-    if len(jobs) < 2 or not SPEEDUPS["parallel_compile"] or interpreting():
-        return
-    if _async_compile.active_mode.get() is not None:  # the program compiles asynchronously
-        return
-    workers = max(1, min(len(jobs), os.cpu_count() or 1, MAX_COMPILE_THREADS))
-    with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
-        for kernel, args, grid, kwargs in jobs:
-            try:
-                kernel.warmup(*args, grid=grid, **kwargs)
-            except Exception:  # noqa: BLE001 - the launch raises it, with its own message
-                continue
-
-
-MAX_COMPILE_THREADS = 16
-
-
-def choices_id(tuned) -> str:
-    """A short name for the configurations an autotuner chooses among (a hash of their tile
-    sizes, warps and stages): a stored pick is used only by an autotuner with the same ones."""
-    configs = getattr(tuned, "configs", None) or ()
-    text = repr([(sorted(c.kwargs.items()), c.num_warps, c.num_stages) for c in configs])
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _device_of(args):
-    return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-
-
 def tuned_entries() -> list[dict]:
     """Every configuration the autotuner chose in this process, one entry per tuned bucket of
     every launcher: the kernel, its autotuner's choices (:func:`choices_id`), the compile-time
     values, the dtypes, the bucket's lengths and the chosen tile sizes, warps and stages.
     :mod:`kernels.gpu.perf` stores them (``perf_tuning.json``) for :func:`stored_table`."""
     return [entry for made in _LAUNCHERS for entry in made.tuned_entries()]
-
-
-STORED_TUNING = "perf_tuning"  # results/perf_tuning.json, written by python -m kernels.gpu.perf
-_STORED: dict = {}  # GPU name -> its table (read once per process)
-
-
-def stored_table(device) -> dict:
-    """The stored benchmark's picks (``results/perf_tuning.json``) as {family: [(lengths,
-    triton.Config)]}, if that benchmark ran on the same GPU model as ``device`` (its name, as
-    CUDA reports it); else (another GPU, the CPU, no stored file) empty."""
-    if device is None or device.type != "cuda":
-        return {}
-    gpu = torch.cuda.get_device_name(device)
-    if gpu not in _STORED:
-        from .. import results  # here, not at import: results/ is read only when needed
-
-        try:
-            record = results.load(STORED_TUNING)
-        except (FileNotFoundError, OSError, ValueError):
-            record = None
-        _STORED[gpu] = {}
-        if record is not None and record.get("provenance", {}).get("gpu") == gpu:
-            _STORED[gpu] = table_of(record["data"]["entries"])
-    return _STORED[gpu]
-
-
-def table_of(entries) -> dict:
-    """{(kernel, choices, compile-time values, dtypes): [(lengths, triton.Config)]} from
-    :func:`tuned_entries`' JSON."""
-    table: dict = {}
-    for e in entries:
-        family = (e["kernel"], e["choices"], tuple(sorted(e["consts"].items())), tuple(e["dtypes"]))
-        c = e["config"]
-        config = triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"])
-        table.setdefault(family, []).append((tuple(e["lengths"]), config))
-    return table
 
 
 _AUTOTUNERS: list = []

@@ -38,7 +38,7 @@ import torch
 from triton import knobs
 
 from kernels import timing
-from kernels.attention import flash_attention, launch
+from kernels.attention import flash_attention, launch, tuning
 
 SHAPE = (1, 4, 64)  # (B, H, D)
 WARM_UP = 1000  # tunes bucket 1024
@@ -120,7 +120,7 @@ def first_calls(
                         stored_tuning=True,
                         parallel_compile=parallel,
                     ):
-                        table = launch.stored_table(torch.device(device))
+                        table = tuning.stored_table(torch.device(device))
                         seconds = first_call_seconds(
                             n, (shape[0], shape[1], d), device, dtype, causal
                         )

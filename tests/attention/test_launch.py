@@ -23,8 +23,8 @@ import torch
 import triton
 
 import kernels  # noqa: F401
-from kernels import flash_attention, results
-from kernels.attention import launch
+from kernels import flash_attention
+from kernels.attention import launch, tuning
 from kernels.attention.options import AttentionOptions, options_from
 from kernels.env import native_bf16
 
@@ -97,6 +97,7 @@ class FakeTuned(FakeKernel):
 def on_cuda(monkeypatch):
     """The Launcher as on a CUDA machine (the interpreter off), all speed-ups on."""
     monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
     monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
 
 
@@ -379,7 +380,7 @@ def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch):
     monkeypatch.setattr(launch, "_LAUNCHERS", [made])
     entries = json.loads(json.dumps(launch.tuned_entries()))
     assert [e["lengths"] for e in entries] == [[1024, 1024], [4096, 4096]]
-    monkeypatch.setattr(launch, "stored_table", lambda device: launch.table_of(entries))
+    monkeypatch.setattr(tuning, "stored_table", lambda device: tuning.table_of(entries))
 
     later_tuned, kernel = BucketTuned(), FakeKernel()
     later = launch.Launcher(kernel)
@@ -396,7 +397,7 @@ def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch):
     assert lengths_of(later_tuned.calls) == [1500, 2500]
 
 
-def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch):
+def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch, tmp_path):
     """``stored_table`` reads ``results/perf_tuning.json`` once per GPU model, and only for the
     model named in its provenance; the CPU and other GPUs get nothing (they tune)."""
     entry = dict(
@@ -408,29 +409,32 @@ def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch):
         config=dict(kwargs=dict(BLOCK_M=128, BLOCK_N=64), num_warps=8, num_stages=3),
     )
     record = dict(provenance=dict(gpu="GPU A"), data=dict(entries=[entry]))
-    reads = []
-    monkeypatch.setattr(launch, "_STORED", {})
-    monkeypatch.setattr(results, "load", lambda name: reads.append(name) or record)
+    stored = tmp_path / "perf_tuning.json"
+    stored.write_text(json.dumps(record))
+    monkeypatch.setattr(tuning, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(tuning, "_STORED", {})
     cuda = torch.device("cuda", 0)
-    for gpu, want in (("GPU A", 1), ("GPU B", 0), ("GPU A", 1)):
+    for gpu, want in (("GPU A", 1), ("GPU B", 0), ("GPU C", 0), ("GPU A", 1)):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, gpu=gpu: gpu)
-        assert len(launch.stored_table(cuda)) == want
-    assert reads == ["perf_tuning", "perf_tuning"]  # once per model
-    ((family, [(lengths, config)]),) = launch.stored_table(cuda).items()
+        assert len(tuning.stored_table(cuda)) == want
+        if gpu == "GPU B":
+            stored.unlink()  # GPU C finds no file; GPU A's table was read already
+    assert set(tuning._STORED) == {"GPU A", "GPU B", "GPU C"}  # read once per model
+    ((family, [(lengths, config)]),) = tuning.stored_table(cuda).items()
     assert family == ("k", "c", (("HEAD_DIM", 64),), ("torch.bfloat16",)) and lengths == (2048,)
     assert (config.kwargs, config.num_warps, config.num_stages) == (entry["config"]["kwargs"], 8, 3)
-    assert launch.stored_table(torch.device("cpu")) == {}
+    assert tuning.stored_table(torch.device("cpu")) == {}
 
 
 def test_stored_picks_need_the_same_choices():
     """A stored pick names its autotuner's choices: the wide and the narrow lists differ."""
     from kernels.attention import flash_bwd, flash_fwd
 
-    ids = {launch.choices_id(t) for t in (flash_fwd._flash_fwd_tuned, flash_fwd._flash_fwd_narrow)}
-    assert len(ids) == 2 and launch.choices_id(flash_fwd._flash_fwd_tuned) == launch.choices_id(
+    ids = {tuning.choices_id(t) for t in (flash_fwd._flash_fwd_tuned, flash_fwd._flash_fwd_narrow)}
+    assert len(ids) == 2 and tuning.choices_id(flash_fwd._flash_fwd_tuned) == tuning.choices_id(
         flash_fwd._tuned(flash_fwd._WIDE)
     )
-    assert launch.choices_id(flash_bwd._bwd_dkdv_tuned) not in ids
+    assert tuning.choices_id(flash_bwd._bwd_dkdv_tuned) not in ids
 
 
 class WarmKernel(FakeKernel):
@@ -453,13 +457,13 @@ def test_compile_ahead_warms_every_job_and_leaves_failures_to_the_launch(on_cuda
     kernel = WarmKernel(fail=32)
     blocks = random.sample([16, 32, 64, 128, 256], 4)
     jobs = [(kernel, ("x", i), (i, 1), dict(BLOCK_M=bm)) for i, bm in enumerate(blocks)]
-    launch.compile_ahead(jobs)
+    tuning.compile_ahead(jobs)
     want = [(grid, args, kw) for _, args, grid, kw in jobs if kw["BLOCK_M"] != 32]
     assert [w[:3] for w in kernel.warmed] == want
     kernel.warmed.clear()
-    launch.compile_ahead(jobs[:1])  # one job: its launch compiles it, no threads
+    tuning.compile_ahead(jobs[:1])  # one job: its launch compiles it, no threads
     monkeypatch.setitem(launch.SPEEDUPS, "parallel_compile", False)
-    launch.compile_ahead(jobs)
+    tuning.compile_ahead(jobs)
     assert kernel.warmed == []
 
 
@@ -467,7 +471,7 @@ def test_a_first_launch_compiles_its_choices_ahead(on_cuda, monkeypatch):
     """An autotuned first launch hands every choice left after pruning to ``compile_ahead``;
     one with a known configuration or fixed tiles hands one; a known key none."""
     handed = []
-    monkeypatch.setattr(launch, "compile_ahead", lambda jobs: handed.append(jobs))
+    monkeypatch.setattr(tuning, "compile_ahead", lambda jobs: handed.append(jobs))
     monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
     monkeypatch.setitem(launch.SPEEDUPS, "stored_tuning", False)
     tuned, kernel = BucketTuned(), FakeKernel()
@@ -503,3 +507,54 @@ def test_forget_compiled_empties_kernels_and_autotuners(monkeypatch):
     monkeypatch.setattr(launch, "_AUTOTUNERS", [Tuner()])
     launch.forget_compiled()
     assert kernel.device_caches == {} and Tuner.cache == {}
+
+
+@pytest.mark.parametrize("delta_source", ["o", "dp"])
+def test_the_backward_compiled_ahead_is_the_backward_that_runs(delta_source):
+    """``flash_backward(..., ahead=jobs)`` (what the forward compiles in the background on a
+    GPU) lists the very launches the backward then makes: same kernels, grids and compile-time
+    arguments, for a dO laid out like O."""
+    from kernels.attention import flash_bwd
+    from kernels.attention.flash_fwd import flash_forward
+
+    n = random.randint(40, 130)
+    q, k, v, do = (torch.randn(1, 2, n, 16).bfloat16() for _ in range(4))
+    opts = options_from(dict(causal=True, delta_source=delta_source))
+    out, lse, _ = flash_forward(q, k, v, opts, explicit=True)
+    launchers = (flash_bwd._DELTA, flash_bwd._DKDV, flash_bwd._DQ)
+    for made in launchers:
+        made.plans.clear()
+    jobs = []
+    assert flash_bwd.flash_backward(q, k, v, out, out, lse, opts, explicit=True, ahead=jobs) is None
+    assert all(not made.plans for made in launchers)  # nothing launched
+    kernels_listed = [kernel for kernel, _, _, _ in jobs]
+    first = flash_bwd._query_tile_kernel if delta_source == "dp" else flash_bwd._delta_from_o_kernel
+    assert kernels_listed == [first, flash_bwd._bwd_dkdv_kernel, flash_bwd._query_tile_kernel]
+    flash_bwd.flash_backward(q, k, v, out, do, lse, opts, explicit=True)
+    plans = [(p.grid, p.kwargs) for made in launchers for p in made.plans.values()]
+    assert sorted(map(repr, plans)) == sorted(repr((grid, kw)) for _, _, grid, kw in jobs)
+
+
+def test_background_compiles_finish_before_a_backward_waits_past_them(on_cuda, monkeypatch):
+    """``compile_in_background`` warms its jobs in another thread, even a single one;
+    ``wait_for_background`` returns only when it is done; switched off, nothing runs."""
+    import threading
+
+    kernel, gate = WarmKernel(), threading.Event()
+    warm = kernel.warmup
+
+    def slow_warmup(*args, grid, **kwargs):
+        gate.wait(5)
+        warm(*args, grid=grid, **kwargs)
+
+    kernel.warmup = slow_warmup
+    jobs = [(kernel, ("x",), (1, 1), dict(BLOCK_M=random.choice([16, 64])))]
+    tuning.compile_in_background(jobs)
+    assert kernel.warmed == [] and tuning._BACKGROUND  # still compiling
+    gate.set()
+    tuning.wait_for_background()
+    assert [w[:3] for w in kernel.warmed] == [(g, a, kw) for _, a, g, kw in jobs]
+    assert kernel.warmed[0][3] != threading.get_ident() and not tuning._BACKGROUND
+    monkeypatch.setitem(launch.SPEEDUPS, "parallel_compile", False)
+    tuning.compile_in_background(jobs)
+    assert not tuning._BACKGROUND and len(kernel.warmed) == 1

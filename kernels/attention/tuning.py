@@ -1,0 +1,138 @@
+"""Making a new shape's first call cheap: compiling in parallel, and the stored picks.
+
+* :func:`compile_ahead` compiles several kernels (an autotuner's choices, the backward's
+  kernels) in parallel threads; :func:`compile_in_background` does it while the caller goes on
+  (the forward pass compiling the backward's kernels), :func:`wait_for_background` waits.
+* :func:`stored_table` reads the configurations the GPU benchmark's autotuner chose
+  (``results/perf_tuning.json``, written by :mod:`kernels.gpu.perf`), which a launcher uses for a
+  family it has never tuned (:data:`~kernels.attention.speedups.SPEEDUPS` ``"stored_tuning"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import triton
+from triton.runtime import _async_compile  # whether an AsyncCompileMode is active
+
+from ..env import RESULTS_DIR, interpreting
+from .speedups import SPEEDUPS
+
+MAX_COMPILE_THREADS = 16
+_BACKGROUND: list = []  # threads compiling ahead (compile_in_background)
+
+
+def compile_ahead(jobs, minimum=2) -> None:
+    """Compile these kernels (:meth:`Launcher.compile_jobs`) in parallel threads, where the
+    launches that follow would compile them one after the other; they then find them compiled
+    (:data:`SPEEDUPS` ``"parallel_compile"``; CUDA only, two jobs or more). Triton's compiler
+    spends its time in C++ passes and in ptxas, neither holding Python's lock, so threads
+    overlap: on an H100 host, 36 kernels compiled in 78 s one after the other and in 13 s on
+    12 threads. A job that fails here is left for its launch, which raises the error itself."""
+    if len(jobs) < minimum or not SPEEDUPS["parallel_compile"] or interpreting():
+        return
+    if _async_compile.active_mode.get() is not None:  # the program compiles asynchronously
+        return
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, MAX_COMPILE_THREADS))
+    with ThreadPoolExecutor(workers) as pool:
+        compiled = []
+        with triton.AsyncCompileMode(pool, ignore_errors=True):
+            for kernel, args, grid, kwargs in jobs:
+                try:
+                    compiled.append((kernel.warmup(*args, grid=grid, **kwargs), device_of(args)))
+                except Exception:  # noqa: BLE001 - the launch raises it, with its own message
+                    continue
+        # each kernel's first launch also loads it onto the GPU and builds its C launcher
+        # (the system's C compiler, once per kernel signature): that too, in parallel
+        list(pool.map(_load, compiled))
+
+
+def _load(item) -> None:
+    made, device = item
+    if hasattr(made, "result"):
+        made = made.result(ignore_errors=True)
+    init = getattr(made, "_init_handles", None)  # Triton 3.6's CompiledKernel
+    if init is None:
+        return
+    try:
+        if device is not None and device.type == "cuda":
+            torch.cuda.set_device(device)  # a pool thread starts on device 0
+        init()
+    except Exception:  # noqa: BLE001 - too large for the GPU: the launch says so itself
+        return
+
+
+def compile_in_background(jobs, device=None) -> None:
+    """:func:`compile_ahead` in a thread of its own, so the caller goes on (the forward pass
+    compiles the backward's kernels this way while it runs itself); a launch that would
+    compile the same kernels first waits for it (:func:`wait_for_background`)."""
+    if not jobs or not SPEEDUPS["parallel_compile"] or interpreting():
+        return
+
+    def run():
+        if device is not None and device.type == "cuda":
+            torch.cuda.set_device(device)  # a new thread starts on device 0
+        compile_ahead(jobs, minimum=1)
+
+    thread = threading.Thread(target=run, name="lpfa-compile-ahead", daemon=True)
+    thread.start()
+    _BACKGROUND.append(thread)
+
+
+def wait_for_background() -> None:
+    """Wait until every background compile has finished."""
+    while _BACKGROUND:
+        _BACKGROUND.pop().join()
+
+
+def choices_id(tuned) -> str:
+    """A short name for the configurations an autotuner chooses among (a hash of their tile
+    sizes, warps and stages): a stored pick is used only by an autotuner with the same ones."""
+    configs = getattr(tuned, "configs", None) or ()
+    text = repr([(sorted(c.kwargs.items()), c.num_warps, c.num_stages) for c in configs])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def device_of(args):
+    """The device of the first tensor among a launch's arguments (None if there is none)."""
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+
+
+STORED_TUNING = "perf_tuning"  # results/perf_tuning.json, written by python -m kernels.gpu.perf
+_STORED: dict = {}  # GPU name -> its table (read once per process)
+
+
+def stored_table(device) -> dict:
+    """The stored benchmark's picks (``results/perf_tuning.json``) as {family: [(lengths,
+    triton.Config)]}, if that benchmark ran on the same GPU model as ``device`` (its name, as
+    CUDA reports it); else (another GPU, the CPU, no stored file) empty."""
+    if device is None or device.type != "cuda":
+        return {}
+    gpu = torch.cuda.get_device_name(device)
+    if gpu not in _STORED:
+        try:
+            with open(RESULTS_DIR / f"{STORED_TUNING}.json") as f:
+                record = json.load(f)
+        except (OSError, ValueError):  # no stored benchmark here (or not readable)
+            record = None
+        _STORED[gpu] = {}
+        if record is not None and record.get("provenance", {}).get("gpu") == gpu:
+            _STORED[gpu] = table_of(record["data"]["entries"])
+    return _STORED[gpu]
+
+
+def table_of(entries) -> dict:
+    """{(kernel, choices, compile-time values, dtypes): [(lengths, triton.Config)]} from
+    :func:`tuned_entries`' JSON."""
+    table: dict = {}
+    for e in entries:
+        family = (e["kernel"], e["choices"], tuple(sorted(e["consts"].items())), tuple(e["dtypes"]))
+        c = e["config"]
+        config = triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"])
+        table.setdefault(family, []).append((tuple(e["lengths"]), config))
+    return table
