@@ -243,9 +243,8 @@ class Launcher:
         plan = self.plans.get(key)
         if plan is None:
             how = first()
-            tuning.compile_ahead(
-                self.compile_jobs(args, how)
-            )  # several configurations: in parallel
+            # several configurations to compile (autotuning): all at once, in threads
+            tuning.compile_ahead(self.compile_jobs(args, how))
             self._first_launch(key, args, how)
         elif plan.runner is not None:
             plan.runner(*args, *plan.tail)
