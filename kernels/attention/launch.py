@@ -269,14 +269,8 @@ class Launcher:
         at most :data:`NEAREST_STEPS` for each length; the first tuned wins a tie), or None."""
         if bucket is None or not SPEEDUPS["nearest_bucket"]:
             return None
-        best, best_steps = None, None
-        for other, config in self.buckets.items():
-            if other[:3] != bucket[:3]:
-                continue
-            steps = [abs(a.bit_length() - b.bit_length()) for a, b in zip(bucket[3], other[3])]
-            if max(steps) <= NEAREST_STEPS and (best is None or sum(steps) < best_steps):
-                best, best_steps = config, sum(steps)
-        return best
+        tuned = [(b[3], config) for b, config in self.buckets.items() if b[:3] == bucket[:3]]
+        return _closest(bucket[3], tuned, NEAREST_STEPS)
 
     def stored(self, bucket, device):
         """The configuration the stored GPU benchmark's autotuner chose for ``bucket``'s
@@ -286,12 +280,7 @@ class Launcher:
         if bucket is None or not SPEEDUPS["stored_tuning"]:
             return None
         family = (self.name, tuning.choices_id(bucket[0]), bucket[1], bucket[2])
-        best, best_steps = None, None
-        for lengths, config in tuning.stored_table(device).get(family, ()):
-            steps = sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(bucket[3], lengths))
-            if best is None or steps < best_steps:
-                best, best_steps = config, steps
-        return best
+        return _closest(bucket[3], tuning.stored_table(device).get(family, ()))
 
     def tuned_entries(self) -> list[dict]:
         """This launcher's tuned buckets as JSON-ready entries (see :func:`tuned_entries`)."""
@@ -398,6 +387,19 @@ class Launcher:
         except (KeyError, AttributeError, TypeError):
             return None, ()
         return runner, tail
+
+
+def _closest(lengths, candidates, max_steps=None):
+    """The configuration of the (lengths, configuration) candidate fewest powers of two from
+    ``lengths`` in all (each at most ``max_steps`` away if given; the first wins a tie)."""
+    best, best_steps = None, None
+    for other, config in candidates:
+        steps = [abs(a.bit_length() - b.bit_length()) for a, b in zip(lengths, other)]
+        if max_steps is not None and max(steps) > max_steps:
+            continue
+        if best is None or sum(steps) < best_steps:
+            best, best_steps = config, sum(steps)
+    return best
 
 
 _LAUNCHERS: list = []

@@ -424,13 +424,13 @@ def main(argv=None):
             "perf_ablation",
             dict(steps=[label for label, _ in ABLATION_STEPS], rows=ablation(args.small, budget)),
         )
+        log(f"done in {budget.elapsed():.0f} s; files in {out_dir}")
     except Exception:
         log("FAILED:\n" + traceback.format_exc())
         save("perf_failure", dict(traceback=traceback.format_exc()[-4000:]))
-        LOG_FILE.pop().close()
         raise
-    log(f"done in {budget.elapsed():.0f} s; files in {out_dir}")
-    LOG_FILE.pop().close()
+    finally:
+        LOG_FILE.pop().close()
     return out_dir
 
 
