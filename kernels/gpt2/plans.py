@@ -79,6 +79,26 @@ SMALL = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=64, war
 AMP = dict(SMALL, lr=1e-3, min_lr=1e-4, steps=20000)
 
 
+# The testbed screen: the paper's schedule (warmup 2,000, cosine to 1e-5; AdamW β₂ 0.95 and no
+# weight decay are the trainer's defaults) defined over an 80,000-step run, trained 20,000 steps.
+SCREEN_BASE = dict(
+    SMALL,
+    warmup=2_000,
+    lr=1e-3,
+    min_lr=1e-5,
+    steps=20_000,
+    decay_steps=80_000,
+    monitor_every=200,
+    checkpoint_every=2_000,
+)
+SCREENS = {
+    "sa-paper": {},
+    "sb-lr5e-4": {"lr": 5e-4},
+    "sc-n512": {"block_size": 512, "batch_size": 32},
+    "sd-b128": {"batch_size": 128},
+}
+
+
 def with_obits(spec: str, obits: int) -> str:
     return spec if obits == 7 or not spec.startswith("paper") else f"{spec},obits={obits}"
 
@@ -235,6 +255,11 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return runs + make_runs("k4f", resumable, "P", [2, 3], obits=4)
     if name == "amp_head":  # the paper's per-head ablation, Ō with 4 bits, seeds 1-3
         return make_runs("k4h", dict(AMP, checkpoint_every=2_000), "H", [1, 2, 3], obits=4)
+    if name == "screen":  # a testbed whose control stays healthy? 20k-step screens of U and F
+        runs = []
+        for prefix, changes in SCREENS.items():
+            runs += make_runs(prefix, {**SCREEN_BASE, **changes}, "UF", [1])
+        return runs
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
 
@@ -252,4 +277,5 @@ PLANS = (
     "controls",
     "amp_fixes",
     "amp_head",
+    "screen",
 )
