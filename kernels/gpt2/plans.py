@@ -259,6 +259,8 @@ def plan(name: str) -> list[tuple[str, dict]]:
         runs = []
         for prefix, changes in SCREENS.items():
             runs += make_runs(prefix, {**SCREEN_BASE, **changes}, "UF", [1])
+        # a second seed of the first screen (the paper's schedule unchanged)
+        runs += make_runs("sa-paper", SCREEN_BASE, "UF", [2])
         return runs
     raise ValueError(f"unknown plan {name!r}; plans: {', '.join(PLANS)}")
 
