@@ -46,6 +46,7 @@ VARIANTS = {
     "S": "paper:delta=o,stable=cross,beta=2",
     "P": "paper:delta=dp",
     "A": "sdpa",
+    "W": "triton:delta=o",  # the book's Triton kernel, FA2 numerics (fp32 Ō, one rounding)
     "R": "paper:delta=o,oround=sr",
     "T": "paper:delta=o,block=64",
     "L": "paper:delta=o_fp32",  # + layer 1 switched to U, see variant_options
@@ -255,6 +256,10 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return runs + make_runs("k4f", resumable, "P", [2, 3], obits=4)
     if name == "amp_head":  # the paper's per-head ablation, Ō with 4 bits, seeds 1-3
         return make_runs("k4h", dict(AMP, checkpoint_every=2_000), "H", [1, 2, 3], obits=4)
+    if name == "testbed":  # issue 39's arms on the screen's healthy configuration, to 80k steps
+        arms = dict(SCREEN_BASE, **SCREENS["sb-lr5e-4"], steps=80_000)
+        runs = make_runs("tb", arms, "UWAF", [1, 2, 3, 4])
+        return runs + make_runs("tb", arms, "PZS", [1, 2])
     if name == "screen":  # a testbed whose control stays healthy? 20k-step screens of U and F
         runs = []
         for prefix, changes in SCREENS.items():
@@ -280,4 +285,5 @@ PLANS = (
     "amp_fixes",
     "amp_head",
     "screen",
+    "testbed",
 )
