@@ -1,13 +1,13 @@
-"""The chapters under pytest (nbmake): each executed chapter also fills the site's cache.
+"""Chapters under pytest (nbmake): each one executed also fills the site's cache.
 
 ``python -m pytest`` executes every chapter top to bottom with nbmake. The site build
-(``jupyter-book build .``, ``execute_notebooks: cache`` in ``_config.yml``) executes them again
-unless ``_build/.jupyter_cache`` already holds an executed copy of the same code. So, when a
-chapter ran without an error here, its executed notebook is stored in that cache, exactly as
-the build would store it (keyed by the cells' sources and the kernelspec): a build after the
-tests reuses these outputs instead of running every chapter a second time. A chapter whose code
-changed afterwards no longer matches its entry and is executed by the build as before; a build
-on its own (no tests first) executes everything, as it always did.
+(``jupyter-book build .``; ``execute_notebooks: cache`` in ``_config.yml``) executes
+them again unless ``_build/.jupyter_cache`` already holds an executed copy of the same
+code. So a chapter that ran here without an error is stored in that cache, as the
+build would store it (keyed by the code cells and the kernelspec): a build after the
+tests reuses these outputs instead of running each chapter a second time. A chapter
+whose code changed since no longer matches its entry and the build executes it; a
+build on its own (no tests first) executes everything, as before.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ CACHE = Path(__file__).resolve().parent.parent / "_build" / ".jupyter_cache"
 
 
 def with_outputs(path: Path, executed):
-    """The notebook at ``path`` as written (its metadata, the cache's key) with the outputs of
-    ``executed``; the executor adds timing metadata to each cell, which would change the key."""
+    """The notebook at ``path`` as written (its metadata is part of the cache's key)
+    with the outputs of ``executed`` (whose cells carry the executor's timings)."""
     import nbformat
 
     notebook = nbformat.read(str(path), nbformat.NO_CONVERT)
@@ -34,18 +34,15 @@ def with_outputs(path: Path, executed):
     return notebook
 
 
-def cache_executed(path: Path, executed, seconds: float | None = None) -> None:
+def cache_executed(path: Path, executed) -> None:
     """Store an executed notebook in the site build's execution cache."""
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
 
     cache = get_cache(str(CACHE))
     record = cache.add_nb_to_project(str(path))
-    cache.cache_notebook_bundle(
-        CacheBundleIn(with_outputs(path, executed), record.uri, data={"execution_seconds": seconds}),
-        check_validity=False,
-        overwrite=True,
-    )
+    bundle = CacheBundleIn(with_outputs(path, executed), record.uri)
+    cache.cache_notebook_bundle(bundle, check_validity=False, overwrite=True)
 
 
 class CachingRun(nbmake.pytest_items.NotebookRun):
@@ -56,7 +53,7 @@ class CachingRun(nbmake.pytest_items.NotebookRun):
         if result.error is None:
             try:
                 cache_executed(Path(self.filename), result.nb)
-            except Exception as err:  # a cache that cannot be written costs a re-execution only
+            except Exception as err:  # an unwritable cache costs a re-execution only
                 print(f"[book/conftest] not cached: {self.filename}: {err!r}")
         return result
 

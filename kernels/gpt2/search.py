@@ -48,7 +48,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # GPUs, three calls of 8.0, 8.0 and 6.5 minutes) and its arms on the configuration whose
     # control stayed healthy (lr 5e-4): 80,000 steps, one run per GPU (~82 steps/s alone, so
     # two runs per 30-minute lease on a 2-GPU machine, in two calls resumed from checkpoints)
-    python -m kernels.gpt2.search --plan screen --fast --minutes 8 --work /tmp/gpt2_search --out $OUT
+    python -m kernels.gpt2.search --plan screen --fast --minutes 8 --work /tmp/gpt2_search \
+        --out $OUT
     python -m kernels.gpt2.search --plan testbed --only tb-U-s1,tb-F-s1 --fast --minutes 8 \
         --work /tmp/gpt2_search --out $OUT
 
