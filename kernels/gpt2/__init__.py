@@ -5,8 +5,8 @@ implementation each layer uses), controls.py (δ controls that tell a biased err
 one), data.py (offline corpus, recorded batch order), train.py (the training loop, resumable
 bit-identically, DDP via torchrun), diagnostics.py (what is watched), plans.py (the variants and
 named plans of runs), search.py (many runs at once, dealt over the visible GPUs, resumed across
-calls), report.py (reading stored runs and the chapter's figures), exercises.py (the chapter's
-exercise checks).
+calls), report.py (reading stored runs and the chapter's figures), screen.py (the testbed
+screen's table: whose control stays healthy), exercises.py (the chapter's exercise checks).
 """
 
 from ..attention.emulator import EmulatedAttention
