@@ -219,3 +219,64 @@ def layer0_logits(runs: dict, config: str, seed: str) -> dict:
     """{'U': (steps, values), 'F': (steps, values)}: layer 0's largest |S| at every check of
     the failing run and the control of ``config`` and ``seed`` ('s1') in ``runs``."""
     return {v: monitor_series(runs[f"{config}-{v}-{seed}"], "max_logit", 0) for v in "UF"}
+
+
+def page_numbers(table, runs: dict, reference: dict) -> dict:
+    """Every number the appendix's prose states about the screen, by glue name, computed from
+    :func:`screen_table` and the stored runs. Raises if the data no longer say what the prose
+    says (lr 5e-4 the one healthy configuration; the others' largest |S| in layer 0)."""
+    shown = table[table.config != REFERENCE]
+    ref = table[table.config == REFERENCE]
+    ok = shown[shown.verdict == "healthy"]
+    away = shown[shown.verdict != "healthy"]
+    paper = shown[shown.config == "sa-paper"]
+    if list(ok.config) != ["sb-lr5e-4"]:
+        raise ValueError(f"the prose names lr 5e-4 as the healthy one, the data: {list(ok.config)}")
+    if not (away.layer == 0).all():
+        raise ValueError("the prose says the runaway controls' largest |S| is layer 0's")
+    if not (ref.exploded.isna().all() and ref.failing_broken_at.notna().all()):
+        raise ValueError("the prose says the testbed's failing paths broke the rule unexploded")
+    sb = ok.iloc[0]
+    config = runs["sa-paper-F-s1"]["config"]
+    breaks = {seed: rule_broken_at(reference["F", seed]) for seed in REFERENCE_SEEDS}
+    numbers = {
+        "warmup": config["warmup"],
+        "decay": config["decay_steps"],
+        "steps": SCREEN_STEPS,
+        "every": SCREEN_EVERY,
+        "limit_logit": MAX_LOGIT_LIMIT,
+        "limit_growth": WQ_GROWTH_LIMIT,
+        "base": BASE_STEP,
+        **{f"ref_break_{seed}": step for seed, step in breaks.items()},
+        "ref_break_lo": min(breaks.values()),
+        "ok_l0": float(layer0_logits(runs, "sb-lr5e-4", "s1")["F"][1].max()),
+        "away_lo": away.max_logit.min() / 1e3,
+        "away_hi": away.max_logit.max() / 1e3,
+        "configs": shown.config.nunique(),
+        "healthy": ok.config.nunique(),
+        "paper_boom": int(paper.exploded.notna().sum()),
+        "paper_seeds": len(paper),
+        "boom": int(shown.exploded.notna().sum()),
+        "pairs": len(shown),
+        "boom_lo": shown.exploded.min(),
+        "boom_hi": shown.exploded.max(),
+        "away_growth_lo": away.wq_growth.min(),
+        "away_growth_hi": away.wq_growth.max(),
+        "ok_logit": sb.max_logit,
+        "ok_layer": sb.layer,
+        "ok_growth": sb.wq_growth,
+        "ok_u_logit": sb.failing_max_logit / 1e6,
+        "ok_u_wq": sb.failing_wq_end,
+        "ok_u_break": sb.failing_broken_at,
+        "ref_logit": ref.max_logit.max(),
+        "ref_growth_lo": ref.wq_growth.min(),
+        "ref_growth_hi": ref.wq_growth.max(),
+        "later": int((away.broken_at > away.failing_broken_at).sum()),
+        "away": len(away),
+    }
+    return {f"a_scr_{name}": _plain(value) for name, value in numbers.items()}
+
+
+def _plain(value):
+    """A pandas/NumPy scalar as the Python number it holds (glue formats read those)."""
+    return value.item() if hasattr(value, "item") else value
