@@ -12,7 +12,8 @@ to 1.0 in bf16), ‖W_Q‖₂ (``wq_norm``), the largest logit (``max_logit``) a
 ``delta=True``, Σ_T(δ_lp − δ_hp) and Σ_T|δ_lp − δ_hp| (``delta_err``, ``delta_abs``).
 
 metrics.py (the pure functions; :mod:`kernels.gpt2.diagnostics` imports them from here),
-monitor.py (finding the attention layers, the hooks), sinks.py (CSV, JSON lines,
+layers.py (finding the attention layers), monitor.py (the monitor), hooks.py (its hooks),
+safety.py (NaN for a reading that cannot be made, never an exception in the step), sinks.py (CSV, JSON lines,
 TensorBoard, any callable), alerts.py (thresholds from the stored runs, a warning once per
 crossing), readings.py (the cost of a step, thresholds from stored runs, heads combined
 per layer), callbacks.py (a Hugging Face TrainerCallback and a Lightning Callback),

@@ -22,6 +22,10 @@ given); it fires again only after the reading has come back below. No rule fires
 the early window has ended: early in training, while the logits are tiny, many BF16
 scores tie and every run (healthy ones too) shows a transient. :func:`replay` runs the
 rules over a stored run.
+
+A reading that is NaN or infinite is no value under a threshold: it fires its own alert,
+from step 0 on, once per layer until the reading is finite again (:data:`NON_FINITE`:
+"non-finite W_Q in layer L", non-finite activations, non-finite δ).
 """
 
 from __future__ import annotations
@@ -48,6 +52,25 @@ THRESHOLDS = {
     "max_logit": 68.0,
     "delta_lean": 0.058083944097999364,
 }
+# What a NaN or infinite reading says: (what is not finite, the readings it shows in, why).
+NON_FINITE = {
+    "non_finite_wq": (
+        "W_Q",
+        ("wq_norm",),
+        "its ||W_Q||_2 reads NaN: the query weights hold NaN or inf, or could not be read",
+    ),
+    "non_finite_activations": (
+        "activations",
+        ("ties_bf16", "max_logit"),
+        "its scores q k^T hold NaN or inf, so its tie shares and largest logit read NaN",
+    ),
+    "non_finite_delta": (
+        "delta",
+        ("delta_err", "delta_abs"),
+        "sum(delta_lp - delta_hp) reads NaN or inf: the layer's output or its gradient "
+        "holds NaN or inf",
+    ),
+}
 EARLY = (500, 1000)  # steps whose median ‖W_Q‖ is a run's own early level
 WINDOW = 10  # readings in the δ lean
 
@@ -68,6 +91,12 @@ class Alert:
 
     @property
     def message(self) -> str:
+        if self.rule in NON_FINITE:
+            what, _, why = NON_FINITE[self.rule]
+            return (
+                f"monitor alert at step {self.step}: non-finite {what} in layer "
+                f"{self.layer} ({why})"
+            )
         whose = (
             ", the most any healthy run of the book reached"
             if self.threshold == THRESHOLDS[self.rule]
@@ -131,7 +160,7 @@ class Alerts:
             if readings.get(key) is not None:
                 out[key] = float(readings[key])
         wq = readings.get("wq_norm")
-        if wq is not None:
+        if wq is not None and math.isfinite(wq):  # a NaN is its own alert, not a level
             if self.early[0] <= step <= self.early[1]:
                 self._wq.setdefault(layer, []).append(float(wq))
             elif step > self.early[1] and layer not in self._level:
@@ -149,12 +178,24 @@ class Alerts:
                 out["delta_lean"] = sum(e for e, _ in recent) / total
         return out
 
+    def _non_finite(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """The non-finite alerts of one reading (from step 0 on, once per crossing)."""
+        fired = []
+        for rule, (_, keys, _) in NON_FINITE.items():
+            values = [readings[key] for key in keys if readings.get(key) is not None]
+            bad = any(not math.isfinite(float(v)) for v in values)
+            if bad and not self._above.get((layer, rule)):
+                fired.append(Alert(int(step), int(layer), rule, math.nan, math.inf))
+            if values:
+                self._above[(layer, rule)] = bad
+        return fired
+
     def update(self, step: int, layer: int, readings: dict) -> list[Alert]:
         """Feed one layer's combined readings of one step; returns the alerts fired."""
-        fired = []
+        fired = self._non_finite(step, layer, readings)
         values = self.values(step, layer, readings)
         if step <= self.early[1]:
-            return fired
+            values = {}
         for rule, value in values.items():
             threshold = self.thresholds.get(rule)
             if threshold is None or not math.isfinite(value):
@@ -226,6 +267,7 @@ __all__ = [
     "Alerts",
     "AttentionAlert",
     "RULES",
+    "NON_FINITE",
     "THRESHOLDS",
     "EARLY",
     "WINDOW",

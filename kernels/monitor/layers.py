@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .metrics import spectral_norm
+from .metrics import finite_spectral_norm
 
 HEAD_COUNT_NAMES = ("n_head", "num_heads", "n_heads", "num_attention_heads")
 LAYOUTS = {
@@ -160,10 +160,11 @@ class _Layer:
         self.scale = float(scale) if isinstance(scale, (int, float)) else None
 
     def wq_norms(self) -> list[float]:
-        """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q."""
+        """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q (NaN for
+        a head whose weights hold NaN or inf, or have no data)."""
         w, d = _out_in_weight(self.module.c_attn), self.head_dim
         first = (lambda h: 3 * d * h) if self.layout == "per_head" else (lambda h: d * h)
-        return [spectral_norm(w[first(h) : first(h) + d]) for h in range(self.n_head)]
+        return [finite_spectral_norm(w[first(h) : first(h) + d]) for h in range(self.n_head)]
 
     def split(self, qkv: torch.Tensor):
         """(B, N, outputs) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if

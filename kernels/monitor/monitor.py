@@ -28,7 +28,10 @@ softmax(S)V in fp32 and hooks the gradient dO of O. Its own arithmetic runs with
 autocast switched off. Only the first training forward pass of an armed step (gradients
 on) is read; the hooks are removed as soon as it has been read, so between reading
 steps the model carries no hook at all. The monitor only reads: outputs and gradients
-are bit-identical with and without it (tests/monitor).
+are bit-identical with and without it (tests/monitor). It never raises into the user's
+step: a reading it cannot make (NaN or inf weights or activations, a meta tensor) is a NaN
+row with an alert ("non-finite W_Q in layer L"), and any other error inside its hooks is
+said once and training goes on as it would without the monitor.
 
 What it writes: one row per step, layer, head and metric (:data:`METRICS`), to a file,
 TensorBoard or any callable (:mod:`.sinks`), and checks each layer's readings against
@@ -48,8 +51,9 @@ import warnings
 import torch
 
 from .alerts import Alerts
-from .layers import LAYOUTS, _compiled, _has_padding, _Layer, _writes, find_attention, query_weight
-from .metrics import delta_error, exact_output, head_readings
+from .hooks import HookReader
+from .layers import LAYOUTS, _compiled, _Layer, _writes, find_attention, query_weight
+from .safety import layer_value
 from .sinks import make_sink
 
 METRICS = {
@@ -63,7 +67,7 @@ METRICS = {
 }
 
 
-class AttentionMonitor:
+class AttentionMonitor(HookReader):
     """Reads a model's attention on every ``every``-th step (see the module docstring).
 
     Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl, or a
@@ -97,7 +101,7 @@ class AttentionMonitor:
         self.enabled, self.detached, self.rows = True, False, []
         self._pending, self._handles, self._counter = None, [], 0
         self._last = None  # (step, what step() returned)
-        self._compile_seen, self._padding_warned = False, False
+        self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
         self.alerts = self._make_alerts(alerts, on_alert)
         self._sinks = []
@@ -213,14 +217,7 @@ class AttentionMonitor:
             "delta": {},
             "seen": False,
         }
-        for layer in self.layers:
-            self._handles.append(layer.module.c_attn.register_forward_hook(self._qkv_hook(layer)))
-            self._handles.append(
-                layer.module.c_proj.register_forward_pre_hook(self._output_hook(layer))
-            )
-            self._handles.append(
-                layer.module.register_forward_pre_hook(self._mask_hook(layer), with_kwargs=True)
-            )
+        self._install_hooks()
         return True
 
     def detach(self):
@@ -251,121 +248,7 @@ class AttentionMonitor:
 
         return pd.DataFrame(self.rows, columns=list(COLUMNS))
 
-    # ------------------------------------------------------------ hooks
-    def _qkv_hook(self, layer):
-        def hook(module, inputs, output):
-            if torch.compiler.is_compiling():
-                # traced by torch.compile: the compiled code replays this attribute write
-                # each time it runs (no graph break, so fullgraph=True works too), and the
-                # next step() switches the monitor off
-                self._compile_seen = True
-                return
-            pending = self._pending
-            if pending is None or layer.index in pending["qkv"] or not torch.is_grad_enabled():
-                return
-            pending["qkv"][layer.index] = output.detach()
-
-        return hook
-
-    def _mask_hook(self, layer):
-        def hook(module, args, kwargs):
-            if torch.compiler.is_compiling() or self._padding_warned:
-                return
-            mask = kwargs.get("attention_mask", kwargs.get("attn_mask"))
-            if _has_padding(mask):
-                self._padding_warned = True
-                warnings.warn(
-                    f"monitor: layer {layer.name!r} was given an attention mask that "
-                    "hides positions the causal mask shows (padding). The monitor reads "
-                    "every position up to the diagonal as visible, so padded positions "
-                    "enter its tie shares, logits and δ: read on batches without "
-                    "padding (pack the sequences) or take these readings as approximate",
-                    UserWarning,
-                    stacklevel=2,
-                )
-
-        return hook
-
-    def _output_hook(self, layer):
-        def hook(module, inputs):
-            if torch.compiler.is_compiling():
-                # traced by torch.compile: the compiled code replays this attribute write
-                # each time it runs (no graph break, so fullgraph=True works too), and the
-                # next step() switches the monitor off
-                self._compile_seen = True
-                return
-            pending = self._pending
-            if (
-                pending is None
-                or layer.index in pending["forward"]
-                or not inputs
-                or layer.index not in pending["qkv"]
-                or not torch.is_grad_enabled()
-            ):
-                return
-            pending["seen"] = True
-            out = inputs[0]
-            keep = self.sequences or out.shape[0]
-            with torch.no_grad():
-                q, k, v = layer.split(pending["qkv"].pop(layer.index)[:keep])
-                with torch.autocast(out.device.type, enabled=False):
-                    stats = head_readings(q, k, scale=layer.scale)
-                    stats["wq_norm"] = layer.wq_norms()
-                    o_hp = exact_output(q, k, v, layer.scale) if self.delta else None
-            pending["forward"][layer.index] = stats
-            if self.delta and out.requires_grad:
-                pending["expect"].add(layer.index)
-                o_lp = layer.heads(out.detach()[:keep])
-                out.register_hook(self._grad_hook(layer, pending, o_lp, o_hp))
-            self._done_with(layer)
-            self._check_complete()
-
-        return hook
-
-    def _grad_hook(self, layer, pending, o_lp, o_hp):
-        def hook(grad):
-            if self._pending is not pending or layer.index in pending["delta"]:
-                return
-            with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
-                d_out = layer.heads(grad.detach()[: o_lp.shape[0]])
-                err = delta_error(d_out, o_lp, o_hp)  # (B, H, N)
-                pending["delta"][layer.index] = {
-                    "delta_err": [float(t) for t in err.sum(-1).mean(0)],
-                    "delta_abs": [float(t) for t in err.abs().sum(-1).mean(0)],
-                }
-            self._check_complete()
-
-        return hook
-
-    def _done_with(self, layer):
-        """Remove the module hooks of one layer once it has been read."""
-        keep = []
-        hooks_of = (
-            layer.module.c_attn._forward_hooks,
-            layer.module.c_proj._forward_pre_hooks,
-            layer.module._forward_pre_hooks,
-        )
-        for handle in self._handles:
-            if any(handle.id in d for d in hooks_of):
-                handle.remove()
-            else:
-                keep.append(handle)
-        self._handles = keep
-
-    def _remove_hooks(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _check_complete(self):
-        p = self._pending
-        if (
-            p is not None
-            and len(p["forward"]) == len(self.layers)
-            and p["expect"] <= set(p["delta"])
-        ):
-            self._finish()
-
+    # ------------------------------------------------------------ writing
     def _finish(self):
         """Write the pending step's rows (whatever was read) and remove every hook."""
         self._remove_hooks()
@@ -394,7 +277,10 @@ class AttentionMonitor:
                 self.alerts.update(p["step"], layer.index, _combined(stats))
         self.rows.extend(rows)
         for sink in self._sinks:
-            sink.write(rows)
+            try:
+                sink.write(rows)
+            except Exception as err:  # the monitor never breaks a training step
+                self._hook_failed(err, f"writing step {p['step']} to {type(sink).__name__}")
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):
@@ -429,12 +315,11 @@ class AttentionMonitor:
 
 def _combined(stats: dict) -> dict:
     """One layer's per-head readings combined as the stored runs hold them
-    (:data:`kernels.monitor.readings.LAYER_RULES`)."""
+    (:data:`kernels.monitor.readings.LAYER_RULES`); NaN where any head's reading is."""
     from .readings import LAYER_RULES
 
-    how = {"mean": lambda v: sum(v) / len(v), "max": max, "sum": sum}
     return {
-        metric: how[rule](stats[metric])
+        metric: layer_value(stats[metric], rule)
         for metric, rule in LAYER_RULES.items()
         if stats.get(metric)
     }

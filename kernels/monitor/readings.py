@@ -122,9 +122,10 @@ LAYER_RULES = {
 
 def layer_table(rows):
     """One row per (step, layer), one column per metric, heads combined by
-    :data:`LAYER_RULES`. ``rows``: a monitor, its rows, a table of them or a file
-    path. A (step, layer, head, metric) found more than once (a file appended to by a
-    resumed run that repeated steps) is kept once, its last value, with a warning."""
+    :data:`LAYER_RULES` (NaN where any head's reading is NaN). ``rows``: a monitor, its
+    rows, a table of them or a file path. A (step, layer, head, metric) found more than
+    once (a file appended to by a resumed run that repeated steps) is kept once, its last
+    value, with a warning."""
     import pandas as pd
 
     from .sinks import COLUMNS, read_rows
@@ -149,8 +150,16 @@ def layer_table(rows):
         )
         frame = frame[~repeated]
     tables = [
-        frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how).rename(metric)
+        _combine_heads(frame[frame.metric == metric], how).rename(metric)
         for metric, how in LAYER_RULES.items()
         if (frame.metric == metric).any()
     ]
     return pd.concat(tables, axis=1)
+
+
+def _combine_heads(rows, how: str):
+    """One metric's rows combined per (step, layer) by ``how``; NaN where any head's value
+    is NaN (pandas would skip it, and a sum of NaN heads would read 0.0)."""
+    keys = [rows.step, rows.layer]
+    combined = rows.value.groupby(keys).agg(how)
+    return combined.mask(rows.value.isna().groupby(keys).any())

@@ -1,0 +1,139 @@
+"""A monitor that never breaks training and whose alerts can be trusted (issue 44): each test
+here failed before its fix. Readings that cannot be made (NaN or inf weights and activations,
+meta tensors) are NaN rows with an alert, never an exception in the user's step; the ceilings
+watch from step 0; on_alert runs after the rows are written, outside autograd; a resumed run
+appends and marks the step it went back to; a model compiled before the monitor came is named
+as such; the Hugging Face callback lets go when training fails; steps are whole numbers; the
+rows kept in memory are bounded; alert warnings point at the user's line. CPU only, tiny
+models, fresh random inputs each run."""
+
+import copy
+import math
+import warnings
+
+import numpy as np
+import torch
+
+import kernels  # noqa: F401  (sets the Triton interpreter switch first)
+from kernels.gpt2 import GPT, GPTConfig
+from kernels.monitor import AttentionAlert, AttentionMonitor, layer_table, read_rows
+
+
+def book_model(attn="sdpa", n_layer=2):
+    return GPT(GPTConfig(block_size=24, n_layer=n_layer, n_head=2, n_embd=32, attn=attn))
+
+
+def batch(size=2):
+    return torch.randint(0, 256, (size, 24))
+
+
+def train_pass(model, idx=None):
+    idx = batch() if idx is None else idx
+    loss = model(idx, idx.roll(-1, 1))[1]
+    loss.backward()
+    return loss
+
+
+def quietly(fn, *args, **kwargs):
+    """``fn(...)`` with the monitor's alert warnings recorded, not shown."""
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        return fn(*args, **kwargs)
+
+
+def bits(values) -> bytes:
+    """The bytes of a list of fp32 losses: equal bytes are equal losses, NaN included."""
+    return torch.stack([v.detach().float() for v in values]).numpy().tobytes()
+
+
+# ------------------------------------------------------------- 1. never breaks a step
+def train_twice(plain, steps, **options):
+    """``steps`` AdamW steps of ``plain`` and of a copy watched by a monitor reading every
+    step (``options`` to attach); both losses and the monitor."""
+    watched = copy.deepcopy(plain)
+    mon = AttentionMonitor.attach(watched, every=1, **options)
+    losses = {"plain": [], "watched": []}
+    opts = {
+        k: torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for k, m in (("plain", plain), ("watched", watched))
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            idx = batch()
+            for key, model in (("plain", plain), ("watched", watched)):
+                if key == "watched":
+                    mon.step(step)
+                opts[key].zero_grad()
+                losses[key].append(train_pass(model, idx))
+                opts[key].step()
+        mon.close()
+    return losses, mon, [w for w in caught if issubclass(w.category, AttentionAlert)]
+
+
+def test_nan_in_wq_trains_the_same_with_and_without_the_monitor(tmp_path):
+    """A NaN in one head's W_Q: the watched copy trains the same steps to the same losses, bit
+    for bit (NaN included), without an exception; the readings are NaN rows, kept NaN per
+    layer, and an alert names the non-finite W_Q."""
+    plain = book_model(attn="paper:delta=o")
+    with torch.no_grad():
+        plain.blocks[0].attn.c_attn.weight[int(np.random.randint(0, 16)), 5] = math.nan
+    steps = int(np.random.randint(3, 5))
+    losses, mon, alerts = train_twice(plain, steps, delta=True, path=tmp_path / "m.jsonl")
+    assert bits(losses["plain"]) == bits(losses["watched"])
+    assert math.isnan(float(losses["watched"][0]))
+    rows = read_rows(tmp_path / "m.jsonl")
+    assert sorted(set(rows.step)) == list(range(steps))
+    first = rows[(rows.step == 0) & (rows.layer == 0)].set_index(["head", "metric"]).value
+    assert math.isnan(first[(0, "wq_norm")]) and math.isfinite(first[(1, "wq_norm")])
+    assert math.isnan(first[(0, "max_logit")]) and math.isnan(first[(0, "ties_bf16")])
+    per_layer = layer_table(tmp_path / "m.jsonl")
+    assert per_layer.loc[(0, 0)].isna()[["wq_norm", "max_logit", "delta_err"]].all()
+    said = [str(a.message) for a in alerts]
+    assert any("non-finite W_Q in layer 0" in s for s in said), said
+    assert any("non-finite activations in layer 0" in s for s in said), said
+    assert ("non_finite_wq", 0, 0) in {(a.rule, a.layer, a.step) for a in mon.alerts.fired}
+
+
+def test_nan_activations_are_no_healthy_reading():
+    """A NaN in one token's embedding: W_Q is finite, but the heads that see the token read
+    NaN (not the largest finite logit, not 0 ties), with an alert."""
+    model = book_model()
+    with torch.no_grad():
+        model.wte.weight[7, int(np.random.randint(0, 32))] = math.nan
+    mon = AttentionMonitor.attach(model, every=1)
+    idx = batch()
+    idx[:, int(np.random.randint(0, 24))] = 7
+    quietly(mon.step, 0)
+    train_pass(model, idx)
+    quietly(mon.close)
+    fired = mon.alerts.fired
+    got = {(l, h, m): v for s, l, h, m, v in mon.rows}
+    for h in range(2):
+        assert math.isfinite(got[(0, h, "wq_norm")])
+        for metric in ("max_logit", "ties_bf16", "p1_fa2"):
+            assert math.isnan(got[(0, h, metric)]), (h, metric)
+    assert {(a.rule, a.layer) for a in fired} >= {("non_finite_activations", 0)}
+    assert "non-finite activations in layer 0" in fired[0].message
+
+
+def test_meta_weights_read_as_nan():
+    """A model on the meta device (no data): its ‖W_Q‖ cannot be read, so it is NaN."""
+    with torch.device("meta"):
+        model = book_model()
+    mon = AttentionMonitor.attach(model, every=1)
+    assert all(math.isnan(v) for v in mon.layers[0].wq_norms())
+
+
+def test_layer_table_keeps_nan():
+    """A head's NaN makes its layer's number NaN, for every rule (a sum over heads read 0.0,
+    a max or mean skipped the NaN head)."""
+    finite = float(np.random.uniform(1, 5))
+    rows = []
+    for metric in ("ties_bf16", "wq_norm", "max_logit", "delta_err", "delta_abs"):
+        rows += [(0, 0, 0, metric, math.nan), (0, 0, 1, metric, finite)]
+        rows += [(0, 1, 0, metric, math.nan), (0, 1, 1, metric, math.nan)]
+        rows += [(0, 2, 0, metric, finite), (0, 2, 1, metric, finite)]
+    table = layer_table(rows)
+    assert table.loc[(0, 0)].isna().all() and table.loc[(0, 1)].isna().all()
+    assert not table.loc[(0, 2)].isna().any()
