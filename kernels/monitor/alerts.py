@@ -1,27 +1,32 @@
 """Alerts: a reading that crosses a threshold drawn from the book's stored GPT-2 runs.
 
 Four rules, each on one number per attention layer (heads combined as
-:data:`kernels.monitor.readings.LAYER_RULES` says):
+:data:`kernels.monitor.readings.LAYER_RULES` says). Two are ceilings, watched from step 0:
 
 * ``ties_bf16``   the share of the layer's rows whose bf16 S holds tied maxima
-* ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over an early window
-                  of steps (``early``, default steps 500 to 1,000): the form that carries
-                  over to another model
 * ``max_logit``   the layer's largest |S|
+
+and two are relative to the run's own history, watched once that history exists (after
+``warmup_steps``, default 1,000):
+
+* ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over the second half
+                  of the warmup (``early``, default steps 500 to 1,000): the form that
+                  carries over to another model
 * ``delta_lean``  Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the layer's last ``window`` readings
                   (needs ``delta=True``). A lean alone is no warning (healthy bf16 runs
                   lean as much, chapter 9 §6; in exact attention it is noise), so this rule
                   fires only while the layer's ``wq_growth`` is above its threshold too
 
 :data:`THRESHOLDS` are the largest values any healthy stored run reached (the runs of the
-first search without qk-norm and the fp32-O controls, chapter 9 §6);
+first search without qk-norm and the fp32-O controls, chapter 9 §6), over all their steps:
+the early transient every run shows (while the logits are tiny, many BF16 scores tie) is
+below the tie ceiling, so the ceilings can watch from step 0.
 :func:`thresholds_from_runs` draws them again from stored runs, and the tests check that
 the two agree. An alert fires once when a reading goes above its threshold (a
 ``warnings.warn`` line of category :class:`AttentionAlert`, and ``on_alert(alert)`` if
-given); it fires again only after the reading has come back below. No rule fires before
-the early window has ended: early in training, while the logits are tiny, many BF16
-scores tie and every run (healthy ones too) shows a transient. :func:`replay` runs the
-rules over a stored run.
+given); it fires again only after the reading has come back below.
+:meth:`Alerts.describe` says what is watched when. :func:`replay` runs the rules over a
+stored run.
 
 A reading that is NaN or infinite is no value under a threshold: it fires its own alert,
 from step 0 on, once per layer until the reading is finite again (:data:`NON_FINITE`:
@@ -71,7 +76,10 @@ NON_FINITE = {
         "holds NaN or inf",
     ),
 }
-EARLY = (500, 1000)  # steps whose median ‖W_Q‖ is a run's own early level
+CEILINGS = ("ties_bf16", "max_logit")  # watched from step 0
+RELATIVE = ("wq_growth", "delta_lean")  # watched once the layer's own level exists
+WARMUP_STEPS = 1000  # steps before the relative rules start
+EARLY = (WARMUP_STEPS // 2, WARMUP_STEPS)  # steps whose median ‖W_Q‖ is a run's own level
 WINDOW = 10  # readings in the δ lean
 
 log = logging.getLogger("kernels.monitor")
@@ -121,20 +129,44 @@ def _check_thresholds(thresholds) -> dict:
     return merged
 
 
+def _early_window(early, warmup_steps) -> tuple:
+    """The (first, last) step whose median ‖W_Q‖ is a layer's own level."""
+    if warmup_steps is None:
+        early = EARLY if early is None else early
+    elif early is not None:
+        raise ValueError("give Alerts early= or warmup_steps=, not both")
+    elif not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+    else:
+        early = (warmup_steps // 2, warmup_steps)
+    if len(early) != 2 or not early[0] <= early[1]:
+        raise ValueError(f"early must be (first step, last step), got {early!r}")
+    return tuple(early)
+
+
 class Alerts:
     """The four rules, fed one layer's combined readings at a time (:meth:`update`).
 
     ``thresholds``: a dict overriding :data:`THRESHOLDS` (None switches a rule off);
-    ``early``: the (first, last) step of the window whose median ‖W_Q‖ is the layer's
-    own level (without a reading there, the first reading after ``early[0]``);
-    ``window``: readings in the δ lean; ``on_alert``: called with each :class:`Alert`;
-    ``warn``: also ``warnings.warn`` each alert. Nothing fires at steps up to
-    ``early[1]``."""
+    ``warmup_steps``: steps before the relative rules (``wq_growth``, ``delta_lean``)
+    start, default 1,000; the layer's own ‖W_Q‖ level is its median over the readings of
+    the second half of them (or give that window as ``early``, (first step, last step);
+    without a reading there, the first reading after it); ``window``: readings in the δ
+    lean; ``on_alert``: called with each :class:`Alert`; ``warn``: also ``warnings.warn``
+    each alert. The ceilings (``ties_bf16``, ``max_logit``) and non-finite readings are
+    watched from step 0 (:meth:`describe`)."""
 
-    def __init__(self, thresholds=None, early=EARLY, window=WINDOW, on_alert=None, warn=True):
+    def __init__(
+        self,
+        thresholds=None,
+        early=None,
+        window=WINDOW,
+        on_alert=None,
+        warn=True,
+        warmup_steps=None,
+    ):
+        early = _early_window(early, warmup_steps)
         self.thresholds = _check_thresholds(thresholds)
-        if len(early) != 2 or not early[0] <= early[1]:
-            raise ValueError(f"early must be (first step, last step), got {early!r}")
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive number of readings, got {window!r}")
         if on_alert is not None and not callable(on_alert):
@@ -178,6 +210,26 @@ class Alerts:
                 out["delta_lean"] = sum(e for e, _ in recent) / total
         return out
 
+    def describe(self) -> str:
+        """What is watched before the run's own baseline exists, and what after."""
+        on = {rule: t for rule, t in self.thresholds.items() if t is not None}
+        ceilings = [f"{rule} > {on[rule]:.4g}" for rule in CEILINGS if rule in on]
+        relative = [f"{rule} > {on[rule]:.4g}" for rule in RELATIVE if rule in on]
+        first, last = self.early
+        text = "monitor alerts: from step 0, "
+        if ceilings:
+            text += f"the ceilings ({', '.join(ceilings)}) and "
+        text += "any non-finite reading (W_Q, activations, delta)"
+        if relative:
+            text += (
+                f"; after step {last:,}, once each layer's own level of ||W_Q|| (its median "
+                f"over steps {first:,} to {last:,}) exists, " + " and ".join(relative)
+            )
+            if "delta_lean" in on:
+                text += " (the lean only while wq_growth is over its threshold)"
+            text += f"; up to step {last:,} nothing relative to the run's own history is watched"
+        return text
+
     def _non_finite(self, step: int, layer: int, readings: dict) -> list[Alert]:
         """The non-finite alerts of one reading (from step 0 on, once per crossing)."""
         fired = []
@@ -194,12 +246,12 @@ class Alerts:
         """Feed one layer's combined readings of one step; returns the alerts fired."""
         fired = self._non_finite(step, layer, readings)
         values = self.values(step, layer, readings)
-        if step <= self.early[1]:
-            values = {}
         for rule, value in values.items():
             threshold = self.thresholds.get(rule)
             if threshold is None or not math.isfinite(value):
                 continue
+            if rule in RELATIVE and step <= self.early[1]:
+                continue  # no level of the run's own yet
             if rule == "delta_lean":
                 growth = self.thresholds.get("wq_growth")
                 if growth is None or not values.get("wq_growth", -math.inf) > growth:
@@ -269,7 +321,10 @@ __all__ = [
     "RULES",
     "NON_FINITE",
     "THRESHOLDS",
+    "CEILINGS",
+    "RELATIVE",
     "EARLY",
+    "WARMUP_STEPS",
     "WINDOW",
     "replay",
     "run_readings",

@@ -46,6 +46,7 @@ model was compiled before or after the monitor was attached.
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
@@ -55,6 +56,8 @@ from .hooks import HookReader
 from .layers import LAYOUTS, _compiled, _Layer, _writes, find_attention, query_weight
 from .safety import layer_value
 from .sinks import make_sink
+
+log = logging.getLogger("kernels.monitor")
 
 METRICS = {
     "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
@@ -92,6 +95,7 @@ class AttentionMonitor(HookReader):
         sink=None,
         alerts=True,
         on_alert=None,
+        warmup_steps=None,
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
@@ -103,7 +107,7 @@ class AttentionMonitor(HookReader):
         self._last = None  # (step, what step() returned)
         self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
-        self.alerts = self._make_alerts(alerts, on_alert)
+        self.alerts = self._make_alerts(alerts, on_alert, warmup_steps)
         self._sinks = []
         if _compiled(model):
             self._disable("the model is compiled with torch.compile")
@@ -134,21 +138,25 @@ class AttentionMonitor(HookReader):
                 self._sinks.append(make_sink(target, option, append=append))
 
     @staticmethod
-    def _make_alerts(alerts, on_alert):
+    def _make_alerts(alerts, on_alert, warmup_steps):
         if isinstance(alerts, Alerts):
-            if on_alert is not None:
+            if on_alert is not None or warmup_steps is not None:
                 raise ValueError(
-                    "give on_alert to your Alerts object, not to attach, when you pass one"
+                    "give on_alert and warmup_steps to your Alerts object, not to attach, "
+                    "when you pass one"
                 )
             return alerts
         if alerts is False or alerts is None:
             if on_alert is not None:
                 raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
             return None
-        if alerts is True:
-            return Alerts(on_alert=on_alert)
-        if isinstance(alerts, dict):
-            return Alerts(alerts, on_alert=on_alert)
+        if alerts is True or isinstance(alerts, dict):
+            made = Alerts(
+                None if alerts is True else alerts, on_alert=on_alert, warmup_steps=warmup_steps
+            )
+            if _writes():
+                log.info(made.describe())
+            return made
         raise TypeError(
             f"alerts must be True, False, a dict of thresholds or an Alerts, "
             f"got {type(alerts).__name__}"
@@ -165,7 +173,15 @@ class AttentionMonitor(HookReader):
         the first few sequences of a batch: less memory), ``append`` (add to an existing
         file), ``sink`` (a function of each step's rows), ``alerts`` (True: the book's
         thresholds; False: none; a dict: your thresholds), ``on_alert`` (a function of
-        each :class:`~kernels.monitor.alerts.Alert`)."""
+        each :class:`~kernels.monitor.alerts.Alert`), ``warmup_steps`` (default 1,000).
+
+        What the alerts watch when: from step 0 the ceilings, the largest |S|
+        (``max_logit``) and the share of tied rows (``ties_bf16``), and any NaN or
+        infinite reading; the rules relative to the run's own history, the growth of
+        ‖W_Q‖ over the layer's own level (``wq_growth``) and the lean of δ
+        (``delta_lean``), only after ``warmup_steps``, once that level (the median ‖W_Q‖
+        over the second half of the warmup) exists. Attaching logs this as one line
+        (logger ``kernels.monitor``, level INFO: :meth:`Alerts.describe`)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard, **options)
 
     @property

@@ -8,15 +8,17 @@ rows kept in memory are bounded; alert warnings point at the user's line. CPU on
 models, fresh random inputs each run."""
 
 import copy
+import logging
 import math
 import warnings
 
 import numpy as np
+import pytest
 import torch
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.gpt2 import GPT, GPTConfig
-from kernels.monitor import AttentionAlert, AttentionMonitor, layer_table, read_rows
+from kernels.monitor import Alerts, AttentionAlert, AttentionMonitor, layer_table, read_rows
 
 
 def book_model(attn="sdpa", n_layer=2):
@@ -137,3 +139,49 @@ def test_layer_table_keeps_nan():
     table = layer_table(rows)
     assert table.loc[(0, 0)].isna().all() and table.loc[(0, 1)].isna().all()
     assert not table.loc[(0, 2)].isna().any()
+
+
+# ------------------------------------------------------- 2. early steps are watched
+def test_ceilings_watch_from_step_zero():
+    """Logits far over the ceiling at step 0 (W_Q and W_K scaled up, as a high learning rate
+    makes them within a few hundred steps): an alert at once, not after step 1,000."""
+    model = book_model(n_layer=1)
+    with torch.no_grad():
+        model.blocks[0].attn.c_attn.weight[:64] *= float(np.random.uniform(40, 60))
+    mon = AttentionMonitor.attach(model, every=1)
+    quietly(mon.step, 0)
+    quietly(train_pass, model)
+    quietly(mon.close)
+    assert [(a.step, a.rule) for a in mon.alerts.fired if a.rule == "max_logit"] == [
+        (0, "max_logit")
+    ]
+
+
+def test_relative_rules_start_once_the_baseline_exists():
+    """‖W_Q‖ growth is judged against the layer's own level, the median over the second half
+    of ``warmup_steps``: nothing before it exists, an alert after."""
+    warmup = int(np.random.randint(4, 20))
+    alerts = Alerts(warmup_steps=warmup, warn=False)
+    assert alerts.early == (warmup // 2, warmup)
+    level = float(np.random.uniform(0.5, 5))
+    for step in range(warmup + 1):  # a jump inside the warmup is no growth yet
+        wq = level * (10 if step == warmup // 2 - 1 else 1)
+        assert alerts.update(step, 0, {"wq_norm": wq}) == [], step
+    fired = alerts.update(warmup + 1, 0, {"wq_norm": level * 4})
+    assert [(a.rule, a.step) for a in fired] == [("wq_growth", warmup + 1)]
+
+
+def test_attach_takes_warmup_steps_and_says_what_is_watched(caplog):
+    model = book_model()
+    with caplog.at_level(logging.INFO, logger="kernels.monitor"):
+        mon = AttentionMonitor.attach(model, warmup_steps=200)
+    assert mon.alerts.early == (100, 200)
+    said = [r.getMessage() for r in caplog.records if "alerts" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "from step 0" in said[0] and "max_logit" in said[0] and "non-finite" in said[0]
+    assert "after step 200" in said[0] and "wq_growth" in said[0]
+    assert "warmup_steps" in AttentionMonitor.attach.__doc__
+    with pytest.raises(ValueError, match="warmup_steps.*Alerts"):
+        AttentionMonitor.attach(model, alerts=Alerts(), warmup_steps=10)
+    with pytest.raises(ValueError, match="warmup_steps must be"):
+        AttentionMonitor.attach(model, warmup_steps=-1)
