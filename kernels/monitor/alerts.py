@@ -243,7 +243,16 @@ class Alerts:
         return fired
 
     def update(self, step: int, layer: int, readings: dict) -> list[Alert]:
-        """Feed one layer's combined readings of one step; returns the alerts fired."""
+        """Feed one layer's combined readings of one step; returns the alerts fired, each
+        said at once (:meth:`notify`)."""
+        fired = self.check(step, layer, readings)
+        self.notify(fired)
+        return fired
+
+    def check(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """Feed one layer's combined readings of one step; returns the alerts fired (kept
+        in :attr:`fired`) without saying them: the monitor says them with :meth:`notify`
+        once the step's rows are written, outside the autograd hooks."""
         fired = self._non_finite(step, layer, readings)
         values = self.values(step, layer, readings)
         for rule, value in values.items():
@@ -263,14 +272,18 @@ class Alerts:
                 self._above[key] = True
             else:
                 self._above[key] = False
-        for alert in fired:
-            self.fired.append(alert)
+        self.fired.extend(fired)
+        return fired
+
+    def notify(self, alerts) -> None:
+        """Say each alert: a log line, a warning (``warn``) and ``on_alert(alert)``. An
+        exception from ``on_alert`` (raise one to stop training) reaches the caller."""
+        for alert in alerts:
             log.info(alert.message)
             if self.warn:
-                warnings.warn(alert.message, AttentionAlert, stacklevel=4)
+                warnings.warn(alert.message, AttentionAlert, stacklevel=3)
             if self.on_alert is not None:
                 self.on_alert(alert)
-        return fired
 
 
 # ------------------------------------------------------------------ the stored runs

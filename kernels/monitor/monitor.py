@@ -35,7 +35,10 @@ said once and training goes on as it would without the monitor.
 
 What it writes: one row per step, layer, head and metric (:data:`METRICS`), to a file,
 TensorBoard or any callable (:mod:`.sinks`), and checks each layer's readings against
-the alert rules of :mod:`.alerts` (a warning once per crossing, and ``on_alert``).
+the alert rules of :mod:`.alerts` (a warning once per crossing, and ``on_alert``). An
+alert is said (warned, passed to ``on_alert``) at the next ``step()`` or ``detach()``
+call, once the step's rows are written and outside every forward and backward pass: an
+exception raised by ``on_alert`` (to stop training) reaches that call and loses nothing.
 ``step(s)`` called again with the same ``s`` (once per micro-batch) does nothing more.
 ``detach()`` (or ``close()``) writes what is left, removes every hook and closes the
 files; the monitor then refuses further steps. Under DistributedDataParallel only rank 0
@@ -103,7 +106,7 @@ class AttentionMonitor(HookReader):
             raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
         self.enabled, self.detached, self.rows = True, False, []
-        self._pending, self._handles, self._counter = None, [], 0
+        self._pending, self._handles, self._counter, self._unsent = None, [], 0, []
         self._last = None  # (step, what step() returned)
         self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
@@ -206,14 +209,24 @@ class AttentionMonitor(HookReader):
         if step is None:
             step = self._counter
         elif self._last is not None and step == self._last[0]:
+            self._send_alerts()
             return self._last[1]
+        self._finish()
+        self._send_alerts()
         self._counter = step + 1
         read = self._arm(step)
         self._last = (step, read)
         return read
 
+    def _send_alerts(self):
+        """Say the alerts of the steps written so far (warnings, ``on_alert``): here, in
+        ``step()`` or ``detach()``, outside every hook and after the rows are written. An
+        exception from ``on_alert`` reaches the caller; the alerts not yet said wait for
+        the next call."""
+        while self._unsent:
+            self.alerts.notify([self._unsent.pop(0)])
+
     def _arm(self, step) -> bool:
-        self._finish()
         if self._compile_seen and self.enabled:
             self._disable(
                 "the model was compiled with torch.compile after the monitor was attached"
@@ -247,6 +260,7 @@ class AttentionMonitor(HookReader):
         for sink in self._sinks:
             sink.close()
         self.detached, self.enabled = True, False
+        self._send_alerts()
 
     close = detach
 
@@ -282,7 +296,7 @@ class AttentionMonitor(HookReader):
                 stacklevel=3,
             )
             return
-        rows = []
+        rows, checked = [], []
         for layer in self.layers:
             stats = dict(p["forward"].get(layer.index, {}))
             stats.update(p["delta"].get(layer.index, {}))
@@ -290,13 +304,15 @@ class AttentionMonitor(HookReader):
                 for head, value in enumerate(stats.get(metric, ())):
                     rows.append((p["step"], layer.index, head, metric, float(value)))
             if self.alerts is not None and stats:
-                self.alerts.update(p["step"], layer.index, _combined(stats))
+                checked.append((layer.index, _combined(stats)))
         self.rows.extend(rows)
         for sink in self._sinks:
             try:
                 sink.write(rows)
             except Exception as err:  # the monitor never breaks a training step
                 self._hook_failed(err, f"writing step {p['step']} to {type(sink).__name__}")
+        for index, readings in checked:  # said at the next step() or detach()
+            self._unsent += self.alerts.check(p["step"], index, readings)
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):

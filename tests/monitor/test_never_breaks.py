@@ -10,6 +10,7 @@ models, fresh random inputs each run."""
 import copy
 import logging
 import math
+import traceback
 import warnings
 
 import numpy as np
@@ -185,3 +186,43 @@ def test_attach_takes_warmup_steps_and_says_what_is_watched(caplog):
         AttentionMonitor.attach(model, alerts=Alerts(), warmup_steps=10)
     with pytest.raises(ValueError, match="warmup_steps must be"):
         AttentionMonitor.attach(model, warmup_steps=-1)
+
+
+# ------------------------------------------------ 3. on_alert after the rows are written
+class Stop(Exception):
+    """What a user's on_alert raises to stop training."""
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["forward", "delta"])
+def test_on_alert_runs_after_the_rows_are_written_outside_autograd(tmp_path, delta):
+    """on_alert raises (to stop training): the pass that made the reading still ends, the
+    step's rows are in memory and in the file, and on_alert ran outside every forward pass
+    and backward pass (at the next step() call; the alert after the one that raised waits
+    for the next call, here close())."""
+    path = tmp_path / "m.csv"
+    model = book_model()
+    seen = []
+
+    def on_alert(alert):
+        inside_forward = any(f.name == "_call_impl" for f in traceback.extract_stack())
+        inside_backward = torch._C._current_autograd_node() is not None
+        rows_written = len(read_rows(path)) if path.exists() else 0
+        seen.append((alert.step, inside_forward, inside_backward, rows_written))
+        if len(seen) == 1:
+            raise Stop
+
+    mon = AttentionMonitor.attach(
+        model, every=1, delta=delta, path=path, alerts={"max_logit": 1e-9}, on_alert=on_alert
+    )
+    per_step = 2 * 2 * (6 if delta else 4)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        mon.step(0)
+        train_pass(model)  # the alert does not interrupt the pass
+        assert len(mon.rows) == per_step
+        with pytest.raises(Stop):
+            mon.step(1)
+    assert seen == [(0, False, False, per_step)]
+    quietly(mon.close)  # says the alert still waiting (layer 1's)
+    assert seen == [(0, False, False, per_step)] * 2
+    assert len(read_rows(path)) == per_step
