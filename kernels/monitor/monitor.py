@@ -58,7 +58,7 @@ from .alerts import Alerts
 from .hooks import HookReader
 from .layers import LAYOUTS, _compiled, _Layer, _writes, find_attention, query_weight
 from .safety import layer_value
-from .sinks import make_sink
+from .sinks import make_sink, resume_row
 
 log = logging.getLogger("kernels.monitor")
 
@@ -93,7 +93,7 @@ class AttentionMonitor(HookReader):
         layers=None,
         n_head=None,
         sequences=None,
-        append=False,
+        append=None,
         layout=None,
         sink=None,
         alerts=True,
@@ -108,6 +108,7 @@ class AttentionMonitor(HookReader):
         self.enabled, self.detached, self.rows = True, False, []
         self._pending, self._handles, self._counter, self._unsent = None, [], 0, []
         self._last = None  # (step, what step() returned)
+        self._latest = None  # the step written last (the files' own, then this run's)
         self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
         self.alerts = self._make_alerts(alerts, on_alert, warmup_steps)
@@ -139,6 +140,18 @@ class AttentionMonitor(HookReader):
         for target, option in ((path, "path"), (tensorboard, "tensorboard"), (sink, "sink")):
             if target is not None:
                 self._sinks.append(make_sink(target, option, append=append))
+        self._latest = self._latest_step_written()
+
+    def _latest_step_written(self):
+        """The latest step the files already hold (their plan logged), or None."""
+        latest = None
+        for sink in self._sinks:
+            plan = getattr(sink, "plan", lambda: None)()
+            if plan is not None and _writes():
+                log.info(plan)
+            if getattr(sink, "last_step", None) is not None:
+                latest = max(sink.last_step, latest if latest is not None else sink.last_step)
+        return latest
 
     @staticmethod
     def _make_alerts(alerts, on_alert, warmup_steps):
@@ -173,10 +186,13 @@ class AttentionMonitor(HookReader):
         ``layers`` (indices of the attention layers to read, default all), ``n_head``
         (if the layers do not say), ``layout`` (how c_attn's output holds q, k, v, for a
         class the monitor does not know: see :data:`LAYOUTS`), ``sequences`` (read only
-        the first few sequences of a batch: less memory), ``append`` (add to an existing
-        file), ``sink`` (a function of each step's rows), ``alerts`` (True: the book's
-        thresholds; False: none; a dict: your thresholds), ``on_alert`` (a function of
-        each :class:`~kernels.monitor.alerts.Alert`), ``warmup_steps`` (default 1,000).
+        the first few sequences of a batch: less memory), ``append`` (None, the default:
+        continue a file that already holds rows, as a resumed run should, with one logged
+        line saying so; False: start it over; a step written again is preceded by a
+        resume row, :mod:`.sinks`), ``sink`` (a function of each step's rows),
+        ``alerts`` (True: the book's thresholds; False: none; a dict: your thresholds),
+        ``on_alert`` (a function of each :class:`~kernels.monitor.alerts.Alert`),
+        ``warmup_steps`` (default 1,000).
 
         What the alerts watch when: from step 0 the ceilings, the largest |S|
         (``max_logit``) and the share of tied rows (``ties_bf16``), and any NaN or
@@ -305,6 +321,9 @@ class AttentionMonitor(HookReader):
                     rows.append((p["step"], layer.index, head, metric, float(value)))
             if self.alerts is not None and stats:
                 checked.append((layer.index, _combined(stats)))
+        if self._latest is not None and p["step"] <= self._latest:
+            rows.insert(0, resume_row(p["step"], self._latest))  # a resumed run went back
+        self._latest = p["step"]
         self.rows.extend(rows)
         for sink in self._sinks:
             try:

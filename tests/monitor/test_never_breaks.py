@@ -226,3 +226,92 @@ def test_on_alert_runs_after_the_rows_are_written_outside_autograd(tmp_path, del
     quietly(mon.close)  # says the alert still waiting (layer 1's)
     assert seen == [(0, False, False, per_step)] * 2
     assert len(read_rows(path)) == per_step
+
+
+# ------------------------------------------------------- 4. a resumed run appends
+def run_steps(model, path, steps, every, **options):
+    mon = AttentionMonitor.attach(model, every=every, path=path, alerts=False, **options)
+    for step in steps:
+        mon.step(step)
+        train_pass(model)
+    mon.close()
+    return mon
+
+
+def blocks(rows):
+    """The file's rows as consecutive blocks: (step, "resume") for a resume row, (step, "")
+    for a step's readings."""
+    keys = [(s, "resume" if m == "resume" else "") for s, m in zip(rows.step, rows.metric)]
+    return [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_resumed_run_appends_and_marks_where_it_went_back(tmp_path, suffix, caplog):
+    """A run reads steps 0 to 20 and stops; resumed from step 10 with the defaults, it keeps
+    what the file held (one logged line says so), writes a resume row, and the table holds
+    each step once, the resumed run's values where the two overlap, with no warning."""
+    path, model = tmp_path / f"m{suffix}", book_model()
+    run_steps(model, path, range(0, 25), every=10)
+    with caplog.at_level(logging.INFO, logger="kernels.monitor"):
+        resumed = run_steps(model, path, range(10, 35), every=10)
+    said = [r.getMessage() for r in caplog.records if "appending" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0] and "step 20" in said[0], said
+    rows = read_rows(path)
+    assert blocks(rows) == [
+        (0, ""),
+        (10, ""),
+        (20, ""),
+        (10, "resume"),
+        (10, ""),
+        (20, ""),
+        (30, ""),
+    ]
+    assert rows[rows.metric == "resume"].value.tolist() == [20]  # where it went back from
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "repeated rows" warning: the resume says why
+        table = layer_table(path)
+    assert sorted(set(table.index.get_level_values("step"))) == [0, 10, 20, 30]
+    again = layer_table(resumed)
+    for step in (10, 20):
+        assert table.loc[(step, 1)].max_logit == again.loc[(step, 1)].max_logit
+    with caplog.at_level(logging.INFO, logger="kernels.monitor"):
+        run_steps(model, path, [0], every=1, append=False)  # asked: starts over
+    assert sorted(set(read_rows(path).step)) == [0]
+    assert any("starting it over" in r.getMessage() for r in caplog.records)
+
+
+def test_hugging_face_resume_from_checkpoint_keeps_the_first_steps(tmp_path):
+    """The issue's case: a Trainer resumed from a checkpoint lost the steps read before it."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from kernels.monitor import callbacks
+
+    def trainer(steps, callback):
+        model = GPT2LMHeadModel(
+            GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+        )
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"),
+            max_steps=steps,
+            per_device_train_batch_size=2,
+            learning_rate=1e-3,
+            report_to=[],
+            save_strategy="steps",
+            save_steps=2,
+            logging_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 16))]
+        return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+
+    path = tmp_path / "m.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(4, callbacks.MonitorTrainerCallback(every=2, path=path, alerts=False)).train()
+        assert sorted(set(read_rows(path).step)) == [0, 2]
+        trainer(6, callbacks.MonitorTrainerCallback(every=2, path=path, alerts=False)).train(
+            resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+        )
+    assert blocks(read_rows(path)) == [(0, ""), (2, ""), (2, "resume"), (2, ""), (4, "")]
+    assert sorted(set(layer_table(path).index.get_level_values("step"))) == [0, 2, 4]
