@@ -34,6 +34,39 @@ def _compiled(module) -> bool:
     )
 
 
+def _training_marks(layers) -> list:
+    """What a training pass changes in the attention layers whether or not their hooks run:
+    each ``c_attn`` weight's version and its gradient's identity and version."""
+    marks = []
+    for layer in layers:
+        weight = layer.module.c_attn.weight
+        grad = weight.grad
+        marks.append((weight._version, None if grad is None else (id(grad), grad._version)))
+    return marks
+
+
+def _what_dynamo_compiled(model) -> str:
+    """What torch.compile has compiled in this process that runs ``model``: the classes of
+    its modules whose forward has compiled code, else how many graphs it made ('' if
+    none)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.utils import counters
+
+        classes = {type(m) for m in model.modules()}
+        named = sorted(
+            f"{cls.__name__}.forward"
+            for cls in classes
+            if _debug_get_cache_entry_list(cls.forward.__code__)
+        )
+        graphs = counters["stats"]["unique_graphs"]
+    except (ImportError, AttributeError, TypeError, KeyError):
+        return ""
+    if named:
+        return f"torch.compile has compiled {', '.join(named)} in this process"
+    return f"torch.compile has compiled {graphs} graph(s) in this process" if graphs else ""
+
+
 def _has_padding(mask) -> bool:
     """True when an attention mask hides a key that the causal mask would show."""
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2:

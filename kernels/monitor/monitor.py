@@ -44,7 +44,10 @@ exception raised by ``on_alert`` (to stop training) reaches that call and loses 
 files; the monitor then refuses further steps. Under DistributedDataParallel only rank 0
 reads and writes. Under ``torch.compile`` the hooks are never called, or called while
 compiled code is traced: the monitor warns once and switches itself off, whether the
-model was compiled before or after the monitor was attached.
+model was compiled before or after the monitor was attached, and whatever compiled it (a
+wrapper, ``model.compile()``, a compiled training step): a model compiled before is
+noticed at the first reading step, whose attention layers were trained without calling
+the hooks, and the warning says so.
 """
 
 from __future__ import annotations
@@ -56,7 +59,16 @@ import torch
 
 from .alerts import Alerts
 from .hooks import HookReader
-from .layers import LAYOUTS, _compiled, _Layer, _writes, find_attention, query_weight
+from .layers import (
+    LAYOUTS,
+    _compiled,
+    _Layer,
+    _training_marks,
+    _what_dynamo_compiled,
+    _writes,
+    find_attention,
+    query_weight,
+)
 from .safety import layer_value
 from .sinks import make_sink, resume_row
 
@@ -245,7 +257,9 @@ class AttentionMonitor(HookReader):
     def _arm(self, step) -> bool:
         if self._compile_seen and self.enabled:
             self._disable(
-                "the model was compiled with torch.compile after the monitor was attached"
+                "torch.compile traced the model while the monitor's hooks were on (the model "
+                "was compiled after the monitor was attached, or its compiled code was made "
+                "again)"
             )
         if not self.enabled or step % self.every or not _writes():
             return False
@@ -256,6 +270,7 @@ class AttentionMonitor(HookReader):
             return False
         self._pending = {
             "step": step,
+            "marks": _training_marks(self.layers),
             "qkv": {},
             "forward": {},
             "expect": set(),
@@ -304,6 +319,9 @@ class AttentionMonitor(HookReader):
         if not p["seen"]:
             if self._compile_seen:
                 return  # step() switches the monitor off, with one warning
+            if _training_marks(self.layers) != p["marks"]:
+                self._disable(self._compiled_before(p["step"]))
+                return
             warnings.warn(
                 f"monitor: step {p['step']} was armed but no training forward pass "
                 "reached the attention layers (was the model run without gradients?); "
@@ -346,6 +364,23 @@ class AttentionMonitor(HookReader):
         self.enabled = False
         self._remove_hooks()
         self._pending = None
+
+    def _compiled_before(self, step) -> str:
+        """Why an armed step trained the attention layers without calling the hooks."""
+        evidence = _what_dynamo_compiled(self._model)
+        if evidence:
+            return (
+                f"the model runs through code compiled by torch.compile before the monitor "
+                f"was attached ({evidence}; a torch.compile wrapper of the model, "
+                f"model.compile(), a compiled training step or a Trainer's torch_compile "
+                f"option): step {step} trained its attention layers without calling the "
+                f"monitor's hooks"
+            )
+        return (
+            f"step {step} trained the attention layers without calling the monitor's "
+            "hooks: the model runs through compiled code (torch.compile before the monitor "
+            "was attached, torch.jit or an exported program)"
+        )
 
     def _warn_about_dropout(self):
         for layer in self.layers:

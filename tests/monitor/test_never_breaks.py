@@ -315,3 +315,38 @@ def test_hugging_face_resume_from_checkpoint_keeps_the_first_steps(tmp_path):
         )
     assert blocks(read_rows(path)) == [(0, ""), (2, ""), (2, "resume"), (2, ""), (4, "")]
     assert sorted(set(layer_table(path).index.get_level_values("step"))) == [0, 2, 4]
+
+
+# -------------------------------------------- 5. a model compiled before the monitor came
+def through_a_wrapper(model):
+    return torch.compile(model, backend="eager")
+
+
+def through_a_compiled_function(model):
+    loss_of = torch.compile(lambda idx, y: model(idx, y), backend="eager")
+    return loss_of
+
+
+@pytest.mark.parametrize(
+    "compile_first", [through_a_wrapper, through_a_compiled_function], ids=["wrapper", "function"]
+)
+def test_a_model_compiled_before_attach_is_named_compiled(compile_first):
+    """Compiled (and run) before the monitor is attached to the module itself: the hooks added
+    later are never called. One warning says the model is compiled, the monitor switches off;
+    no warning blames a pass without gradients."""
+    torch._dynamo.reset()
+    model = book_model()
+    run = compile_first(model)
+    train_pass(run)
+    mon = AttentionMonitor.attach(model, every=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(4):
+            mon.step(step)
+            train_pass(run)
+        mon.close()
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "without gradients" in m], said
+    off = [m for m in said if "disables itself" in m]
+    assert len(off) == 1 and "compiled by torch.compile before the monitor" in off[0], said
+    assert "hooks" in off[0] and mon.enabled is False and mon.rows == []
