@@ -350,3 +350,83 @@ def test_a_model_compiled_before_attach_is_named_compiled(compile_first):
     off = [m for m in said if "disables itself" in m]
     assert len(off) == 1 and "compiled by torch.compile before the monitor" in off[0], said
     assert "hooks" in off[0] and mon.enabled is False and mon.rows == []
+
+
+# ----------------------------------------- 6. the Hugging Face callback lets go on failure
+class Boom(Exception):
+    """A training step that fails."""
+
+
+def failing_trainer(tmp_path, callback, fail_at):
+    """A Trainer whose ``fail_at``-th forward pass raises between its two attention layers
+    (the monitor's hooks of the second still on, on a reading step)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    )
+    calls = []
+
+    def fail(module, args):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise Boom
+
+    model.transformer.h[0].mlp.register_forward_pre_hook(fail)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 16))]
+    return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]), model
+
+
+def monitor_hooks(model):
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks)
+        for m in model.modules()
+        if hasattr(m, "c_attn") or m.__class__.__name__ in ("Conv1D",)
+    )
+
+
+def test_hugging_face_callback_lets_go_when_training_fails(tmp_path):
+    """Training fails on a reading step: ``with callback:`` around ``train()`` detaches the
+    monitor (hooks gone, the file closed with what was read)."""
+    from kernels.monitor import callbacks
+
+    callback = callbacks.MonitorTrainerCallback(every=2, path=tmp_path / "m.csv")
+    trainer, model = failing_trainer(tmp_path, callback, fail_at=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Boom), callback:
+            trainer.train()
+    assert callback.monitor.detached and monitor_hooks(model) == 0
+    assert sorted(set(read_rows(tmp_path / "m.csv").step)) == [0, 2]
+
+
+def test_hugging_face_callback_lets_go_when_it_is_collected(tmp_path):
+    """Without ``with``: once the failed Trainer and its callback are collected, the monitor
+    is detached (a finalizer, safe where ``__del__`` is not)."""
+    import gc
+
+    from kernels.monitor import callbacks
+
+    callback = callbacks.MonitorTrainerCallback(every=2, path=tmp_path / "m.csv")
+    trainer, model = failing_trainer(tmp_path, callback, fail_at=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            trainer.train()
+        except Boom:
+            pass
+        monitor = callback.monitor
+        assert not monitor.detached and monitor_hooks(model) > 0  # what failing leaves
+        del trainer, callback
+        gc.collect()
+    assert monitor.detached and monitor_hooks(model) == 0
