@@ -69,7 +69,7 @@ from .layers import (
     find_attention,
     query_weight,
 )
-from .safety import layer_value
+from .safety import as_step, layer_value
 from .sinks import make_sink, resume_row
 
 log = logging.getLogger("kernels.monitor")
@@ -222,21 +222,21 @@ class AttentionMonitor(HookReader):
     # ------------------------------------------------------ the training loop's side
     def step(self, step=None) -> bool:
         """Call once per training step, before its forward pass. Arms the hooks when
-        ``step`` (or, without it, the count of calls so far) is a multiple of ``every``;
-        returns whether this step is read. First writes what the previous armed step
-        left unwritten. Called again with the same ``step`` (once per micro-batch, as
-        Lightning's ``on_train_batch_start`` does), it does nothing and returns what
+        ``step`` (a whole number: an int, a NumPy integer or a 0-d integer tensor; without
+        it, the count of calls so far) is a multiple of ``every``; returns whether this
+        step is read. First writes what the previous armed step left unwritten and says
+        its alerts. Called again with the same ``step`` (once per micro-batch, as
+        Lightning's ``on_train_batch_start`` does), it does nothing more and returns what
         it returned the first time."""
         if self.detached:
             raise RuntimeError(
                 "this monitor was detached (detach() or close()): its hooks are gone and "
                 "its files closed, so it reads no more steps. Its rows are still in "
-                ".rows; to go on reading, attach a new monitor (append=True continues "
-                "the file)"
+                ".rows; to go on reading, attach a new monitor (on the same path it "
+                "continues the file)"
             )
-        if step is None:
-            step = self._counter
-        elif self._last is not None and step == self._last[0]:
+        step = self._counter if step is None else as_step(step)
+        if self._last is not None and step == self._last[0]:
             self._send_alerts()
             return self._last[1]
         self._finish()

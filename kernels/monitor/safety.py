@@ -5,12 +5,17 @@ and an error inside one of its hooks is caught and said once.
                          exception in the user's forward or backward pass
 * :func:`nan_readings`   the readings of a layer that could not be read: NaN for every head
 * :func:`layer_value`    one number per layer from its heads' readings; NaN if any head's is
+* :func:`as_step`        a training step as a whole number (an int, a 0-d integer tensor, a
+                         NumPy integer), or a clear error
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
+
+import torch
 
 
 def shielded(on_error):
@@ -49,4 +54,24 @@ def layer_value(values, rule: str) -> float:
     return float(COMBINE[rule](values))
 
 
-__all__ = ["layer_value", "nan_readings", "shielded"]
+def as_step(step) -> int:
+    """``step`` as an int: an int, a NumPy integer or a 0-d integer tensor (read with
+    ``.item()``, which waits for a GPU tensor); anything else is refused."""
+    what = f"{type(step).__name__} {step!r}"
+    if isinstance(step, torch.Tensor):
+        integer = not (step.dtype.is_floating_point or step.dtype.is_complex)
+        if step.dim() == 0 and integer and step.dtype != torch.bool:
+            step = step.item()
+        else:
+            what = f"a {tuple(step.shape)} tensor of {step.dtype}"
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(
+            "step must be a whole number (an int, a NumPy integer or a 0-d integer "
+            f"tensor such as torch.tensor(5)), got {what}"
+        )
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {int(step)}")
+    return int(step)
+
+
+__all__ = ["as_step", "layer_value", "nan_readings", "shielded"]

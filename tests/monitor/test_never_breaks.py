@@ -8,6 +8,7 @@ rows kept in memory are bounded; alert warnings point at the user's line. CPU on
 models, fresh random inputs each run."""
 
 import copy
+import json
 import logging
 import math
 import traceback
@@ -430,3 +431,30 @@ def test_hugging_face_callback_lets_go_when_it_is_collected(tmp_path):
         del trainer, callback
         gc.collect()
     assert monitor.detached and monitor_hooks(model) == 0
+
+
+# --------------------------------------------------------- 7. a step is a whole number
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_step_takes_tensors_and_numpy_integers(tmp_path, kind):
+    """step(torch.tensor(s)) wrote "tensor(0)" (and a NumPy integer broke JSON lines): both
+    are whole numbers, written as such."""
+    path, model = tmp_path / "m.jsonl", book_model()
+    mon = AttentionMonitor.attach(model, every=2, path=path, alerts=False)
+    make = {"tensor": torch.tensor, "numpy": np.int64}[kind]
+    for step in range(4):
+        assert mon.step(make(step)) is (step % 2 == 0)
+        train_pass(model)
+    mon.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {line["step"] for line in lines} == {0, 2}
+    assert all(type(line["step"]) is int for line in lines)
+    assert all(type(row[0]) is int for row in mon.rows)
+
+
+def test_step_refuses_what_is_no_whole_number():
+    mon = AttentionMonitor.attach(book_model(), every=1)
+    for bad in (1.5, "3", torch.tensor([1, 2]), torch.tensor(2.0), True, [3]):
+        with pytest.raises(TypeError, match="step must be a whole number"):
+            mon.step(bad)
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        mon.step(-1)
