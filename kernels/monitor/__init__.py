@@ -12,14 +12,16 @@ to 1.0 in bf16), ‖W_Q‖₂ (``wq_norm``), the largest logit (``max_logit``) a
 ``delta=True``, Σ_T(δ_lp − δ_hp) and Σ_T|δ_lp − δ_hp| (``delta_err``, ``delta_abs``).
 
 metrics.py (the pure functions; :mod:`kernels.gpt2.diagnostics` imports them from here),
-monitor.py (finding the attention layers, the hooks), sinks.py (CSV, JSON lines,
-TensorBoard, any callable), alerts.py (thresholds from the stored runs, a warning once per
-crossing), readings.py (the cost of a step, thresholds from stored runs, heads combined
-per layer), callbacks.py (a Hugging Face TrainerCallback and a Lightning Callback),
-exercises.py (the chapter's exercise checks). It imports only :mod:`kernels.numerics`. The
-fix practitioners can train with (δ from rowsum(dP∘P), for Hugging Face's
-``attn_implementation=`` and nanoGPT's SDPA call) is :mod:`kernels.attention.hf_attention`;
-chapter 9's GPU measurements are :mod:`kernels.gpt2.monitor_gpu`.
+layers.py (finding the attention layers), monitor.py (the monitor), hooks.py (its hooks),
+safety.py (NaN for a reading that cannot be made, never an exception in the step),
+sinks.py (CSV, JSON lines, TensorBoard, any callable), alerts.py (thresholds from the
+stored runs, a warning once per crossing, ceilings from step 0), readings.py (the cost of
+a step, thresholds from stored runs, heads combined per layer), callbacks.py (a Hugging
+Face TrainerCallback and a Lightning Callback), exercises.py (the chapter's exercise
+checks). It imports only :mod:`kernels.numerics`. The fix practitioners can train with
+(δ from rowsum(dP∘P), for Hugging Face's ``attn_implementation=`` and nanoGPT's SDPA
+call) is :mod:`kernels.attention.hf_attention`; chapter 9's GPU measurements are
+:mod:`kernels.gpt2.monitor_gpu`.
 """
 
 from .alerts import THRESHOLDS, Alert, Alerts, AttentionAlert, replay

@@ -1,27 +1,36 @@
 """Alerts: a reading that crosses a threshold drawn from the book's stored GPT-2 runs.
 
 Four rules, each on one number per attention layer (heads combined as
-:data:`kernels.monitor.readings.LAYER_RULES` says):
+:data:`kernels.monitor.readings.LAYER_RULES` says). Two are ceilings, watched from step 0:
 
 * ``ties_bf16``   the share of the layer's rows whose bf16 S holds tied maxima
-* ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over an early window
-                  of steps (``early``, default steps 500 to 1,000): the form that carries
-                  over to another model
 * ``max_logit``   the layer's largest |S|
+
+and two are relative to the run's own history, watched once that history exists (after
+``warmup_steps``, default 1,000):
+
+* ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over the second half
+                  of the warmup (``early``, default steps 500 to 1,000): the form that
+                  carries over to another model
 * ``delta_lean``  Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the layer's last ``window`` readings
                   (needs ``delta=True``). A lean alone is no warning (healthy bf16 runs
                   lean as much, chapter 9 §6; in exact attention it is noise), so this rule
                   fires only while the layer's ``wq_growth`` is above its threshold too
 
 :data:`THRESHOLDS` are the largest values any healthy stored run reached (the runs of the
-first search without qk-norm and the fp32-O controls, chapter 9 §6);
+first search without qk-norm and the fp32-O controls, chapter 9 §6), over all their steps:
+the early transient every run shows (while the logits are tiny, many BF16 scores tie) is
+below the tie ceiling, so the ceilings can watch from step 0.
 :func:`thresholds_from_runs` draws them again from stored runs, and the tests check that
 the two agree. An alert fires once when a reading goes above its threshold (a
 ``warnings.warn`` line of category :class:`AttentionAlert`, and ``on_alert(alert)`` if
-given); it fires again only after the reading has come back below. No rule fires before
-the early window has ended: early in training, while the logits are tiny, many BF16
-scores tie and every run (healthy ones too) shows a transient. :func:`replay` runs the
-rules over a stored run.
+given); it fires again only after the reading has come back below.
+:meth:`Alerts.describe` says what is watched when. :func:`replay` runs the rules over a
+stored run.
+
+A reading that is NaN or infinite is no value under a threshold: it fires its own alert,
+from step 0 on, once per layer until the reading is finite again (:data:`NON_FINITE`:
+"non-finite W_Q in layer L", non-finite activations, non-finite δ).
 """
 
 from __future__ import annotations
@@ -48,7 +57,29 @@ THRESHOLDS = {
     "max_logit": 68.0,
     "delta_lean": 0.058083944097999364,
 }
-EARLY = (500, 1000)  # steps whose median ‖W_Q‖ is a run's own early level
+# What a NaN or infinite reading says: (what is not finite, the readings it shows in, why).
+NON_FINITE = {
+    "non_finite_wq": (
+        "W_Q",
+        ("wq_norm",),
+        "its ||W_Q||_2 reads NaN: the query weights hold NaN or inf, or could not be read",
+    ),
+    "non_finite_activations": (
+        "activations",
+        ("ties_bf16", "max_logit"),
+        "its scores q k^T hold NaN or inf, so its tie shares and largest logit read NaN",
+    ),
+    "non_finite_delta": (
+        "delta",
+        ("delta_err", "delta_abs"),
+        "sum(delta_lp - delta_hp) reads NaN or inf: the layer's output or its gradient "
+        "holds NaN or inf",
+    ),
+}
+CEILINGS = ("ties_bf16", "max_logit")  # watched from step 0
+RELATIVE = ("wq_growth", "delta_lean")  # watched once the layer's own level exists
+WARMUP_STEPS = 1000  # steps before the relative rules start
+EARLY = (WARMUP_STEPS // 2, WARMUP_STEPS)  # steps whose median ‖W_Q‖ is a run's own level
 WINDOW = 10  # readings in the δ lean
 
 log = logging.getLogger("kernels.monitor")
@@ -68,6 +99,12 @@ class Alert:
 
     @property
     def message(self) -> str:
+        if self.rule in NON_FINITE:
+            what, _, why = NON_FINITE[self.rule]
+            return (
+                f"monitor alert at step {self.step}: non-finite {what} in layer "
+                f"{self.layer} ({why})"
+            )
         whose = (
             ", the most any healthy run of the book reached"
             if self.threshold == THRESHOLDS[self.rule]
@@ -92,20 +129,44 @@ def _check_thresholds(thresholds) -> dict:
     return merged
 
 
+def _early_window(early, warmup_steps) -> tuple:
+    """The (first, last) step whose median ‖W_Q‖ is a layer's own level."""
+    if warmup_steps is None:
+        early = EARLY if early is None else early
+    elif early is not None:
+        raise ValueError("give Alerts early= or warmup_steps=, not both")
+    elif not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be a whole number >= 0, got {warmup_steps!r}")
+    else:
+        early = (warmup_steps // 2, warmup_steps)
+    if len(early) != 2 or not early[0] <= early[1]:
+        raise ValueError(f"early must be (first step, last step), got {early!r}")
+    return tuple(early)
+
+
 class Alerts:
     """The four rules, fed one layer's combined readings at a time (:meth:`update`).
 
     ``thresholds``: a dict overriding :data:`THRESHOLDS` (None switches a rule off);
-    ``early``: the (first, last) step of the window whose median ‖W_Q‖ is the layer's
-    own level (without a reading there, the first reading after ``early[0]``);
-    ``window``: readings in the δ lean; ``on_alert``: called with each :class:`Alert`;
-    ``warn``: also ``warnings.warn`` each alert. Nothing fires at steps up to
-    ``early[1]``."""
+    ``warmup_steps``: steps before the relative rules (``wq_growth``, ``delta_lean``)
+    start, default 1,000; the layer's own ‖W_Q‖ level is its median over the readings of
+    the second half of them (or give that window as ``early``, (first step, last step);
+    without a reading there, the first reading after it); ``window``: readings in the δ
+    lean; ``on_alert``: called with each :class:`Alert`; ``warn``: also ``warnings.warn``
+    each alert. The ceilings (``ties_bf16``, ``max_logit``) and non-finite readings are
+    watched from step 0 (:meth:`describe`)."""
 
-    def __init__(self, thresholds=None, early=EARLY, window=WINDOW, on_alert=None, warn=True):
+    def __init__(
+        self,
+        thresholds=None,
+        early=None,
+        window=WINDOW,
+        on_alert=None,
+        warn=True,
+        warmup_steps=None,
+    ):
+        early = _early_window(early, warmup_steps)
         self.thresholds = _check_thresholds(thresholds)
-        if len(early) != 2 or not early[0] <= early[1]:
-            raise ValueError(f"early must be (first step, last step), got {early!r}")
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive number of readings, got {window!r}")
         if on_alert is not None and not callable(on_alert):
@@ -131,7 +192,7 @@ class Alerts:
             if readings.get(key) is not None:
                 out[key] = float(readings[key])
         wq = readings.get("wq_norm")
-        if wq is not None:
+        if wq is not None and math.isfinite(wq):  # a NaN is its own alert, not a level
             if self.early[0] <= step <= self.early[1]:
                 self._wq.setdefault(layer, []).append(float(wq))
             elif step > self.early[1] and layer not in self._level:
@@ -149,16 +210,57 @@ class Alerts:
                 out["delta_lean"] = sum(e for e, _ in recent) / total
         return out
 
-    def update(self, step: int, layer: int, readings: dict) -> list[Alert]:
-        """Feed one layer's combined readings of one step; returns the alerts fired."""
+    def describe(self) -> str:
+        """What is watched before the run's own baseline exists, and what after."""
+        on = {rule: t for rule, t in self.thresholds.items() if t is not None}
+        ceilings = [f"{rule} > {on[rule]:.4g}" for rule in CEILINGS if rule in on]
+        relative = [f"{rule} > {on[rule]:.4g}" for rule in RELATIVE if rule in on]
+        first, last = self.early
+        text = "monitor alerts: from step 0, "
+        if ceilings:
+            text += f"the ceilings ({', '.join(ceilings)}) and "
+        text += "any non-finite reading (W_Q, activations, delta)"
+        if relative:
+            text += (
+                f"; after step {last:,}, once each layer's own level of ||W_Q|| (its median "
+                f"over steps {first:,} to {last:,}) exists, " + " and ".join(relative)
+            )
+            if "delta_lean" in on:
+                text += " (the lean only while wq_growth is over its threshold)"
+            text += f"; up to step {last:,} nothing relative to the run's own history is watched"
+        return text
+
+    def _non_finite(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """The non-finite alerts of one reading (from step 0 on, once per crossing)."""
         fired = []
+        for rule, (_, keys, _) in NON_FINITE.items():
+            values = [readings[key] for key in keys if readings.get(key) is not None]
+            bad = any(not math.isfinite(float(v)) for v in values)
+            if bad and not self._above.get((layer, rule)):
+                fired.append(Alert(int(step), int(layer), rule, math.nan, math.inf))
+            if values:
+                self._above[(layer, rule)] = bad
+        return fired
+
+    def update(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """Feed one layer's combined readings of one step; returns the alerts fired, each
+        said at once (:meth:`notify`)."""
+        fired = self.check(step, layer, readings)
+        self.notify(fired)
+        return fired
+
+    def check(self, step: int, layer: int, readings: dict) -> list[Alert]:
+        """Feed one layer's combined readings of one step; returns the alerts fired (kept
+        in :attr:`fired`) without saying them: the monitor says them with :meth:`notify`
+        once the step's rows are written, outside the autograd hooks."""
+        fired = self._non_finite(step, layer, readings)
         values = self.values(step, layer, readings)
-        if step <= self.early[1]:
-            return fired
         for rule, value in values.items():
             threshold = self.thresholds.get(rule)
             if threshold is None or not math.isfinite(value):
                 continue
+            if rule in RELATIVE and step <= self.early[1]:
+                continue  # no level of the run's own yet
             if rule == "delta_lean":
                 growth = self.thresholds.get("wq_growth")
                 if growth is None or not values.get("wq_growth", -math.inf) > growth:
@@ -170,14 +272,18 @@ class Alerts:
                 self._above[key] = True
             else:
                 self._above[key] = False
-        for alert in fired:
-            self.fired.append(alert)
+        self.fired.extend(fired)
+        return fired
+
+    def notify(self, alerts) -> None:
+        """Say each alert: a log line, a warning (``warn``) and ``on_alert(alert)``. An
+        exception from ``on_alert`` (raise one to stop training) reaches the caller."""
+        for alert in alerts:
             log.info(alert.message)
             if self.warn:
-                warnings.warn(alert.message, AttentionAlert, stacklevel=4)
+                warnings.warn(alert.message, AttentionAlert, stacklevel=3)
             if self.on_alert is not None:
                 self.on_alert(alert)
-        return fired
 
 
 # ------------------------------------------------------------------ the stored runs
@@ -226,8 +332,12 @@ __all__ = [
     "Alerts",
     "AttentionAlert",
     "RULES",
+    "NON_FINITE",
     "THRESHOLDS",
+    "CEILINGS",
+    "RELATIVE",
     "EARLY",
+    "WARMUP_STEPS",
     "WINDOW",
     "replay",
     "run_readings",

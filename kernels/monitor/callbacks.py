@@ -13,19 +13,39 @@ Both attach an :class:`~kernels.monitor.AttentionMonitor` to the model when trai
 starts (any option of ``attach`` passes through), call ``monitor.step`` with the
 optimizer-step count before each step (once per micro-batch under gradient
 accumulation: the monitor reads the first micro-batch of each reading step once) and
-detach it when training ends or fails. The monitor is the callback's ``monitor``
-attribute (its ``rows``, ``alerts``). ``MonitorLightningCallback`` subclasses
-``lightning.pytorch.Callback`` if the ``lightning`` package is installed, otherwise
-``pytorch_lightning.Callback``; :func:`lightning_callback_class` picks one explicitly.
+detach it when training ends or fails. Lightning says when training fails
+(``on_exception``); Hugging Face's Trainer does not, so its callback lets go of the model
+in three ways: at ``on_train_end``; around ``train()`` as a context manager
+(``with callback: trainer.train()``, a try/finally that detaches whatever happens); and
+when the callback is collected or the interpreter exits (a finalizer, safe where
+``__del__`` is not), so a failed run leaves no hook on the model and no file open. The
+monitor is the callback's ``monitor`` attribute (its ``rows``, ``alerts``).
+``MonitorLightningCallback`` subclasses ``lightning.pytorch.Callback`` if the
+``lightning`` package is installed, otherwise ``pytorch_lightning.Callback``;
+:func:`lightning_callback_class` picks one explicitly.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
+import weakref
 
 from .monitor import AttentionMonitor
 
 _BUILT: dict = {}
+
+
+def _let_go(monitor):
+    """Detach a monitor left attached by a run that failed (from a finalizer: quietly)."""
+    if monitor.detached:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            monitor.detach()
+        except Exception:  # an on_alert that raises: nothing to raise into here
+            pass
 
 
 class _Hooks:
@@ -33,19 +53,33 @@ class _Hooks:
 
     def __init__(self, every=100, **options):
         self.every, self.options, self.monitor = every, options, None
+        self._finalizer = None
 
     def _attach(self, model):
-        if self.monitor is not None and not self.monitor.detached:
-            self.monitor.detach()
+        self._detach()
         self.monitor = AttentionMonitor.attach(model, every=self.every, **self.options)
+        self._finalizer = weakref.finalize(self, _let_go, self.monitor)
 
     def _step(self, step):
         if self.monitor is not None and not self.monitor.detached:
             self.monitor.step(int(step))
 
     def _detach(self):
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the monitor is let go of here, not again later
+            self._finalizer = None
         if self.monitor is not None:
             self.monitor.detach()
+
+    def close(self):
+        """Detach the monitor (its hooks removed, its files closed)."""
+        self._detach()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._detach()
 
 
 def _trainer_callback_class():
@@ -59,7 +93,9 @@ def _trainer_callback_class():
 
     class MonitorTrainerCallback(_Hooks, TrainerCallback):
         """Attaches the monitor at ``on_train_begin``, steps it at ``on_step_begin``
-        (``state.global_step``), detaches it at ``on_train_end``."""
+        (``state.global_step``), detaches it at ``on_train_end``, or when training fails:
+        around ``train()`` as a context manager (``with callback: trainer.train()``), or
+        once the callback is collected."""
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if model is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .metrics import spectral_norm
+from .metrics import finite_spectral_norm
 
 HEAD_COUNT_NAMES = ("n_head", "num_heads", "n_heads", "num_attention_heads")
 LAYOUTS = {
@@ -32,6 +32,39 @@ def _compiled(module) -> bool:
         hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
         for m in module.modules()
     )
+
+
+def _training_marks(layers) -> list:
+    """What a training pass changes in the attention layers whether or not their hooks run:
+    each ``c_attn`` weight's version and its gradient's identity and version."""
+    marks = []
+    for layer in layers:
+        weight = layer.module.c_attn.weight
+        grad = weight.grad
+        marks.append((weight._version, None if grad is None else (id(grad), grad._version)))
+    return marks
+
+
+def _what_dynamo_compiled(model) -> str:
+    """What torch.compile has compiled in this process that runs ``model``: the classes of
+    its modules whose forward has compiled code, else how many graphs it made ('' if
+    none)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.utils import counters
+
+        classes = {type(m) for m in model.modules()}
+        named = sorted(
+            f"{cls.__name__}.forward"
+            for cls in classes
+            if _debug_get_cache_entry_list(cls.forward.__code__)
+        )
+        graphs = counters["stats"]["unique_graphs"]
+    except (ImportError, AttributeError, TypeError, KeyError):
+        return ""
+    if named:
+        return f"torch.compile has compiled {', '.join(named)} in this process"
+    return f"torch.compile has compiled {graphs} graph(s) in this process" if graphs else ""
 
 
 def _has_padding(mask) -> bool:
@@ -160,10 +193,11 @@ class _Layer:
         self.scale = float(scale) if isinstance(scale, (int, float)) else None
 
     def wq_norms(self) -> list[float]:
-        """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q."""
+        """‖W_Q‖₂ of each head, from the rows of c_attn's weight that make its q (NaN for
+        a head whose weights hold NaN or inf, or have no data)."""
         w, d = _out_in_weight(self.module.c_attn), self.head_dim
         first = (lambda h: 3 * d * h) if self.layout == "per_head" else (lambda h: d * h)
-        return [spectral_norm(w[first(h) : first(h) + d]) for h in range(self.n_head)]
+        return [finite_spectral_norm(w[first(h) : first(h) + d]) for h in range(self.n_head)]
 
     def split(self, qkv: torch.Tensor):
         """(B, N, outputs) → q, k, v of shape (B, H, N, D), with the layer's q/k norms if

@@ -2,6 +2,7 @@
 trainer's :mod:`kernels.gpt2.diagnostics` imports them from here.
 
 * ``spectral_norm``, ``wq_head_norms``  ‖W_Q‖₂ of each head's query projection
+* ``finite_spectral_norm``  ‖W_Q‖₂, or NaN for weights holding NaN or inf (or no data)
 * ``causal_scores``         S = QKᵀ·scale, causal mask; fp32, or formed in bf16 as the
                             paper's code does
 * ``rows_with_tied_max``    rows with ≥ 2 entries exactly equal to the row maximum
@@ -10,6 +11,7 @@ trainer's :mod:`kernels.gpt2.diagnostics` imports them from here.
 * ``max_logit``             the largest finite |S|
 * ``delta_error``           δ_lp − δ_hp per row, δ = rowsum(dO ∘ O)
 * ``head_readings``         the tie shares and the largest logit of each head of a layer
+                            (NaN for a head whose scores hold NaN or inf)
 * ``exact_output``          O_hp = softmax(S)V in fp32
 """
 
@@ -25,6 +27,17 @@ from ..numerics.rounding import round_to_dtype
 def spectral_norm(matrix: torch.Tensor) -> float:
     """Largest singular value ‖A‖₂."""
     return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2))
+
+
+def finite_spectral_norm(matrix: torch.Tensor) -> float:
+    """‖A‖₂, or NaN where it cannot be read: a matrix holding NaN or inf (whose SVD would
+    raise) or one without data (a meta tensor)."""
+    try:
+        if not bool(torch.isfinite(matrix.detach()).all()):
+            return math.nan
+        return spectral_norm(matrix)
+    except (RuntimeError, NotImplementedError, ValueError):
+        return math.nan
 
 
 def wq_head_norms(c_attn_weight: torch.Tensor, n_head: int) -> list[float]:
@@ -80,20 +93,35 @@ def delta_error(d_out: torch.Tensor, out_low: torch.Tensor, out_high: torch.Tens
     return (d_out * (out_low.float() - out_high.float())).sum(-1)
 
 
+def heads_not_finite(scores: torch.Tensor) -> list[bool]:
+    """Per head of causal scores (B, H, N, N): whether any score the causal mask shows is NaN
+    or infinite (the masked −inf entries above the diagonal do not count)."""
+    n = scores.shape[-1]
+    shown = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+    bad = ~torch.isfinite(scores) & shown
+    return [bool(b) for b in bad.any(-1).any(-1).any(0)]
+
+
 @torch.no_grad()
 def head_readings(q: torch.Tensor, k: torch.Tensor, scale=None) -> dict[str, list[float]]:
     """Per head of one layer (q, k of shape (B, H, N, D)): the share of rows (0 to 1)
     with ≥ 2 tied maxima of a bf16 S (``ties_bf16``), the share with ≥ 2 P̄ rounding to
     1.0 with S in fp32 (``p1_fa2``), and the largest finite |S| in fp32
-    (``max_logit``)."""
+    (``max_logit``). A head whose scores hold NaN or inf reads NaN for all three: its tie
+    count and its largest finite logit would look healthy."""
     s32 = causal_scores(q, k, scale=scale)
     s_low = causal_scores(q, k, low=torch.bfloat16, scale=scale)
     rows = s32.shape[0] * s32.shape[2]  # sequences × queries, per head
+    bad = heads_not_finite(s32)
     heads = range(s32.shape[1])
+
+    def per_head(read):
+        return [math.nan if bad[h] else read(h) for h in heads]
+
     return {
-        "ties_bf16": [rows_with_tied_max(s_low[:, h]) / rows for h in heads],
-        "p1_fa2": [rows_rounding_to_one(s32[:, h]) / rows for h in heads],
-        "max_logit": [max_logit(s32[:, h]) for h in heads],
+        "ties_bf16": per_head(lambda h: rows_with_tied_max(s_low[:, h]) / rows),
+        "p1_fa2": per_head(lambda h: rows_rounding_to_one(s32[:, h]) / rows),
+        "max_logit": per_head(lambda h: max_logit(s32[:, h])),
     }
 
 
@@ -104,6 +132,7 @@ def exact_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) 
 
 __all__ = [
     "spectral_norm",
+    "finite_spectral_norm",
     "wq_head_norms",
     "causal_scores",
     "rows_rounding_to_one",
@@ -111,5 +140,6 @@ __all__ = [
     "max_logit",
     "delta_error",
     "head_readings",
+    "heads_not_finite",
     "exact_output",
 ]

@@ -28,29 +28,51 @@ softmax(S)V in fp32 and hooks the gradient dO of O. Its own arithmetic runs with
 autocast switched off. Only the first training forward pass of an armed step (gradients
 on) is read; the hooks are removed as soon as it has been read, so between reading
 steps the model carries no hook at all. The monitor only reads: outputs and gradients
-are bit-identical with and without it (tests/monitor).
+are bit-identical with and without it (tests/monitor). It never raises into the user's
+step: a reading it cannot make (NaN or inf weights or activations, a meta tensor) is a NaN
+row with an alert ("non-finite W_Q in layer L"), and any other error inside its hooks is
+said once and training goes on as it would without the monitor.
 
 What it writes: one row per step, layer, head and metric (:data:`METRICS`), to a file,
 TensorBoard or any callable (:mod:`.sinks`), and checks each layer's readings against
-the alert rules of :mod:`.alerts` (a warning once per crossing, and ``on_alert``).
+the alert rules of :mod:`.alerts` (a warning once per crossing, and ``on_alert``). An
+alert is said (warned, passed to ``on_alert``) at the next ``step()`` or ``detach()``
+call, once the step's rows are written and outside every forward and backward pass: an
+exception raised by ``on_alert`` (to stop training) reaches that call and loses nothing.
 ``step(s)`` called again with the same ``s`` (once per micro-batch) does nothing more.
 ``detach()`` (or ``close()``) writes what is left, removes every hook and closes the
 files; the monitor then refuses further steps. Under DistributedDataParallel only rank 0
 reads and writes. Under ``torch.compile`` the hooks are never called, or called while
 compiled code is traced: the monitor warns once and switches itself off, whether the
-model was compiled before or after the monitor was attached.
+model was compiled before or after the monitor was attached, and whatever compiled it (a
+wrapper, ``model.compile()``, a compiled training step): a model compiled before is
+noticed at the first reading step, whose attention layers were trained without calling
+the hooks, and the warning says so.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
 
 from .alerts import Alerts
-from .layers import LAYOUTS, _compiled, _has_padding, _Layer, _writes, find_attention, query_weight
-from .metrics import delta_error, exact_output, head_readings
-from .sinks import make_sink
+from .hooks import HookReader
+from .layers import (
+    LAYOUTS,
+    _compiled,
+    _Layer,
+    _training_marks,
+    _what_dynamo_compiled,
+    _writes,
+    find_attention,
+    query_weight,
+)
+from .safety import as_step, layer_value
+from .sinks import make_sink, resume_row
+
+log = logging.getLogger("kernels.monitor")
 
 METRICS = {
     "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
@@ -63,7 +85,7 @@ METRICS = {
 }
 
 
-class AttentionMonitor:
+class AttentionMonitor(HookReader):
     """Reads a model's attention on every ``every``-th step (see the module docstring).
 
     Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl, or a
@@ -83,11 +105,12 @@ class AttentionMonitor:
         layers=None,
         n_head=None,
         sequences=None,
-        append=False,
+        append=None,
         layout=None,
         sink=None,
         alerts=True,
         on_alert=None,
+        warmup_steps=None,
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
@@ -95,11 +118,12 @@ class AttentionMonitor:
             raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
         self.enabled, self.detached, self.rows = True, False, []
-        self._pending, self._handles, self._counter = None, [], 0
+        self._pending, self._handles, self._counter, self._unsent = None, [], 0, []
         self._last = None  # (step, what step() returned)
-        self._compile_seen, self._padding_warned = False, False
+        self._latest = None  # the step written last (the files' own, then this run's)
+        self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
-        self.alerts = self._make_alerts(alerts, on_alert)
+        self.alerts = self._make_alerts(alerts, on_alert, warmup_steps)
         self._sinks = []
         if _compiled(model):
             self._disable("the model is compiled with torch.compile")
@@ -128,23 +152,39 @@ class AttentionMonitor:
         for target, option in ((path, "path"), (tensorboard, "tensorboard"), (sink, "sink")):
             if target is not None:
                 self._sinks.append(make_sink(target, option, append=append))
+        self._latest = self._latest_step_written()
+
+    def _latest_step_written(self):
+        """The latest step the files already hold (their plan logged), or None."""
+        latest = None
+        for sink in self._sinks:
+            plan = getattr(sink, "plan", lambda: None)()
+            if plan is not None and _writes():
+                log.info(plan)
+            if getattr(sink, "last_step", None) is not None:
+                latest = max(sink.last_step, latest if latest is not None else sink.last_step)
+        return latest
 
     @staticmethod
-    def _make_alerts(alerts, on_alert):
+    def _make_alerts(alerts, on_alert, warmup_steps):
         if isinstance(alerts, Alerts):
-            if on_alert is not None:
+            if on_alert is not None or warmup_steps is not None:
                 raise ValueError(
-                    "give on_alert to your Alerts object, not to attach, when you pass one"
+                    "give on_alert and warmup_steps to your Alerts object, not to attach, "
+                    "when you pass one"
                 )
             return alerts
         if alerts is False or alerts is None:
             if on_alert is not None:
                 raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
             return None
-        if alerts is True:
-            return Alerts(on_alert=on_alert)
-        if isinstance(alerts, dict):
-            return Alerts(alerts, on_alert=on_alert)
+        if alerts is True or isinstance(alerts, dict):
+            made = Alerts(
+                None if alerts is True else alerts, on_alert=on_alert, warmup_steps=warmup_steps
+            )
+            if _writes():
+                log.info(made.describe())
+            return made
         raise TypeError(
             f"alerts must be True, False, a dict of thresholds or an Alerts, "
             f"got {type(alerts).__name__}"
@@ -158,10 +198,21 @@ class AttentionMonitor:
         ``layers`` (indices of the attention layers to read, default all), ``n_head``
         (if the layers do not say), ``layout`` (how c_attn's output holds q, k, v, for a
         class the monitor does not know: see :data:`LAYOUTS`), ``sequences`` (read only
-        the first few sequences of a batch: less memory), ``append`` (add to an existing
-        file), ``sink`` (a function of each step's rows), ``alerts`` (True: the book's
-        thresholds; False: none; a dict: your thresholds), ``on_alert`` (a function of
-        each :class:`~kernels.monitor.alerts.Alert`)."""
+        the first few sequences of a batch: less memory), ``append`` (None, the default:
+        continue a file that already holds rows, as a resumed run should, with one logged
+        line saying so; False: start it over; a step written again is preceded by a
+        resume row, :mod:`.sinks`), ``sink`` (a function of each step's rows),
+        ``alerts`` (True: the book's thresholds; False: none; a dict: your thresholds),
+        ``on_alert`` (a function of each :class:`~kernels.monitor.alerts.Alert`),
+        ``warmup_steps`` (default 1,000).
+
+        What the alerts watch when: from step 0 the ceilings, the largest |S|
+        (``max_logit``) and the share of tied rows (``ties_bf16``), and any NaN or
+        infinite reading; the rules relative to the run's own history, the growth of
+        ‖W_Q‖ over the layer's own level (``wq_growth``) and the lean of δ
+        (``delta_lean``), only after ``warmup_steps``, once that level (the median ‖W_Q‖
+        over the second half of the warmup) exists. Attaching logs this as one line
+        (logger ``kernels.monitor``, level INFO: :meth:`Alerts.describe`)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard, **options)
 
     @property
@@ -171,32 +222,44 @@ class AttentionMonitor:
     # ------------------------------------------------------ the training loop's side
     def step(self, step=None) -> bool:
         """Call once per training step, before its forward pass. Arms the hooks when
-        ``step`` (or, without it, the count of calls so far) is a multiple of ``every``;
-        returns whether this step is read. First writes what the previous armed step
-        left unwritten. Called again with the same ``step`` (once per micro-batch, as
-        Lightning's ``on_train_batch_start`` does), it does nothing and returns what
+        ``step`` (a whole number: an int, a NumPy integer or a 0-d integer tensor; without
+        it, the count of calls so far) is a multiple of ``every``; returns whether this
+        step is read. First writes what the previous armed step left unwritten and says
+        its alerts. Called again with the same ``step`` (once per micro-batch, as
+        Lightning's ``on_train_batch_start`` does), it does nothing more and returns what
         it returned the first time."""
         if self.detached:
             raise RuntimeError(
                 "this monitor was detached (detach() or close()): its hooks are gone and "
                 "its files closed, so it reads no more steps. Its rows are still in "
-                ".rows; to go on reading, attach a new monitor (append=True continues "
-                "the file)"
+                ".rows; to go on reading, attach a new monitor (on the same path it "
+                "continues the file)"
             )
-        if step is None:
-            step = self._counter
-        elif self._last is not None and step == self._last[0]:
+        step = self._counter if step is None else as_step(step)
+        if self._last is not None and step == self._last[0]:
+            self._send_alerts()
             return self._last[1]
+        self._finish()
+        self._send_alerts()
         self._counter = step + 1
         read = self._arm(step)
         self._last = (step, read)
         return read
 
+    def _send_alerts(self):
+        """Say the alerts of the steps written so far (warnings, ``on_alert``): here, in
+        ``step()`` or ``detach()``, outside every hook and after the rows are written. An
+        exception from ``on_alert`` reaches the caller; the alerts not yet said wait for
+        the next call."""
+        while self._unsent:
+            self.alerts.notify([self._unsent.pop(0)])
+
     def _arm(self, step) -> bool:
-        self._finish()
         if self._compile_seen and self.enabled:
             self._disable(
-                "the model was compiled with torch.compile after the monitor was attached"
+                "torch.compile traced the model while the monitor's hooks were on (the model "
+                "was compiled after the monitor was attached, or its compiled code was made "
+                "again)"
             )
         if not self.enabled or step % self.every or not _writes():
             return False
@@ -207,20 +270,14 @@ class AttentionMonitor:
             return False
         self._pending = {
             "step": step,
+            "marks": _training_marks(self.layers),
             "qkv": {},
             "forward": {},
             "expect": set(),
             "delta": {},
             "seen": False,
         }
-        for layer in self.layers:
-            self._handles.append(layer.module.c_attn.register_forward_hook(self._qkv_hook(layer)))
-            self._handles.append(
-                layer.module.c_proj.register_forward_pre_hook(self._output_hook(layer))
-            )
-            self._handles.append(
-                layer.module.register_forward_pre_hook(self._mask_hook(layer), with_kwargs=True)
-            )
+        self._install_hooks()
         return True
 
     def detach(self):
@@ -234,6 +291,7 @@ class AttentionMonitor:
         for sink in self._sinks:
             sink.close()
         self.detached, self.enabled = True, False
+        self._send_alerts()
 
     close = detach
 
@@ -251,121 +309,7 @@ class AttentionMonitor:
 
         return pd.DataFrame(self.rows, columns=list(COLUMNS))
 
-    # ------------------------------------------------------------ hooks
-    def _qkv_hook(self, layer):
-        def hook(module, inputs, output):
-            if torch.compiler.is_compiling():
-                # traced by torch.compile: the compiled code replays this attribute write
-                # each time it runs (no graph break, so fullgraph=True works too), and the
-                # next step() switches the monitor off
-                self._compile_seen = True
-                return
-            pending = self._pending
-            if pending is None or layer.index in pending["qkv"] or not torch.is_grad_enabled():
-                return
-            pending["qkv"][layer.index] = output.detach()
-
-        return hook
-
-    def _mask_hook(self, layer):
-        def hook(module, args, kwargs):
-            if torch.compiler.is_compiling() or self._padding_warned:
-                return
-            mask = kwargs.get("attention_mask", kwargs.get("attn_mask"))
-            if _has_padding(mask):
-                self._padding_warned = True
-                warnings.warn(
-                    f"monitor: layer {layer.name!r} was given an attention mask that "
-                    "hides positions the causal mask shows (padding). The monitor reads "
-                    "every position up to the diagonal as visible, so padded positions "
-                    "enter its tie shares, logits and δ: read on batches without "
-                    "padding (pack the sequences) or take these readings as approximate",
-                    UserWarning,
-                    stacklevel=2,
-                )
-
-        return hook
-
-    def _output_hook(self, layer):
-        def hook(module, inputs):
-            if torch.compiler.is_compiling():
-                # traced by torch.compile: the compiled code replays this attribute write
-                # each time it runs (no graph break, so fullgraph=True works too), and the
-                # next step() switches the monitor off
-                self._compile_seen = True
-                return
-            pending = self._pending
-            if (
-                pending is None
-                or layer.index in pending["forward"]
-                or not inputs
-                or layer.index not in pending["qkv"]
-                or not torch.is_grad_enabled()
-            ):
-                return
-            pending["seen"] = True
-            out = inputs[0]
-            keep = self.sequences or out.shape[0]
-            with torch.no_grad():
-                q, k, v = layer.split(pending["qkv"].pop(layer.index)[:keep])
-                with torch.autocast(out.device.type, enabled=False):
-                    stats = head_readings(q, k, scale=layer.scale)
-                    stats["wq_norm"] = layer.wq_norms()
-                    o_hp = exact_output(q, k, v, layer.scale) if self.delta else None
-            pending["forward"][layer.index] = stats
-            if self.delta and out.requires_grad:
-                pending["expect"].add(layer.index)
-                o_lp = layer.heads(out.detach()[:keep])
-                out.register_hook(self._grad_hook(layer, pending, o_lp, o_hp))
-            self._done_with(layer)
-            self._check_complete()
-
-        return hook
-
-    def _grad_hook(self, layer, pending, o_lp, o_hp):
-        def hook(grad):
-            if self._pending is not pending or layer.index in pending["delta"]:
-                return
-            with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
-                d_out = layer.heads(grad.detach()[: o_lp.shape[0]])
-                err = delta_error(d_out, o_lp, o_hp)  # (B, H, N)
-                pending["delta"][layer.index] = {
-                    "delta_err": [float(t) for t in err.sum(-1).mean(0)],
-                    "delta_abs": [float(t) for t in err.abs().sum(-1).mean(0)],
-                }
-            self._check_complete()
-
-        return hook
-
-    def _done_with(self, layer):
-        """Remove the module hooks of one layer once it has been read."""
-        keep = []
-        hooks_of = (
-            layer.module.c_attn._forward_hooks,
-            layer.module.c_proj._forward_pre_hooks,
-            layer.module._forward_pre_hooks,
-        )
-        for handle in self._handles:
-            if any(handle.id in d for d in hooks_of):
-                handle.remove()
-            else:
-                keep.append(handle)
-        self._handles = keep
-
-    def _remove_hooks(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _check_complete(self):
-        p = self._pending
-        if (
-            p is not None
-            and len(p["forward"]) == len(self.layers)
-            and p["expect"] <= set(p["delta"])
-        ):
-            self._finish()
-
+    # ------------------------------------------------------------ writing
     def _finish(self):
         """Write the pending step's rows (whatever was read) and remove every hook."""
         self._remove_hooks()
@@ -375,6 +319,9 @@ class AttentionMonitor:
         if not p["seen"]:
             if self._compile_seen:
                 return  # step() switches the monitor off, with one warning
+            if _training_marks(self.layers) != p["marks"]:
+                self._disable(self._compiled_before(p["step"]))
+                return
             warnings.warn(
                 f"monitor: step {p['step']} was armed but no training forward pass "
                 "reached the attention layers (was the model run without gradients?); "
@@ -383,7 +330,7 @@ class AttentionMonitor:
                 stacklevel=3,
             )
             return
-        rows = []
+        rows, checked = [], []
         for layer in self.layers:
             stats = dict(p["forward"].get(layer.index, {}))
             stats.update(p["delta"].get(layer.index, {}))
@@ -391,10 +338,18 @@ class AttentionMonitor:
                 for head, value in enumerate(stats.get(metric, ())):
                     rows.append((p["step"], layer.index, head, metric, float(value)))
             if self.alerts is not None and stats:
-                self.alerts.update(p["step"], layer.index, _combined(stats))
+                checked.append((layer.index, _combined(stats)))
+        if self._latest is not None and p["step"] <= self._latest:
+            rows.insert(0, resume_row(p["step"], self._latest))  # a resumed run went back
+        self._latest = p["step"]
         self.rows.extend(rows)
         for sink in self._sinks:
-            sink.write(rows)
+            try:
+                sink.write(rows)
+            except Exception as err:  # the monitor never breaks a training step
+                self._hook_failed(err, f"writing step {p['step']} to {type(sink).__name__}")
+        for index, readings in checked:  # said at the next step() or detach()
+            self._unsent += self.alerts.check(p["step"], index, readings)
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):
@@ -409,6 +364,23 @@ class AttentionMonitor:
         self.enabled = False
         self._remove_hooks()
         self._pending = None
+
+    def _compiled_before(self, step) -> str:
+        """Why an armed step trained the attention layers without calling the hooks."""
+        evidence = _what_dynamo_compiled(self._model)
+        if evidence:
+            return (
+                f"the model runs through code compiled by torch.compile before the monitor "
+                f"was attached ({evidence}; a torch.compile wrapper of the model, "
+                f"model.compile(), a compiled training step or a Trainer's torch_compile "
+                f"option): step {step} trained its attention layers without calling the "
+                f"monitor's hooks"
+            )
+        return (
+            f"step {step} trained the attention layers without calling the monitor's "
+            "hooks: the model runs through compiled code (torch.compile before the monitor "
+            "was attached, torch.jit or an exported program)"
+        )
 
     def _warn_about_dropout(self):
         for layer in self.layers:
@@ -429,12 +401,11 @@ class AttentionMonitor:
 
 def _combined(stats: dict) -> dict:
     """One layer's per-head readings combined as the stored runs hold them
-    (:data:`kernels.monitor.readings.LAYER_RULES`)."""
+    (:data:`kernels.monitor.readings.LAYER_RULES`); NaN where any head's reading is."""
     from .readings import LAYER_RULES
 
-    how = {"mean": lambda v: sum(v) / len(v), "max": max, "sum": sum}
     return {
-        metric: how[rule](stats[metric])
+        metric: layer_value(stats[metric], rule)
         for metric, rule in LAYER_RULES.items()
         if stats.get(metric)
     }

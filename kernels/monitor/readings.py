@@ -122,9 +122,11 @@ LAYER_RULES = {
 
 def layer_table(rows):
     """One row per (step, layer), one column per metric, heads combined by
-    :data:`LAYER_RULES`. ``rows``: a monitor, its rows, a table of them or a file
-    path. A (step, layer, head, metric) found more than once (a file appended to by a
-    resumed run that repeated steps) is kept once, its last value, with a warning."""
+    :data:`LAYER_RULES` (NaN where any head's reading is NaN). ``rows``: a monitor, its
+    rows, a table of them or a file path. The rows a resumed run wrote again after its
+    resume row (:mod:`.sinks`) replace those it went back over. A (step, layer, head,
+    metric) found more than once otherwise (a file appended to by a resumed run without
+    a resume row) is kept once, its last value, with a warning."""
     import pandas as pd
 
     from .sinks import COLUMNS, read_rows
@@ -134,6 +136,7 @@ def layer_table(rows):
     if isinstance(rows, (str, bytes)) or hasattr(rows, "suffix"):
         rows = read_rows(rows)
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, columns=list(COLUMNS))
+    frame = _after_resumes(frame.reset_index(drop=True))
     key = ["step", "layer", "head", "metric"]
     repeated = frame.duplicated(key, keep="last")
     if repeated.any():
@@ -149,8 +152,30 @@ def layer_table(rows):
         )
         frame = frame[~repeated]
     tables = [
-        frame[frame.metric == metric].groupby(["step", "layer"]).value.agg(how).rename(metric)
+        _combine_heads(frame[frame.metric == metric], how).rename(metric)
         for metric, how in LAYER_RULES.items()
         if (frame.metric == metric).any()
     ]
     return pd.concat(tables, axis=1)
+
+
+def _after_resumes(frame):
+    """The rows a resumed run did not write again: each resume row (a run that went back to
+    step s) drops the rows of steps >= s written before it, and itself."""
+    from .sinks import RESUME
+
+    is_resume = (frame.metric == RESUME).to_numpy()
+    if not is_resume.any():
+        return frame
+    went_back_to = np.where(is_resume, frame.step.to_numpy(dtype=float), np.inf)
+    later = np.minimum.accumulate(went_back_to[::-1])[::-1]  # the lowest resume after a row
+    replaced = frame.step.to_numpy() >= later
+    return frame[~(replaced | is_resume)]
+
+
+def _combine_heads(rows, how: str):
+    """One metric's rows combined per (step, layer) by ``how``; NaN where any head's value
+    is NaN (pandas would skip it, and a sum of NaN heads would read 0.0)."""
+    keys = [rows.step, rows.layer]
+    combined = rows.value.groupby(keys).agg(how)
+    return combined.mask(rows.value.isna().groupby(keys).any())

@@ -7,6 +7,13 @@ these keys per line. Files are opened on the first row written, so a process tha
 writes (a DDP rank other than 0) never creates one. A file is opened once: a sink that
 was closed refuses to write again (it would start the file over), and :func:`make_sink`
 turns whatever the reader passed into a sink, or says what it cannot take.
+
+A file that already holds rows is continued (``append=None``, the default; ``append=False``
+starts it over): a resumed run adds to the record of the run it resumes. A run that goes
+back to a step already written (resumed from a checkpoint older than the last reading)
+writes a *resume row* first: metric ``"resume"``, layer and head −1, value the latest step
+written before it. The rows after it replace those of the same steps before it
+(:func:`kernels.monitor.layer_table` reads them so).
 """
 
 from __future__ import annotations
@@ -17,19 +24,63 @@ import os
 from pathlib import Path
 
 COLUMNS = ("step", "layer", "head", "metric", "value")
+RESUME = "resume"  # the metric of a resume row
+
+
+def resume_row(step: int, latest: int) -> tuple:
+    """The row that says a run went back to ``step`` after writing up to ``latest``."""
+    return (int(step), -1, -1, RESUME, float(latest))
+
+
+def _ends_mid_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def _last_line(path: Path, kind: str):
+    """The step of the last complete row of a monitor file, or None (no row yet)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 65536))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"] if kind == "jsonl" else line.split(",")[0])
+        except (ValueError, KeyError, TypeError):
+            continue  # a header, a cut line
+    return None
 
 
 class FileSink:
     """Rows appended to ``path``: CSV if it ends in ``.csv``, JSON lines if
     ``.jsonl``."""
 
-    def __init__(self, path, append: bool = False):
+    def __init__(self, path, append=None):
         self.path = Path(path)
         suffix = self.path.suffix.lower()
         if suffix not in (".csv", ".jsonl"):
             raise ValueError(f"path must end in .csv or .jsonl, got {str(path)!r}")
-        self.kind, self.append, self._file, self._csv = suffix[1:], append, None, None
+        self.kind, self._file, self._csv = suffix[1:], None, None
         self.closed = False
+        held = self.path.exists() and self.path.stat().st_size > 0
+        self.found_step = _last_line(self.path, self.kind) if held else None
+        self.append = self.found_step is not None if append is None else bool(append)
+        self.last_step = self.found_step if self.append else None
+
+    def plan(self) -> str | None:
+        """One line saying what happens to rows the file already holds (None: none)."""
+        if self.found_step is None:
+            return None
+        if self.append:
+            return (
+                f"monitor: {str(self.path)!r} already holds rows up to step "
+                f"{self.found_step}: appending to it (append=False starts it over)"
+            )
+        return (
+            f"monitor: {str(self.path)!r} holds rows up to step {self.found_step}: "
+            "starting it over (append=False)"
+        )
 
     def _open(self):
         if self.closed:
@@ -40,7 +91,10 @@ class FileSink:
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not (self.append and self.path.exists() and self.path.stat().st_size)
+        cut = not fresh and _ends_mid_line(self.path)
         self._file = open(self.path, "a" if self.append else "w", newline="")
+        if cut:  # a run that stopped in the middle of a line: start on a line of our own
+            self._file.write("\n")
         if self.kind == "csv":
             self._csv = csv.writer(self._file)
             if fresh:
@@ -93,6 +147,8 @@ class TensorBoardSink:
         if self._writer is None:
             self._writer = self._cls(log_dir=self.logdir)
         for step, layer, head, metric, value in rows:
+            if metric == RESUME:
+                continue  # TensorBoard shows a step written twice as it is
             self._writer.add_scalar(f"{metric}/layer{layer}/head{head}", value, step)
         if hasattr(self._writer, "flush"):
             self._writer.flush()
@@ -117,7 +173,7 @@ class CallableSink:
         pass
 
 
-def make_sink(target, option: str, append: bool = False):
+def make_sink(target, option: str, append=None):
     """A sink for ``target``: a path ending in .csv or .jsonl (``option="path"``) or a log
     directory (``option="tensorboard"``); an object with ``add_scalar`` (a SummaryWriter);
     or any callable taking a list of rows."""
