@@ -221,9 +221,10 @@ def layer0_logits(runs: dict, config: str, seed: str) -> dict:
     return {v: monitor_series(runs[f"{config}-{v}-{seed}"], "max_logit", 0) for v in "UF"}
 
 
-def page_numbers(table, runs: dict, reference: dict) -> dict:
+def page_numbers(table, screened: dict, reference: dict) -> dict:
     """Every number the appendix's prose states about the screen, by glue name, computed from
-    :func:`screen_table` and the stored runs. Raises if the data no longer say what the prose
+    :func:`screen_table`, the stored screen (``screened``: its record with provenance) and the
+    reference runs. Raises if the data no longer say what the prose
     says (lr 5e-4 the one healthy configuration; the others' largest |S| in layer 0)."""
     shown = table[table.config != REFERENCE]
     ref = table[table.config == REFERENCE]
@@ -237,6 +238,7 @@ def page_numbers(table, runs: dict, reference: dict) -> dict:
     if not (ref.exploded.isna().all() and ref.failing_broken_at.notna().all()):
         raise ValueError("the prose says the testbed's failing paths broke the rule unexploded")
     sb = ok.iloc[0]
+    runs = screened["data"]["runs"]
     config = runs["sa-paper-F-s1"]["config"]
     breaks = {seed: rule_broken_at(reference["F", seed]) for seed in REFERENCE_SEEDS}
     numbers = {
@@ -244,6 +246,7 @@ def page_numbers(table, runs: dict, reference: dict) -> dict:
         "decay": config["decay_steps"],
         "steps": SCREEN_STEPS,
         "every": SCREEN_EVERY,
+        "gpus": screened["provenance"]["gpu_count"],
         "limit_logit": MAX_LOGIT_LIMIT,
         "limit_growth": WQ_GROWTH_LIMIT,
         "base": BASE_STEP,

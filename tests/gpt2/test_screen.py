@@ -213,3 +213,18 @@ def test_the_printed_table_passes_the_sites_table_check(stored):
     text = screen.as_text(stored[2])
     assert site.table_problems(text) == []
     assert max(map(len, text.splitlines())) <= site.MAX_TABLE_WIDTH
+
+
+def test_page_numbers_hold_every_name_the_appendix_prose_glues(stored):
+    """The appendix's prose reads the screen's numbers by glue name: each name it uses is one
+    that :func:`screen.page_numbers` returns (a missing one fails the site build, late)."""
+    import json
+    import re
+
+    chapter = json.loads((REPO_ROOT / "book/appendix_gpt2_search.ipynb").read_text())
+    prose = "".join("".join(c["source"]) for c in chapter["cells"] if c["cell_type"] == "markdown")
+    used = set(re.findall(r"\{glue:\w+\}`(a_scr_\w+)", prose))
+    _, reference, table = stored
+    numbers = screen.page_numbers(table, report.load_search("screen"), reference)
+    assert used and used <= set(numbers), sorted(used - set(numbers))
+    assert all(isinstance(v, (int, float)) for v in numbers.values())
