@@ -286,6 +286,30 @@ class Alerts:
                 self.on_alert(alert)
 
 
+def make_alerts(alerts, on_alert=None, warmup_steps=None):
+    """The :class:`Alerts` of a monitor from ``attach``'s options: True (the book's
+    thresholds), False or None (none), a dict of thresholds, or an Alerts of the user's
+    own (which takes no ``on_alert`` or ``warmup_steps`` besides)."""
+    if isinstance(alerts, Alerts):
+        if on_alert is not None or warmup_steps is not None:
+            raise ValueError(
+                "give on_alert and warmup_steps to your Alerts object, not to attach, "
+                "when you pass one"
+            )
+        return alerts
+    if alerts is False or alerts is None:
+        if on_alert is not None:
+            raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
+        return None
+    if alerts is True or isinstance(alerts, dict):
+        thresholds = None if alerts is True else alerts
+        return Alerts(thresholds, on_alert=on_alert, warmup_steps=warmup_steps)
+    raise TypeError(
+        f"alerts must be True, False, a dict of thresholds or an Alerts, "
+        f"got {type(alerts).__name__}"
+    )
+
+
 # ------------------------------------------------------------------ the stored runs
 def run_readings(run: dict):
     """(step, layer, readings) of a run stored by ``kernels.gpt2.search``, heads combined
@@ -331,6 +355,7 @@ __all__ = [
     "Alert",
     "Alerts",
     "AttentionAlert",
+    "make_alerts",
     "RULES",
     "NON_FINITE",
     "THRESHOLDS",

@@ -57,14 +57,14 @@ import warnings
 
 import torch
 
-from .alerts import Alerts
+from .alerts import make_alerts
 from .hooks import HookReader
 from .layers import (
     LAYOUTS,
     _compiled,
+    _compiled_before,
     _Layer,
     _training_marks,
-    _what_dynamo_compiled,
     _writes,
     find_attention,
     query_weight,
@@ -123,7 +123,9 @@ class AttentionMonitor(HookReader):
         self._latest = None  # the step written last (the files' own, then this run's)
         self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
-        self.alerts = self._make_alerts(alerts, on_alert, warmup_steps)
+        self.alerts = make_alerts(alerts, on_alert, warmup_steps)
+        if self.alerts is not None and _writes():
+            log.info(self.alerts.describe())
         self._sinks = []
         if _compiled(model):
             self._disable("the model is compiled with torch.compile")
@@ -164,31 +166,6 @@ class AttentionMonitor(HookReader):
             if getattr(sink, "last_step", None) is not None:
                 latest = max(sink.last_step, latest if latest is not None else sink.last_step)
         return latest
-
-    @staticmethod
-    def _make_alerts(alerts, on_alert, warmup_steps):
-        if isinstance(alerts, Alerts):
-            if on_alert is not None or warmup_steps is not None:
-                raise ValueError(
-                    "give on_alert and warmup_steps to your Alerts object, not to attach, "
-                    "when you pass one"
-                )
-            return alerts
-        if alerts is False or alerts is None:
-            if on_alert is not None:
-                raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
-            return None
-        if alerts is True or isinstance(alerts, dict):
-            made = Alerts(
-                None if alerts is True else alerts, on_alert=on_alert, warmup_steps=warmup_steps
-            )
-            if _writes():
-                log.info(made.describe())
-            return made
-        raise TypeError(
-            f"alerts must be True, False, a dict of thresholds or an Alerts, "
-            f"got {type(alerts).__name__}"
-        )
 
     @classmethod
     def attach(cls, model, every=100, path=None, delta=False, tensorboard=None, **options):
@@ -320,7 +297,7 @@ class AttentionMonitor(HookReader):
             if self._compile_seen:
                 return  # step() switches the monitor off, with one warning
             if _training_marks(self.layers) != p["marks"]:
-                self._disable(self._compiled_before(p["step"]))
+                self._disable(_compiled_before(self._model, p["step"]))
                 return
             warnings.warn(
                 f"monitor: step {p['step']} was armed but no training forward pass "
@@ -364,23 +341,6 @@ class AttentionMonitor(HookReader):
         self.enabled = False
         self._remove_hooks()
         self._pending = None
-
-    def _compiled_before(self, step) -> str:
-        """Why an armed step trained the attention layers without calling the hooks."""
-        evidence = _what_dynamo_compiled(self._model)
-        if evidence:
-            return (
-                f"the model runs through code compiled by torch.compile before the monitor "
-                f"was attached ({evidence}; a torch.compile wrapper of the model, "
-                f"model.compile(), a compiled training step or a Trainer's torch_compile "
-                f"option): step {step} trained its attention layers without calling the "
-                f"monitor's hooks"
-            )
-        return (
-            f"step {step} trained the attention layers without calling the monitor's "
-            "hooks: the model runs through compiled code (torch.compile before the monitor "
-            "was attached, torch.jit or an exported program)"
-        )
 
     def _warn_about_dropout(self):
         for layer in self.layers:
