@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import deque
 
 import torch
 
@@ -74,6 +75,12 @@ from .sinks import make_sink, resume_row
 
 log = logging.getLogger("kernels.monitor")
 
+# Rows kept in memory (.rows) by default: the latest 100,000, about 12 MB (a GPT-2 small
+# reading step writes 12 layers x 12 heads x 4 to 6 metrics = 576 to 864 rows). The sinks
+# (a file, TensorBoard, a function) are the record of a run; keep_rows=None keeps all.
+ROWS_KEPT = 100_000
+_DEFAULT = object()
+
 METRICS = {
     "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
     "p1_fa2": "share of rows (0-1) with >= 2 entries whose exp(S - rowmax) rounds to "
@@ -91,8 +98,9 @@ class AttentionMonitor(HookReader):
     Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl, or a
     SummaryWriter, or a function of the rows), to TensorBoard (``tensorboard=``: a log
     directory or a SummaryWriter), to ``sink`` (a function of the rows), and to
-    :attr:`rows` in memory. Each layer's readings go through the alert rules
-    (:mod:`.alerts`; ``alerts=False`` switches them off, a dict overrides thresholds).
+    :attr:`rows` in memory (the latest :data:`ROWS_KEPT`). Each layer's readings go
+    through the alert rules (:mod:`.alerts`; ``alerts=False`` switches them off, a dict
+    overrides thresholds).
     """
 
     def __init__(
@@ -111,13 +119,16 @@ class AttentionMonitor(HookReader):
         alerts=True,
         on_alert=None,
         warmup_steps=None,
+        keep_rows=_DEFAULT,
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
         if sequences is not None and (not isinstance(sequences, int) or sequences < 1):
             raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
-        self.enabled, self.detached, self.rows = True, False, []
+        self.enabled, self.detached = True, False
+        self._kept = deque(maxlen=ROWS_KEPT if keep_rows is _DEFAULT else keep_rows)
+        self._dropping_said = False
         self._pending, self._handles, self._counter, self._unsent = None, [], 0, []
         self._last = None  # (step, what step() returned)
         self._latest = None  # the step written last (the files' own, then this run's)
@@ -181,7 +192,9 @@ class AttentionMonitor(HookReader):
         resume row, :mod:`.sinks`), ``sink`` (a function of each step's rows),
         ``alerts`` (True: the book's thresholds; False: none; a dict: your thresholds),
         ``on_alert`` (a function of each :class:`~kernels.monitor.alerts.Alert`),
-        ``warmup_steps`` (default 1,000).
+        ``warmup_steps`` (default 1,000), ``keep_rows`` (rows kept in memory, in
+        :attr:`rows`: the latest :data:`ROWS_KEPT` = 100,000 by default, None all, 0
+        none; the sinks are the record).
 
         What the alerts watch when: from step 0 the ceilings, the largest |S|
         (``max_logit``) and the share of tied rows (``ties_bf16``), and any NaN or
@@ -191,6 +204,30 @@ class AttentionMonitor(HookReader):
         over the second half of the warmup) exists. Attaching logs this as one line
         (logger ``kernels.monitor``, level INFO: :meth:`Alerts.describe`)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard, **options)
+
+    @property
+    def rows(self) -> list:
+        """The latest rows read, (step, layer, head, metric, value): at most ``keep_rows``
+        (default :data:`ROWS_KEPT`); the sinks hold them all."""
+        return list(self._kept)
+
+    def _keep(self, rows):
+        kept = self._kept
+        if kept.maxlen is not None and len(kept) + len(rows) > kept.maxlen:
+            self._say_rows_dropped()
+        kept.extend(rows)
+
+    def _say_rows_dropped(self):
+        if self._dropping_said or self._sinks or self._kept.maxlen == 0:
+            return
+        self._dropping_said = True
+        warnings.warn(
+            f"monitor: .rows keeps the latest {self._kept.maxlen:,} rows and this monitor "
+            "writes to no file or sink, so older rows are dropped: pass path= (or sink=) "
+            "to keep a record, or keep_rows=None to keep every row in memory",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     @property
     def layer_names(self) -> list[str]:
@@ -319,7 +356,7 @@ class AttentionMonitor(HookReader):
         if self._latest is not None and p["step"] <= self._latest:
             rows.insert(0, resume_row(p["step"], self._latest))  # a resumed run went back
         self._latest = p["step"]
-        self.rows.extend(rows)
+        self._keep(rows)
         for sink in self._sinks:
             try:
                 sink.write(rows)
@@ -371,4 +408,4 @@ def _combined(stats: dict) -> dict:
     }
 
 
-__all__ = ["AttentionMonitor", "METRICS", "LAYOUTS", "find_attention", "query_weight"]
+__all__ = ["AttentionMonitor", "METRICS", "ROWS_KEPT", "LAYOUTS", "find_attention", "query_weight"]

@@ -458,3 +458,35 @@ def test_step_refuses_what_is_no_whole_number():
             mon.step(bad)
     with pytest.raises(ValueError, match="step must be >= 0"):
         mon.step(-1)
+
+
+# ------------------------------------------------------ 8. the rows in memory are bounded
+def test_rows_in_memory_are_bounded(tmp_path, monkeypatch):
+    """.rows keeps the latest ROWS_KEPT rows (the sinks are the record): one warning when a
+    monitor without a sink starts to drop rows; keep_rows=0 keeps none, None all."""
+    import kernels.monitor.monitor as monitor_module
+
+    kept = int(np.random.randint(10, 30))
+    monkeypatch.setattr(monitor_module, "ROWS_KEPT", kept)
+    per_step = 2 * 2 * 4
+
+    def run(**options):
+        model = book_model()
+        mon = AttentionMonitor.attach(model, every=1, alerts=False, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                mon.step(step)
+                train_pass(model)
+            mon.close()
+        return mon, [str(w.message) for w in caught if "rows" in str(w.message)]
+
+    mon, said = run()
+    assert len(mon.rows) == kept and mon.rows[-1][0] == 2
+    assert len(said) == 1 and f"the latest {kept:,} rows" in said[0]
+    everything, said = run(path=tmp_path / "m.csv")
+    assert len(everything.rows) == kept and said == []  # the file holds them all
+    assert len(read_rows(tmp_path / "m.csv")) == 3 * per_step
+    assert len(run(keep_rows=None)[0].rows) == 3 * per_step
+    assert run(keep_rows=0, sink=lambda rows: None)[0].rows == []
+    assert "ROWS_KEPT" in AttentionMonitor.attach.__doc__
