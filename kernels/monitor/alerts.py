@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .safety import user_stacklevel
+
 RULES = {
     "ties_bf16": "share of the layer's rows with tied maxima in a bf16 S",
     "wq_growth": "the layer's largest ||W_Q||_2 over its median in the early window",
@@ -281,7 +283,7 @@ class Alerts:
         for alert in alerts:
             log.info(alert.message)
             if self.warn:
-                warnings.warn(alert.message, AttentionAlert, stacklevel=3)
+                warnings.warn(alert.message, AttentionAlert, stacklevel=user_stacklevel())
             if self.on_alert is not None:
                 self.on_alert(alert)
 

@@ -53,7 +53,6 @@ the hooks, and the warning says so.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections import deque
 
 import torch
@@ -70,7 +69,7 @@ from .layers import (
     find_attention,
     query_weight,
 )
-from .safety import as_step, layer_value
+from .safety import as_step, layer_value, warn_user
 from .sinks import make_sink, resume_row
 
 log = logging.getLogger("kernels.monitor")
@@ -221,12 +220,11 @@ class AttentionMonitor(HookReader):
         if self._dropping_said or self._sinks or self._kept.maxlen == 0:
             return
         self._dropping_said = True
-        warnings.warn(
+        warn_user(
             f"monitor: .rows keeps the latest {self._kept.maxlen:,} rows and this monitor "
             "writes to no file or sink, so older rows are dropped: pass path= (or sink=) "
             "to keep a record, or keep_rows=None to keep every row in memory",
             RuntimeWarning,
-            stacklevel=2,
         )
 
     @property
@@ -336,12 +334,11 @@ class AttentionMonitor(HookReader):
             if _training_marks(self.layers) != p["marks"]:
                 self._disable(_compiled_before(self._model, p["step"]))
                 return
-            warnings.warn(
+            warn_user(
                 f"monitor: step {p['step']} was armed but no training forward pass "
                 "reached the attention layers (was the model run without gradients?); "
                 "nothing was read",
                 RuntimeWarning,
-                stacklevel=3,
             )
             return
         rows, checked = [], []
@@ -367,13 +364,12 @@ class AttentionMonitor(HookReader):
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):
-        warnings.warn(
+        warn_user(
             f"AttentionMonitor disables itself: {why}, and compiled code "
             "never calls the hooks it reads through. To read the attention, "
             "train the uncompiled model (attach the monitor to it and do not "
             "compile it).",
             UserWarning,
-            stacklevel=4,
         )
         self.enabled = False
         self._remove_hooks()
@@ -387,12 +383,11 @@ class AttentionMonitor(HookReader):
             if isinstance(rate, (int, float)):
                 p = max(p, float(rate))
             if p > 0:
-                warnings.warn(
+                warn_user(
                     f"layer {layer.name!r} applies attention dropout (p = {p:g}); O_hp "
                     "has none, so delta_err would measure the dropout as well as the "
                     "rounding: set the attention dropout to 0 while reading delta",
                     UserWarning,
-                    stacklevel=3,
                 )
 
 

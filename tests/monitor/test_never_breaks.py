@@ -8,6 +8,7 @@ rows kept in memory are bounded; alert warnings point at the user's line. CPU on
 models, fresh random inputs each run."""
 
 import copy
+import inspect
 import json
 import logging
 import math
@@ -490,3 +491,58 @@ def test_rows_in_memory_are_bounded(tmp_path, monkeypatch):
     assert len(run(keep_rows=None)[0].rows) == 3 * per_step
     assert run(keep_rows=0, sink=lambda rows: None)[0].rows == []
     assert "ROWS_KEPT" in AttentionMonitor.attach.__doc__
+
+
+# ------------------------------------------------ 9. warnings point at the user's line
+def test_alert_warnings_point_at_the_users_line():
+    """The alerts of a step are said by the next step() call: the warning names that line of
+    the user's loop (not a line of the monitor or of torch); so do the monitor's other
+    warnings and an Alerts fed by hand."""
+    model = book_model()
+    mon = AttentionMonitor.attach(model, every=1, alerts={"max_logit": 1e-9})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mon.step(0)
+        train_pass(model)
+        mon.step(1)  # says the alerts of step 0
+        here = inspect.currentframe().f_lineno - 1
+        mon.step(2)  # step 1 was armed but not run: a RuntimeWarning
+        there = inspect.currentframe().f_lineno - 1
+        Alerts({"max_logit": 1.0}, warmup_steps=0).update(0, 0, {"max_logit": 2.0})
+        by_hand = inspect.currentframe().f_lineno - 1
+        mon.close()
+    alerts = [w for w in caught if issubclass(w.category, AttentionAlert)]
+    assert len(alerts) == 3 and all(w.filename == __file__ for w in alerts)
+    assert [w.lineno for w in alerts] == [here, here, by_hand]
+    armed = [w for w in caught if "step 1 was armed" in str(w.message)]
+    assert len(armed) == 1 and (armed[0].filename, armed[0].lineno) == (__file__, there)
+
+
+def test_alert_warnings_under_a_trainer_point_at_train(tmp_path):
+    """Under the Hugging Face callback the user's line is the one that calls train()."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from kernels.monitor import callbacks
+
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (8, 16))]
+    callback = callbacks.MonitorTrainerCallback(every=1, alerts={"max_logit": 1e-9})
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+        line = inspect.currentframe().f_lineno - 1
+    alerts = [w for w in caught if issubclass(w.category, AttentionAlert)]
+    assert alerts and all((w.filename, w.lineno) == (__file__, line) for w in alerts)
