@@ -167,15 +167,14 @@ class AttentionMonitor(HookReader):
         self._latest = self._latest_step_written()
 
     def _latest_step_written(self):
-        """The latest step the files already hold (their plan logged), or None."""
-        latest = None
-        for sink in self._sinks:
-            plan = getattr(sink, "plan", lambda: None)()
+        """The last step the files already hold (each file's plan for them logged), or
+        None."""
+        plans = [sink.plan() for sink in self._sinks if hasattr(sink, "plan")]
+        for plan in plans:
             if plan is not None and _writes():
                 log.info(plan)
-            if getattr(sink, "last_step", None) is not None:
-                latest = max(sink.last_step, latest if latest is not None else sink.last_step)
-        return latest
+        held = [getattr(sink, "last_step", None) for sink in self._sinks]
+        return max((step for step in held if step is not None), default=None)
 
     @classmethod
     def attach(cls, model, every=100, path=None, delta=False, tensorboard=None, **options):
