@@ -390,11 +390,10 @@ def failing_trainer(tmp_path, callback, fail_at):
 
 
 def monitor_hooks(model):
-    return sum(
-        len(m._forward_hooks) + len(m._forward_pre_hooks)
-        for m in model.modules()
-        if hasattr(m, "c_attn") or m.__class__.__name__ in ("Conv1D",)
-    )
+    """Hooks on the attention modules and their projections (where the monitor hooks)."""
+    attention = [m for m in model.modules() if hasattr(m, "c_attn")]
+    modules = attention + [p for m in attention for p in (m.c_attn, m.c_proj)]
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
 
 
 def test_hugging_face_callback_lets_go_when_training_fails(tmp_path):
