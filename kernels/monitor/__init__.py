@@ -36,13 +36,14 @@ from .metrics import (
     spectral_norm,
     wq_head_norms,
 )
-from .monitor import LAYOUTS, METRICS, AttentionMonitor, find_attention, query_weight
+from .monitor import LAYOUTS, METRICS, ROWS_KEPT, AttentionMonitor, find_attention, query_weight
 from .readings import LAYER_RULES, ceiling_and_lead, layer_table, time_steps
 from .sinks import COLUMNS, read_rows
 
 __all__ = [
     "AttentionMonitor",
     "METRICS",
+    "ROWS_KEPT",
     "LAYOUTS",
     "COLUMNS",
     "Alert",

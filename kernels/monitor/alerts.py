@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .safety import user_stacklevel
+
 RULES = {
     "ties_bf16": "share of the layer's rows with tied maxima in a bf16 S",
     "wq_growth": "the layer's largest ||W_Q||_2 over its median in the early window",
@@ -281,9 +283,33 @@ class Alerts:
         for alert in alerts:
             log.info(alert.message)
             if self.warn:
-                warnings.warn(alert.message, AttentionAlert, stacklevel=3)
+                warnings.warn(alert.message, AttentionAlert, stacklevel=user_stacklevel())
             if self.on_alert is not None:
                 self.on_alert(alert)
+
+
+def make_alerts(alerts, on_alert=None, warmup_steps=None):
+    """The :class:`Alerts` of a monitor from ``attach``'s options: True (the book's
+    thresholds), False or None (none), a dict of thresholds, or an Alerts of the user's
+    own (which takes no ``on_alert`` or ``warmup_steps`` besides)."""
+    if isinstance(alerts, Alerts):
+        if on_alert is not None or warmup_steps is not None:
+            raise ValueError(
+                "give on_alert and warmup_steps to your Alerts object, not to attach, "
+                "when you pass one"
+            )
+        return alerts
+    if alerts is False or alerts is None:
+        if on_alert is not None:
+            raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
+        return None
+    if alerts is True or isinstance(alerts, dict):
+        thresholds = None if alerts is True else alerts
+        return Alerts(thresholds, on_alert=on_alert, warmup_steps=warmup_steps)
+    raise TypeError(
+        f"alerts must be True, False, a dict of thresholds or an Alerts, "
+        f"got {type(alerts).__name__}"
+    )
 
 
 # ------------------------------------------------------------------ the stored runs
@@ -331,6 +357,7 @@ __all__ = [
     "Alert",
     "Alerts",
     "AttentionAlert",
+    "make_alerts",
     "RULES",
     "NON_FINITE",
     "THRESHOLDS",

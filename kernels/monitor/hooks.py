@@ -9,13 +9,11 @@ warning says why) and an error anywhere else in a hook is said once and dropped.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .layers import _has_padding
 from .metrics import delta_error, exact_output, head_readings
-from .safety import nan_readings, shielded
+from .safety import nan_readings, shielded, warn_user
 
 FORWARD = ("ties_bf16", "p1_fa2", "max_logit", "wq_norm")
 DELTA = ("delta_err", "delta_abs")
@@ -38,12 +36,11 @@ class HookReader:
         if self._failure_said:
             return
         self._failure_said = True
-        warnings.warn(
+        warn_user(
             f"monitor: {what} failed inside the monitor ({type(err).__name__}: {err}); "
             "what it would have read is NaN (or missing) and training goes on. This is "
             "said once per monitor",
             RuntimeWarning,
-            stacklevel=2,
         )
 
     def _qkv_hook(self, layer):
@@ -70,14 +67,13 @@ class HookReader:
             mask = kwargs.get("attention_mask", kwargs.get("attn_mask"))
             if _has_padding(mask):
                 self._padding_warned = True
-                warnings.warn(
+                warn_user(
                     f"monitor: layer {layer.name!r} was given an attention mask that "
                     "hides positions the causal mask shows (padding). The monitor reads "
                     "every position up to the diagonal as visible, so padded positions "
                     "enter its tie shares, logits and δ: read on batches without "
                     "padding (pack the sequences) or take these readings as approximate",
                     UserWarning,
-                    stacklevel=2,
                 )
 
         return hook

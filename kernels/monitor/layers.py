@@ -67,6 +67,24 @@ def _what_dynamo_compiled(model) -> str:
     return f"torch.compile has compiled {graphs} graph(s) in this process" if graphs else ""
 
 
+def _compiled_before(model, step) -> str:
+    """Why an armed step trained the attention layers without calling the hooks."""
+    evidence = _what_dynamo_compiled(model)
+    if evidence:
+        return (
+            f"the model runs through code compiled by torch.compile before the monitor "
+            f"was attached ({evidence}; a torch.compile wrapper of the model, "
+            f"model.compile(), a compiled training step or a Trainer's torch_compile "
+            f"option): step {step} trained its attention layers without calling the "
+            f"monitor's hooks"
+        )
+    return (
+        f"step {step} trained the attention layers without calling the monitor's "
+        "hooks: the model runs through compiled code (torch.compile before the monitor "
+        "was attached, torch.jit or an exported program)"
+    )
+
+
 def _has_padding(mask) -> bool:
     """True when an attention mask hides a key that the causal mask would show."""
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2:

@@ -53,26 +53,32 @@ the hooks, and the warning says so.
 from __future__ import annotations
 
 import logging
-import warnings
+from collections import deque
 
 import torch
 
-from .alerts import Alerts
+from .alerts import make_alerts
 from .hooks import HookReader
 from .layers import (
     LAYOUTS,
     _compiled,
+    _compiled_before,
     _Layer,
     _training_marks,
-    _what_dynamo_compiled,
     _writes,
     find_attention,
     query_weight,
 )
-from .safety import as_step, layer_value
+from .safety import as_step, layer_value, warn_user
 from .sinks import make_sink, resume_row
 
 log = logging.getLogger("kernels.monitor")
+
+# Rows kept in memory (.rows) by default: the latest 100,000, about 12 MB (a GPT-2 small
+# reading step writes 12 layers x 12 heads x 4 to 6 metrics = 576 to 864 rows). The sinks
+# (a file, TensorBoard, a function) are the record of a run; keep_rows=None keeps all.
+ROWS_KEPT = 100_000
+_DEFAULT = object()
 
 METRICS = {
     "ties_bf16": "share of rows (0-1) whose bf16 S holds >= 2 entries equal to the row max",
@@ -91,8 +97,9 @@ class AttentionMonitor(HookReader):
     Rows ``(step, layer, head, metric, value)`` go to ``path`` (.csv or .jsonl, or a
     SummaryWriter, or a function of the rows), to TensorBoard (``tensorboard=``: a log
     directory or a SummaryWriter), to ``sink`` (a function of the rows), and to
-    :attr:`rows` in memory. Each layer's readings go through the alert rules
-    (:mod:`.alerts`; ``alerts=False`` switches them off, a dict overrides thresholds).
+    :attr:`rows` in memory (the latest :data:`ROWS_KEPT`). Each layer's readings go
+    through the alert rules (:mod:`.alerts`; ``alerts=False`` switches them off, a dict
+    overrides thresholds).
     """
 
     def __init__(
@@ -111,19 +118,24 @@ class AttentionMonitor(HookReader):
         alerts=True,
         on_alert=None,
         warmup_steps=None,
+        keep_rows=_DEFAULT,
     ):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive whole number of steps, got {every!r}")
         if sequences is not None and (not isinstance(sequences, int) or sequences < 1):
             raise ValueError(f"sequences must be a positive number or None, got {sequences!r}")
         self.every, self.delta, self.sequences = every, bool(delta), sequences
-        self.enabled, self.detached, self.rows = True, False, []
+        self.enabled, self.detached = True, False
+        self._kept = deque(maxlen=ROWS_KEPT if keep_rows is _DEFAULT else keep_rows)
+        self._dropping_said = False
         self._pending, self._handles, self._counter, self._unsent = None, [], 0, []
         self._last = None  # (step, what step() returned)
         self._latest = None  # the step written last (the files' own, then this run's)
         self._compile_seen, self._padding_warned, self._failure_said = False, False, False
         self._model = model
-        self.alerts = self._make_alerts(alerts, on_alert, warmup_steps)
+        self.alerts = make_alerts(alerts, on_alert, warmup_steps)
+        if self.alerts is not None and _writes():
+            log.info(self.alerts.describe())
         self._sinks = []
         if _compiled(model):
             self._disable("the model is compiled with torch.compile")
@@ -155,40 +167,14 @@ class AttentionMonitor(HookReader):
         self._latest = self._latest_step_written()
 
     def _latest_step_written(self):
-        """The latest step the files already hold (their plan logged), or None."""
-        latest = None
-        for sink in self._sinks:
-            plan = getattr(sink, "plan", lambda: None)()
+        """The last step the files already hold (each file's plan for them logged), or
+        None."""
+        plans = [sink.plan() for sink in self._sinks if hasattr(sink, "plan")]
+        for plan in plans:
             if plan is not None and _writes():
                 log.info(plan)
-            if getattr(sink, "last_step", None) is not None:
-                latest = max(sink.last_step, latest if latest is not None else sink.last_step)
-        return latest
-
-    @staticmethod
-    def _make_alerts(alerts, on_alert, warmup_steps):
-        if isinstance(alerts, Alerts):
-            if on_alert is not None or warmup_steps is not None:
-                raise ValueError(
-                    "give on_alert and warmup_steps to your Alerts object, not to attach, "
-                    "when you pass one"
-                )
-            return alerts
-        if alerts is False or alerts is None:
-            if on_alert is not None:
-                raise ValueError("on_alert needs alerts on (alerts=True or thresholds)")
-            return None
-        if alerts is True or isinstance(alerts, dict):
-            made = Alerts(
-                None if alerts is True else alerts, on_alert=on_alert, warmup_steps=warmup_steps
-            )
-            if _writes():
-                log.info(made.describe())
-            return made
-        raise TypeError(
-            f"alerts must be True, False, a dict of thresholds or an Alerts, "
-            f"got {type(alerts).__name__}"
-        )
+        held = [getattr(sink, "last_step", None) for sink in self._sinks]
+        return max((step for step in held if step is not None), default=None)
 
     @classmethod
     def attach(cls, model, every=100, path=None, delta=False, tensorboard=None, **options):
@@ -204,7 +190,9 @@ class AttentionMonitor(HookReader):
         resume row, :mod:`.sinks`), ``sink`` (a function of each step's rows),
         ``alerts`` (True: the book's thresholds; False: none; a dict: your thresholds),
         ``on_alert`` (a function of each :class:`~kernels.monitor.alerts.Alert`),
-        ``warmup_steps`` (default 1,000).
+        ``warmup_steps`` (default 1,000), ``keep_rows`` (rows kept in memory, in
+        :attr:`rows`: the latest :data:`ROWS_KEPT` = 100,000 by default, None all, 0
+        none; the sinks are the record).
 
         What the alerts watch when: from step 0 the ceilings, the largest |S|
         (``max_logit``) and the share of tied rows (``ties_bf16``), and any NaN or
@@ -214,6 +202,29 @@ class AttentionMonitor(HookReader):
         over the second half of the warmup) exists. Attaching logs this as one line
         (logger ``kernels.monitor``, level INFO: :meth:`Alerts.describe`)."""
         return cls(model, every=every, path=path, delta=delta, tensorboard=tensorboard, **options)
+
+    @property
+    def rows(self) -> list:
+        """The latest rows read, (step, layer, head, metric, value): at most ``keep_rows``
+        (default :data:`ROWS_KEPT`); the sinks hold them all."""
+        return list(self._kept)
+
+    def _keep(self, rows):
+        kept = self._kept
+        if kept.maxlen is not None and len(kept) + len(rows) > kept.maxlen:
+            self._say_rows_dropped()
+        kept.extend(rows)
+
+    def _say_rows_dropped(self):
+        if self._dropping_said or self._sinks or self._kept.maxlen == 0:
+            return
+        self._dropping_said = True
+        warn_user(
+            f"monitor: .rows keeps the latest {self._kept.maxlen:,} rows and this monitor "
+            "writes to no file or sink, so older rows are dropped: pass path= (or sink=) "
+            "to keep a record, or keep_rows=None to keep every row in memory",
+            RuntimeWarning,
+        )
 
     @property
     def layer_names(self) -> list[str]:
@@ -320,14 +331,13 @@ class AttentionMonitor(HookReader):
             if self._compile_seen:
                 return  # step() switches the monitor off, with one warning
             if _training_marks(self.layers) != p["marks"]:
-                self._disable(self._compiled_before(p["step"]))
+                self._disable(_compiled_before(self._model, p["step"]))
                 return
-            warnings.warn(
+            warn_user(
                 f"monitor: step {p['step']} was armed but no training forward pass "
                 "reached the attention layers (was the model run without gradients?); "
                 "nothing was read",
                 RuntimeWarning,
-                stacklevel=3,
             )
             return
         rows, checked = [], []
@@ -342,7 +352,7 @@ class AttentionMonitor(HookReader):
         if self._latest is not None and p["step"] <= self._latest:
             rows.insert(0, resume_row(p["step"], self._latest))  # a resumed run went back
         self._latest = p["step"]
-        self.rows.extend(rows)
+        self._keep(rows)
         for sink in self._sinks:
             try:
                 sink.write(rows)
@@ -353,34 +363,16 @@ class AttentionMonitor(HookReader):
 
     # ------------------------------------------------------------ checks
     def _disable(self, why: str):
-        warnings.warn(
+        warn_user(
             f"AttentionMonitor disables itself: {why}, and compiled code "
             "never calls the hooks it reads through. To read the attention, "
             "train the uncompiled model (attach the monitor to it and do not "
             "compile it).",
             UserWarning,
-            stacklevel=4,
         )
         self.enabled = False
         self._remove_hooks()
         self._pending = None
-
-    def _compiled_before(self, step) -> str:
-        """Why an armed step trained the attention layers without calling the hooks."""
-        evidence = _what_dynamo_compiled(self._model)
-        if evidence:
-            return (
-                f"the model runs through code compiled by torch.compile before the monitor "
-                f"was attached ({evidence}; a torch.compile wrapper of the model, "
-                f"model.compile(), a compiled training step or a Trainer's torch_compile "
-                f"option): step {step} trained its attention layers without calling the "
-                f"monitor's hooks"
-            )
-        return (
-            f"step {step} trained the attention layers without calling the monitor's "
-            "hooks: the model runs through compiled code (torch.compile before the monitor "
-            "was attached, torch.jit or an exported program)"
-        )
 
     def _warn_about_dropout(self):
         for layer in self.layers:
@@ -390,12 +382,11 @@ class AttentionMonitor(HookReader):
             if isinstance(rate, (int, float)):
                 p = max(p, float(rate))
             if p > 0:
-                warnings.warn(
+                warn_user(
                     f"layer {layer.name!r} applies attention dropout (p = {p:g}); O_hp "
                     "has none, so delta_err would measure the dropout as well as the "
                     "rounding: set the attention dropout to 0 while reading delta",
                     UserWarning,
-                    stacklevel=3,
                 )
 
 
@@ -411,4 +402,4 @@ def _combined(stats: dict) -> dict:
     }
 
 
-__all__ = ["AttentionMonitor", "METRICS", "LAYOUTS", "find_attention", "query_weight"]
+__all__ = ["AttentionMonitor", "METRICS", "ROWS_KEPT", "LAYOUTS", "find_attention", "query_weight"]

@@ -141,14 +141,13 @@ def layer_table(rows):
     repeated = frame.duplicated(key, keep="last")
     if repeated.any():
         steps = sorted(set(frame.step[repeated]))
-        import warnings
+        from .safety import warn_user
 
-        warnings.warn(
+        warn_user(
             f"layer_table: {int(repeated.sum())} rows repeat a (step, layer, "
             f"head, metric) already read (steps {steps[:5]}"
             f"{' …' if len(steps) > 5 else ''}); each keeps its last value",
             UserWarning,
-            stacklevel=2,
         )
         frame = frame[~repeated]
     tables = [

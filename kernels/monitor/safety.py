@@ -1,10 +1,14 @@
 """What keeps the monitor from breaking a training step: a reading that cannot be made is NaN,
-and an error inside one of its hooks is caught and said once.
+and an error inside one of its hooks is caught and said once; and what makes its warnings
+point at the user's line, not at the library's.
 
 * :func:`shielded`       wraps a hook: an exception inside it becomes one warning, never an
                          exception in the user's forward or backward pass
 * :func:`nan_readings`   the readings of a layer that could not be read: NaN for every head
 * :func:`layer_value`    one number per layer from its heads' readings; NaN if any head's is
+* :func:`warn_user`      ``warnings.warn`` naming the first frame outside the monitor and
+                         the libraries that call it (the user's ``monitor.step`` line, the
+                         line that calls a Trainer's ``train()``)
 * :func:`as_step`        a training step as a whole number (an int, a 0-d integer tensor, a
                          NumPy integer), or a clear error
 """
@@ -14,8 +18,40 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
+import warnings
 
 import torch
+
+# Frames of these packages are skipped when a warning looks for the user's line: the
+# monitor's own, and the libraries that call it (torch's hooks, the Trainers' callbacks).
+LIBRARIES = (
+    "kernels.monitor",
+    "torch",
+    "transformers",
+    "accelerate",
+    "lightning",
+    "pytorch_lightning",
+)
+
+
+def _in_library(frame) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return any(name == lib or name.startswith(lib + ".") for lib in LIBRARIES)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller of this function
+    name the first frame outside :data:`LIBRARIES` (1 names the caller itself)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and _in_library(frame):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_user(message: str, category=UserWarning) -> None:
+    """``warnings.warn(message, category)`` naming the user's line."""
+    warnings.warn(message, category, stacklevel=user_stacklevel())
 
 
 def shielded(on_error):
@@ -74,4 +110,12 @@ def as_step(step) -> int:
     return int(step)
 
 
-__all__ = ["as_step", "layer_value", "nan_readings", "shielded"]
+__all__ = [
+    "LIBRARIES",
+    "as_step",
+    "layer_value",
+    "nan_readings",
+    "shielded",
+    "user_stacklevel",
+    "warn_user",
+]

@@ -8,6 +8,7 @@ rows kept in memory are bounded; alert warnings point at the user's line. CPU on
 models, fresh random inputs each run."""
 
 import copy
+import inspect
 import json
 import logging
 import math
@@ -389,11 +390,10 @@ def failing_trainer(tmp_path, callback, fail_at):
 
 
 def monitor_hooks(model):
-    return sum(
-        len(m._forward_hooks) + len(m._forward_pre_hooks)
-        for m in model.modules()
-        if hasattr(m, "c_attn") or m.__class__.__name__ in ("Conv1D",)
-    )
+    """Hooks on the attention modules and their projections (where the monitor hooks)."""
+    attention = [m for m in model.modules() if hasattr(m, "c_attn")]
+    modules = attention + [p for m in attention for p in (m.c_attn, m.c_proj)]
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
 
 
 def test_hugging_face_callback_lets_go_when_training_fails(tmp_path):
@@ -458,3 +458,90 @@ def test_step_refuses_what_is_no_whole_number():
             mon.step(bad)
     with pytest.raises(ValueError, match="step must be >= 0"):
         mon.step(-1)
+
+
+# ------------------------------------------------------ 8. the rows in memory are bounded
+def test_rows_in_memory_are_bounded(tmp_path, monkeypatch):
+    """.rows keeps the latest ROWS_KEPT rows (the sinks are the record): one warning when a
+    monitor without a sink starts to drop rows; keep_rows=0 keeps none, None all."""
+    import kernels.monitor.monitor as monitor_module
+
+    kept = int(np.random.randint(10, 30))
+    monkeypatch.setattr(monitor_module, "ROWS_KEPT", kept)
+    per_step = 2 * 2 * 4
+
+    def run(**options):
+        model = book_model()
+        mon = AttentionMonitor.attach(model, every=1, alerts=False, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                mon.step(step)
+                train_pass(model)
+            mon.close()
+        return mon, [str(w.message) for w in caught if "rows" in str(w.message)]
+
+    mon, said = run()
+    assert len(mon.rows) == kept and mon.rows[-1][0] == 2
+    assert len(said) == 1 and f"the latest {kept:,} rows" in said[0]
+    everything, said = run(path=tmp_path / "m.csv")
+    assert len(everything.rows) == kept and said == []  # the file holds them all
+    assert len(read_rows(tmp_path / "m.csv")) == 3 * per_step
+    assert len(run(keep_rows=None)[0].rows) == 3 * per_step
+    assert run(keep_rows=0, sink=lambda rows: None)[0].rows == []
+    assert "ROWS_KEPT" in AttentionMonitor.attach.__doc__
+
+
+# ------------------------------------------------ 9. warnings point at the user's line
+def test_alert_warnings_point_at_the_users_line():
+    """The alerts of a step are said by the next step() call: the warning names that line of
+    the user's loop (not a line of the monitor or of torch); so do the monitor's other
+    warnings and an Alerts fed by hand."""
+    model = book_model()
+    mon = AttentionMonitor.attach(model, every=1, alerts={"max_logit": 1e-9})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mon.step(0)
+        train_pass(model)
+        mon.step(1)  # says the alerts of step 0
+        here = inspect.currentframe().f_lineno - 1
+        mon.step(2)  # step 1 was armed but not run: a RuntimeWarning
+        there = inspect.currentframe().f_lineno - 1
+        Alerts({"max_logit": 1.0}, warmup_steps=0).update(0, 0, {"max_logit": 2.0})
+        by_hand = inspect.currentframe().f_lineno - 1
+        mon.close()
+    alerts = [w for w in caught if issubclass(w.category, AttentionAlert)]
+    assert len(alerts) == 3 and all(w.filename == __file__ for w in alerts)
+    assert [w.lineno for w in alerts] == [here, here, by_hand]
+    armed = [w for w in caught if "step 1 was armed" in str(w.message)]
+    assert len(armed) == 1 and (armed[0].filename, armed[0].lineno) == (__file__, there)
+
+
+def test_alert_warnings_under_a_trainer_point_at_train(tmp_path):
+    """Under the Hugging Face callback the user's line is the one that calls train()."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from kernels.monitor import callbacks
+
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (8, 16))]
+    callback = callbacks.MonitorTrainerCallback(every=1, alerts={"max_logit": 1e-9})
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+        line = inspect.currentframe().f_lineno - 1
+    alerts = [w for w in caught if issubclass(w.category, AttentionAlert)]
+    assert alerts and all((w.filename, w.lineno) == (__file__, line) for w in alerts)
