@@ -6,7 +6,7 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 1. takes the **source** of the student's answer cell (and of any code cell the student added
    before it) from the submitted file: nothing else of the submission is used, so a deleted or
    edited check cell, or a deleted held-back test, changes nothing;
-2. scans it (:func:`kernels.checking.scan`): an answer that imports the grader, patches a module,
+2. scans it (:func:`.answer_scan.scan`): an answer that imports the grader, patches a module,
    calls a checks' function or a library call that does the exercise's work scores 0, and
    the feedback names the call;
 3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .. import checking as scan
 from ..checking import WrongAnswer
-from . import isolate, notebook
+from . import answer_scan, isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
 from .submissions import cell_grade_id, chapter_of, csv_writer, explanation, feedback_page
 
@@ -133,6 +133,7 @@ class Chapter:
     package_names: tuple = ()
     locked: dict = dataclasses.field(default_factory=dict)  # grade id: the release's source
     answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
+    module_map: dict = dataclasses.field(default_factory=dict)  # name: the module it is bound to
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -167,11 +168,14 @@ class Chapter:
         statements, package = chapter_imports(nb["cells"][:setup_at])
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
-        names = {k for k, v in namespace.items() if isinstance(v, types.ModuleType)}
+        module_map = {
+            k: v.__name__ for k, v in namespace.items() if isinstance(v, types.ModuleType)
+        }
         for statement in statements:
             for node in ast.walk(ast.parse(statement)):
                 if isinstance(node, ast.Import):
-                    names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+                    module_map.update(answer_scan._bindings(node))
+        names = set(module_map)
         release = notebook.load(release_path) if release_path and release_path.is_file() else nb
         ids = {c.get("id") for c in release["cells"]}
         meta = [(c, c.get("metadata", {}).get("nbgrader", {})) for c in release["cells"]]
@@ -190,6 +194,7 @@ class Chapter:
             tuple(sorted(package - set(namespace))),
             locked,
             answer_ids,
+            module_map,
         )
 
 
@@ -266,7 +271,7 @@ def grade_exercise(
         return fail
     if scanning:
         try:
-            scan.scan(source, plan.name, chapter.module_names, chapter.package_names)
+            answer_scan.scan(source, plan.name, chapter.module_map, chapter.package_names)
         except scan.Forbidden as exc:
             fail.message = str(exc)
             return fail
