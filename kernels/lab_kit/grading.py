@@ -15,8 +15,9 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 
 An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
 tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
-student and exercise, with the message of the first failed check) grow as each student is
-graded; ``explanations.csv`` collects the explanations that are graded by hand (cells tagged
+student and exercise, with the message of the first failed check) are written by
+:mod:`.batch` once every worker is dead, merged with earlier runs; ``explanations.csv``
+collects the explanations that are graded by hand (cells tagged
 ``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
 and what did not.
 """
