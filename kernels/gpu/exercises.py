@@ -114,11 +114,23 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
 CHANGES = ("direct launch", "causal split", "tile shape", "exp2", "max first")
 
 
-def _bit_changes_expected(gen=None, rng=None) -> set:
-    """Which of :data:`CHANGES` change a bit of O on fresh bf16 inputs: the book's kernel with
-    its direct launches or its causal split switched off, with 64-key instead of 32-key tiles
-    (what an autotuner may choose between), and with its exp2 rewrite or its max-first row
-    maximum switched off."""
+# The check's inputs are seeded (deterministic grading): with fresh inputs the right answer was
+# rejected in 4 of 160 draws (issue 43), a draw in which a change that can move bits moved none
+# (not reproduced on a CPU: there the tile-shape change moved bits in 160 of 160 fresh small
+# draws, so the rejections are the GPU's). Now the small part takes BIT_DRAWS draws from
+# BIT_SEED and a change counts if it moves a bit in any of them (the question is which changes
+# *can* move a bit); the changes that keep the order of the sums and the rounding never move
+# one, in any draw.
+BIT_SEED = 20261128
+BIT_DRAWS = 4
+
+
+def _bit_changes_expected(gen=None, rng=None, draws: int = 1) -> set:
+    """Which of :data:`CHANGES` change a bit of O on bf16 inputs (fresh unless ``gen`` and
+    ``rng`` are seeded): the book's kernel with its direct launches or its causal split
+    switched off, with 64-key instead of 32-key tiles (what an autotuner may choose between),
+    in each of ``draws`` small draws; and with its exp2 rewrite or its max-first row maximum
+    switched off, on one large draw."""
     import torch
 
     from ..attention import flash_attention, launch
@@ -127,24 +139,27 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
     gen = gen or ck.fresh_generator()
     rng = rng or ck.fresh_rng()
     device = "cuda" if on_gpu() else "cpu"
-    n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
-    q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3))
     tiles = dict(block_m=64, block_n=32)
 
     def run(**switches):
         with launch.speedups(**switches):
             return flash_attention(q, k, v, causal=True, **tiles)
 
-    base = run(direct_launch=True, causal_split=True)
-    outputs = {
-        "direct launch": run(direct_launch=False, causal_split=True),
-        "causal split": run(direct_launch=True, causal_split=False),
-    }
-    tiles = dict(block_m=64, block_n=64)
-    outputs["tile shape"] = run(direct_launch=True, causal_split=True)
-    changed = {name for name, out in outputs.items() if not torch.equal(out, base)}
+    changed = set()
+    for _ in range(draws):
+        n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
+        q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3))
+        tiles = dict(block_m=64, block_n=32)
+        base = run(direct_launch=True, causal_split=True)
+        outputs = {
+            "direct launch": run(direct_launch=False, causal_split=True),
+            "causal split": run(direct_launch=True, causal_split=False),
+        }
+        tiles = dict(block_m=64, block_n=64)
+        outputs["tile shape"] = run(direct_launch=True, causal_split=True)
+        changed |= {name for name, out in outputs.items() if not torch.equal(out, base)}
     # the rewrite moves fp32 values by a few ulps: a bf16 output flips in about one case in
-    # three thousand, so this part uses 65,536 outputs (~20 flips; fresh inputs too)
+    # three thousand, so this part uses 65,536 outputs (~20 flips)
     q, k, v = (torch.randn(1, 4, 256, 64, generator=gen).bfloat16().to(device) for _ in range(3))
     tiles = dict(block_m=64, block_n=32)
     if not torch.equal(run(exp2=True), run(exp2=False)):
@@ -154,14 +169,29 @@ def _bit_changes_expected(gen=None, rng=None) -> set:
     return changed
 
 
+_SEEDED: dict = {}
+
+
+def _seeded_expected(seed: int = BIT_SEED, draws: int = BIT_DRAWS) -> set:
+    """:func:`_bit_changes_expected` on the check's seeded inputs (computed once a process)."""
+    import torch
+
+    if (seed, draws) not in _SEEDED:
+        gen = torch.Generator().manual_seed(seed)
+        _SEEDED[seed, draws] = _bit_changes_expected(gen, np.random.default_rng(seed), draws)
+    return set(_SEEDED[seed, draws])
+
+
 def check_bit_changes(answer) -> None:
     """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
-    the kernel's output. The check makes each change on fresh inputs and compares bits."""
+    the kernel's output. The check makes each change on seeded inputs (the same on every run,
+    so grading is deterministic) and compares bits."""
     given = ck.need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
-    want = _bit_changes_expected()
+    want = _seeded_expected()
     if given == want:
         return ck.correct(
-            f"{len(want)} of the {len(CHANGES)} change bits of O on fresh inputs, the others none"
+            f"{len(want)} of the {len(CHANGES)} change bits of O on {BIT_DRAWS + 1} draws, "
+            "the others none"
         )
     if given - want:
         ck.fail(

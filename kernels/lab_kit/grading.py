@@ -6,7 +6,7 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 1. takes the **source** of the student's answer cell (and of any code cell the student added
    before it) from the submitted file: nothing else of the submission is used, so a deleted or
    edited check cell, or a deleted held-back test, changes nothing;
-2. scans it (:func:`kernels.checking.scan`): an answer that imports the grader, patches a module,
+2. scans it (:func:`.answer_scan.scan`): an answer that imports the grader, patches a module,
    calls a checks' function or a library call that does the exercise's work scores 0, and
    the feedback names the call;
 3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
@@ -15,8 +15,9 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 
 An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
 tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
-student and exercise, with the message of the first failed check) grow as each student is
-graded; ``explanations.csv`` collects the explanations that are graded by hand (cells tagged
+student and exercise, with the message of the first failed check) are written by
+:mod:`.batch` once every worker is dead, merged with earlier runs; ``explanations.csv``
+collects the explanations that are graded by hand (cells tagged
 ``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
 and what did not.
 """
@@ -27,20 +28,14 @@ import ast
 import contextlib
 import dataclasses
 import io
-import json
-import time
 import types
 from pathlib import Path
 
 from .. import checking as scan
 from ..checking import WrongAnswer
-from . import isolate, notebook
+from . import answer_scan, isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
-from .submissions import cell_grade_id, chapter_of, csv_writer, explanation, feedback_page
-
-GRADES = ["student", "assignment", "score", "max_score", "by_hand_max"]
-EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
-EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
+from .submissions import cell_grade_id, explanation
 
 
 @dataclasses.dataclass
@@ -133,6 +128,7 @@ class Chapter:
     package_names: tuple = ()
     locked: dict = dataclasses.field(default_factory=dict)  # grade id: the release's source
     answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
+    module_map: dict = dataclasses.field(default_factory=dict)  # name: the module it is bound to
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -167,11 +163,14 @@ class Chapter:
         statements, package = chapter_imports(nb["cells"][:setup_at])
         namespace = {"__name__": "__grader__"}
         exec(compile(setup_code, f"<{source_path.name} exercise setup>", "exec"), namespace)
-        names = {k for k, v in namespace.items() if isinstance(v, types.ModuleType)}
+        module_map = {
+            k: v.__name__ for k, v in namespace.items() if isinstance(v, types.ModuleType)
+        }
         for statement in statements:
             for node in ast.walk(ast.parse(statement)):
                 if isinstance(node, ast.Import):
-                    names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+                    module_map.update(answer_scan._bindings(node))
+        names = set(module_map)
         release = notebook.load(release_path) if release_path and release_path.is_file() else nb
         ids = {c.get("id") for c in release["cells"]}
         meta = [(c, c.get("metadata", {}).get("nbgrader", {})) for c in release["cells"]]
@@ -190,6 +189,7 @@ class Chapter:
             tuple(sorted(package - set(namespace))),
             locked,
             answer_ids,
+            module_map,
         )
 
 
@@ -266,7 +266,7 @@ def grade_exercise(
         return fail
     if scanning:
         try:
-            scan.scan(source, plan.name, chapter.module_names, chapter.package_names)
+            answer_scan.scan(source, plan.name, chapter.module_map, chapter.package_names)
         except scan.Forbidden as exc:
             fail.message = str(exc)
             return fail
@@ -310,115 +310,7 @@ def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Re
 
 
 def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[dict]:
-    """Grade every ``submissions/<student>/*.ipynb`` against the autograder in ``out/course``.
+    """Grade a folder of submissions: :func:`kernels.lab_kit.batch.grade`."""
+    from .batch import grade as grade_batch
 
-    Writes ``out/grades.csv`` and ``out/exercises.csv`` a student at a time and
-    ``out/feedback/<student>/chNN.md``; a file that cannot be read, or is no notebook of this
-    lab, is skipped and named, and grading goes on. Returns the rows of ``grades.csv``."""
-    out, submissions = Path(out).resolve(), Path(submissions).resolve()
-    course = out / "course"
-    sources = {int(p.parent.name[2:]): p for p in (course / "source").glob("ch*/*.ipynb")}
-    if not sources:
-        raise FileNotFoundError(
-            f"no autograder in {course}: run python -m kernels.lab_kit build first"
-        )
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"{submissions} is not a folder of <student>/<notebook> files")
-    say = (lambda *a: None) if quiet else print
-    chapters = {
-        n: Chapter.load(p, course / "release" / p.parent.name / p.name) for n, p in sources.items()
-    }
-    isolate.preload(line for c in chapters.values() for line in c.preamble.splitlines())
-    rows, skipped = [], []
-    for stray in sorted(p for p in submissions.iterdir() if p.is_file()):
-        skipped.append((stray, "not in a <student>/ folder"))
-    grades_f, grades = csv_writer(out / "grades.csv", GRADES)
-    ex_f, per_exercise = csv_writer(out / "exercises.csv", EXERCISES)
-    why_f, explained = csv_writer(out / "explanations.csv", EXPLANATIONS)
-    try:
-        for folder in sorted(p for p in submissions.iterdir() if p.is_dir()):
-            student, started, done = folder.name, time.perf_counter(), set()
-            student_rows = []
-            for path in sorted(folder.glob("*.ipynb")):
-                try:
-                    nb = json.loads(path.read_text(encoding="utf-8"))
-                    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-                        raise ValueError("no cells")
-                except (ValueError, UnicodeDecodeError, OSError) as exc:
-                    skipped.append(
-                        (
-                            path,
-                            f"not a readable notebook ({type(exc).__name__}; a truncated upload?)",
-                        )
-                    )
-                    continue
-                number = chapter_of(path, nb, chapters)
-                if number not in sources:
-                    skipped.append(
-                        (path, f"not a notebook of this lab (chapters {sorted(sources)})")
-                    )
-                    continue
-                if number in done:
-                    skipped.append((path, f"a second notebook for chapter {number}"))
-                    continue
-                done.add(number)
-                chapter = chapters[number]
-                try:
-                    results = grade_notebook(chapter, nb, scanning)
-                except Exception as exc:  # noqa: BLE001  a malformed notebook
-                    skipped.append((path, f"could not be graded ({type(exc).__name__}: {exc})"))
-                    continue
-                row = {
-                    "student": student,
-                    "assignment": chapter.assignment,
-                    "score": sum(r.score for r in results),
-                    "max_score": sum(r.max_score for r in results),
-                    "by_hand_max": notebook.EXPLAIN_POINTS
-                    * sum(r.explanation is not None for r in results),
-                }
-                student_rows.append(row)
-                for r in results:
-                    per_exercise.writerow(
-                        {
-                            "student": student,
-                            "assignment": chapter.assignment,
-                            "exercise": r.name,
-                            "score": r.score,
-                            "max_score": r.max_score,
-                            "message": r.message,
-                        }
-                    )
-                    if r.explanation is not None:
-                        explained.writerow(
-                            {
-                                "student": student,
-                                "assignment": chapter.assignment,
-                                "exercise": r.name,
-                                "max_score": notebook.EXPLAIN_POINTS,
-                                "explanation": r.explanation,
-                            }
-                        )
-                feedback = out / "feedback" / student / f"{chapter.assignment}.md"
-                feedback.parent.mkdir(parents=True, exist_ok=True)
-                feedback.write_text(feedback_page(student, chapter, results, path))
-            grades.writerows(student_rows)
-            for f in (grades_f, ex_f, why_f):
-                f.flush()
-            rows += student_rows
-            seconds = time.perf_counter() - started
-            for r in student_rows:
-                say(f"{student:20s} {r['assignment']}: {r['score']:g} / {r['max_score']:g}")
-            if student_rows:
-                say(f"{student:20s} graded in {seconds:.1f} s")
-    finally:
-        for f in (grades_f, ex_f, why_f):
-            f.close()
-    for path, why in skipped:
-        print(f"skipped {path.relative_to(submissions)}: {why}")
-    if not rows and not skipped:
-        raise FileNotFoundError(f"no notebooks found as {submissions}/<student>/*.ipynb")
-    say(
-        f"grades: {out / 'grades.csv'}; per exercise: {out / 'exercises.csv'}; to grade by "
-        f"hand: {out / 'explanations.csv'}; feedback: {out / 'feedback'}"
-    )
-    return rows
+    return grade_batch(submissions, out, quiet=quiet, scanning=scanning)

@@ -21,7 +21,11 @@ import linecache
 import multiprocessing
 import os
 import re
+import signal
 import sys
+import time
+
+from . import sandbox
 
 _CTX = None
 # seconds one call of the student's function may take (LAB_CALL_TIMEOUT overrides)
@@ -173,10 +177,15 @@ def _run(source: str, namespace: dict, name: str) -> None:
     exec(compile(source, name, "exec"), namespace)
 
 
-def _serve(conn, preamble: str, setup: str, answer: str, variable: str, guard: str | None) -> None:
-    """The worker: run the chapter's imports, the setup and the answer, then call the answer
-    for the grader."""
+def _serve(conn, preamble, setup, answer, variable, guard, where=(None, None, False)) -> None:
+    """The worker: enter the sandbox (:func:`.sandbox.enter`), run the chapter's imports, the
+    setup and the answer, then call the answer for the grader."""
     sys.stdout = sys.stderr = io.StringIO()  # the answer's prints go nowhere
+    try:
+        sandbox.enter(*where)
+    except BaseException as exc:  # noqa: BLE001
+        conn.send_bytes(_dumps(["error", "the sandbox failed", str(exc)[:300]]))
+        return
     try:
         namespace = {"__name__": "__main__"}
         for statement in preamble.splitlines():  # the imports of the chapter's cells
@@ -263,10 +272,20 @@ class Answer:
         call_timeout: float = CALL_TIMEOUT,
         preamble: str = "",
     ):
+        now = time.monotonic()
+        self.deadline = min(
+            now + sandbox.EXERCISE_BUDGET, sandbox.CURRENT.get("deadline", float("inf"))
+        )
+        if self.deadline <= now:
+            raise AnswerDied("time budget: the student's time budget is spent: not run")
+        uid, network = sandbox.capabilities() if sandbox.CURRENT else (None, False)
+        where = (sandbox.CURRENT.get("dir"), uid, network)
         ctx = _context()
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve, args=(child, preamble, setup, answer, variable, guard), daemon=True
+            target=_serve,
+            args=(child, preamble, setup, answer, variable, guard, where),
+            daemon=True,
         )
         self._proc.start()
         child.close()
@@ -281,10 +300,18 @@ class Answer:
             self.value = decode(first[1])
 
     def _receive(self, timeout: float, what: str):
+        left = self.deadline - time.monotonic()
         try:
-            if not self._conn.poll(timeout):
+            if not self._conn.poll(max(0.0, min(timeout, left))):
                 self.stop()
-                raise AnswerDied(f"{what} took longer than {timeout:g} s: the answer was stopped")
+                if left <= timeout:
+                    raise AnswerDied(
+                        f"time budget: {what} ran past the exercise's or the student's "
+                        "wall-clock budget: the answer was stopped"
+                    )
+                raise AnswerDied(
+                    f"time budget: {what} took longer than {timeout:g} s: the answer was stopped"
+                )
             return _loads(self._conn.recv_bytes())
         except (EOFError, OSError, ValueError):
             self.stop()
@@ -304,6 +331,12 @@ class Answer:
             self._conn.close()
         except OSError:
             pass
+        pid = self._proc.pid
+        if pid:  # the worker's process group: it and whatever it started
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join(5)

@@ -18,7 +18,10 @@ from . import notebook
 
 def cell_grade_id(cell) -> str:
     """nbgrader's id of a cell ("" for a cell without nbgrader's metadata)."""
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
+    grade_id = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    return grade_id if isinstance(grade_id, str) else ""
 
 
 def explanation(nb: dict, plan, chapter=None) -> str:

@@ -1,0 +1,99 @@
+"""Issue 43, item A: honest habits are scored right. An answer that opens with the imports a
+student types out of habit (``import torch``, ``import numpy as np``, ``import math``), and
+uses Python's ``max`` for a block size, scores full marks; the calls that do an exercise's
+work are still refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lab_kit_helpers import CHAPTERS, chapter_exercises
+
+from kernels.checking import Forbidden
+from kernels.lab_kit import answer_scan, build, grade, notebook
+
+pytest.importorskip("nbgrader")
+
+HABITS = (
+    "import math\nimport numpy as np\nimport torch\nimport triton\nimport triton.language as tl\n\n"
+)
+SETUP = {
+    "ex": "kernels.x.exercises",
+    "torch": "torch",
+    "np": "numpy",
+    "math": "math",
+    "triton": "triton",
+    "tl": "triton.language",
+}
+
+
+def habits(grade_id: str, text: str) -> str:
+    """A solution as a student with habits writes it: imports on top, ``max`` where natural."""
+    if grade_id.startswith("ex2_2"):
+        text = text.replace(
+            "BLOCK=triton.next_power_of_2(x.shape[1])",
+            "BLOCK=max(16, triton.next_power_of_2(x.shape[1]))",
+        )
+        assert "max(16" in text
+    return HABITS + text
+
+
+@pytest.mark.parametrize("number", sorted(CHAPTERS))
+def test_every_solution_written_with_habits_passes_the_graders_scan(number):
+    path, nb, _, found = chapter_exercises(number)
+    for ex in found:
+        text = habits(ex.grade_id, notebook.source(nb["cells"][ex.answer]))
+        answer_scan.scan(text, ex.name, SETUP)
+
+
+@pytest.mark.parametrize(
+    "exercise, source, named",
+    [
+        ("1.2", "import numpy as np\ndef f(b):\n    return int(np.float32(b))", "import numpy"),
+        ("1.2", "import numpy as xx\ndef f(b):\n    return int(xx.float32(b))", "import numpy"),
+        ("2.2", "def row_max(x):\n    return torch.tensor([max(r) for r in x.tolist()])", "max"),
+        ("2.2", "def row_max(x):\n    return max(*x)", "max"),
+        ("2.2", "from functools import reduce\nrow_max = reduce", "import functools"),
+        ("2.2", "m = max\nrow_max = m", "max"),
+        ("3.1", "import numpy as torch\nmerge = None", "import ... as torch"),
+        ("3.1", "import math as np\nmerge = None", "import ... as np"),
+        ("8.2", "import torch\ndef w1(a, b):\n    return torch.cdist(a, b)", "import torch"),
+        ("8.2", "from scipy.stats import wasserstein_distance as w\nw1 = w", "import scipy"),
+    ],
+)
+def test_the_calls_that_do_the_work_are_still_refused(exercise, source, named):
+    with pytest.raises(Forbidden, match=named.replace("(", r"\(").replace("*", r"\*")):
+        answer_scan.scan(source, exercise, SETUP)
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab")
+    build(out, chapters=[1, 2, 3, 8], quiet=True)
+    return out
+
+
+def test_a_student_with_honest_habits_scores_full_marks(kit, tmp_path):
+    folder = tmp_path / "submissions" / "habits"
+    folder.mkdir(parents=True)
+    for src in sorted((kit / "course" / "source").glob("ch*/*.ipynb")):
+        solutions = {}
+        for cell in json.loads(src.read_text())["cells"]:
+            meta = cell["metadata"].get("nbgrader", {})
+            if meta.get("solution"):
+                solutions[meta["grade_id"]] = habits(meta["grade_id"], "".join(cell["source"]))
+        release = kit / "course" / "release" / src.parent.name / src.name
+        nb = json.loads(release.read_text())
+        for cell in nb["cells"]:
+            gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+            if gid in solutions:
+                cell["source"] = solutions[gid]
+        (folder / src.name).write_text(json.dumps(nb))
+    rows = grade(tmp_path / "submissions", kit, quiet=True)
+    assert len(rows) == 4
+    for row in rows:
+        assert row["score"] == row["max_score"], row
+    # 1.1-1.3, 2.1-2.2, 3.1-3.3, 8.1-8.2: 6 + 7 + 8 + 3 of the book's 54 points
+    assert sum(r["score"] for r in rows) == 24.0
+    assert sum(notebook.POINTS.values()) == 54
