@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..env import REPO_ROOT
 from ..tools import booktools
-from . import grading, notebook
+from . import batch, grading, notebook
 
 DEFAULT_OUT = REPO_ROOT / "_build" / "lab"
 COURSE_ID = "lowprec-flash-attention-lab"
@@ -235,7 +235,7 @@ Grade a folder of submissions (`<folder>/<student>/<chapter notebook>.ipynb`) wi
 def grade(submissions, out=DEFAULT_OUT, quiet: bool = False) -> list[dict]:
     """Grade every notebook under ``submissions/<student>/`` (see :mod:`.grading`); returns one
     row per (student, chapter) with the score and the maximum, as written to ``grades.csv``."""
-    return grading.grade(submissions, out, quiet=quiet)
+    return batch.grade(submissions, out, quiet=quiet)
 
 
 def hide_solutions(book=REPO_ROOT / "book", quiet: bool = False) -> list[Path]:

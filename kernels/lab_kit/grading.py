@@ -307,10 +307,3 @@ def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Re
             result.explanation = explanation(nb, plan, chapter)
         results.append(result)
     return results
-
-
-def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[dict]:
-    """Grade a folder of submissions: :func:`kernels.lab_kit.batch.grade`."""
-    from .batch import grade as grade_batch
-
-    return grade_batch(submissions, out, quiet=quiet, scanning=scanning)

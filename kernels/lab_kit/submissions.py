@@ -3,7 +3,7 @@
 :func:`chapter_of` says which chapter a submitted notebook belongs to (by its nbgrader cell ids,
 the text of its locked cells, or its file name), :func:`explanation` finds a student's written
 explanation for hand grading, :func:`feedback_page` is the page a student gets back, and
-:func:`csv_writer` opens the CSV files that :func:`kernels.lab_kit.grading.grade` fills a
+:func:`csv_writer` opens the CSV files that :func:`kernels.lab_kit.batch.grade` fills a
 student at a time.
 """
 
