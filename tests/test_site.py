@@ -22,7 +22,8 @@ and printed tables whose columns do not line up; a code cell over 40 lines, a fi
 text is a file path, a GPU name in the prose that the page's provenance lines do not name, and a
 page over 1 MB with its images (``page_rule_problems``, on the built HTML). A full-page
 screenshot of every page is kept under ``_build/screenshots`` for review. One more test builds
-a one-chapter book with the real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
+a one-chapter book with the real ``_config.yml`` and checks that a Sphinx warning and a raising
+cell each fail the build.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
 ``/usr/bin/chromedriver``)
