@@ -145,3 +145,44 @@ def measure_fixes(
     for name, case, key in tqdm(jobs, desc="fixes", disable=not progress):
         records.append(dict(case=name, **measure_fix(case, key, seed, device=device)))
     return records
+
+
+DELTA_FIXES = ("delta_fp32", "delta_hilo", "delta_dp")
+
+
+def delta_numbers(records: list[dict], near_case: str = "0 / −1") -> dict:
+    """Chapter 6 section 1's numbers on δ, by glue name, from :func:`measure_fixes`'s
+    ``records``; prints the figure's and the table's reading of the β rule where they part
+    (tied V near 0, ``near_case``). Raises if the records no longer say what the prose says
+    (the δ fixes leave a smaller summed error than no fix in every setting; the β rule across
+    tiles reduces it)."""
+    by = {(r["case"], r["fix"]): r["delta"] for r in records}
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    share = {  # |Σ(δ − δ_exact)| / Σ|δ_exact| per fix, one value per setting
+        key: [abs(by[c, key]["sum_error"]) / by[c, key]["sum_abs_exact"] for c in cases]
+        for key in dict.fromkeys(r["fix"] for r in records)
+    }
+    delta_shares = [x for key in DELTA_FIXES for x in share[key]]
+    gain = [before / after for before, after in zip(share["none"], share["beta_cross"])]
+    if not max(delta_shares) < min(share["none"]) or not min(gain) > 1:
+        raise ValueError("the prose says the δ fixes and the β rule shrink δ's summed error")
+    near, plain = by[near_case, "beta_cross"], by[near_case, "none"]
+    ci, rel = 1.96 * near["se"], near["sum_error"] / near["sum_abs_exact"]
+    print(
+        f"β rule across tiles, V {near_case}: mean error of δ {near['bias']:+.2f} ± "
+        f"{ci:.2f} ulp of δ (figure),\n  Σ(δ − δ_exact) / Σ|δ_exact| {rel:+.1e} (table)"
+    )
+    within = abs(near["bias"]) <= ci
+    return {
+        "c6_delta_near0_ulp": near["bias"],
+        "c6_delta_near0_ci": ci,
+        "c6_delta_near0_rel": rel,
+        "c6_delta_near0_none_ulp": plain["bias"],
+        "c6_delta_near0_within": "zero within" if within else "zero outside",
+        "c6_sum_none_lo": min(share["none"]),
+        "c6_sum_none_hi": max(share["none"]),
+        "c6_sum_delta_lo": min(delta_shares),
+        "c6_sum_delta_hi": max(delta_shares),
+        "c6_beta_gain_lo": min(gain[:2]),
+        "c6_beta_gain_near0": gain[cases.index(near_case)],
+    }
