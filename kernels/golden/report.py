@@ -395,3 +395,42 @@ _MINMAX = (("lo", min), ("hi", max))
 
 def _n(record: dict) -> int:
     return record["n"]
+
+
+def stored_seqlen_numbers(seq: dict) -> dict:
+    """Chapter 8's numbers on the stored GPU sequence-length run (``seq``, the ``data`` of
+    ``stored("seqlen")``), by glue name. Raises if the record no longer says what the prose
+    says (FA1 all-low's error over the ideal's grows with N and ends above the FA2-like
+    kernels'; its rows differ more by rescaling count than FA2's)."""
+    records = seq["records"]
+    ns = sorted({x["n"] for x in records})
+
+    def over_ideal(impl, n):
+        rel = [one(records, n=n, impl=i)["vs_golden"]["rel_norm"] for i in (impl, "ideal")]
+        return rel[0] / rel[1]
+
+    fa2_like = [over_ideal(i, n) for i in ("fa2", "triton", "sdpa_flash") for n in ns]
+    fa2 = pick(records, impl="fa2")
+    counts, spread = {}, {}
+    for impl, table in seq["by_count"].items():
+        errs = {int(c): v[1] for c, v in table.items() if v[0] >= 20}  # counts of 20 rows+
+        spread[impl] = max(errs.values()) / min(errs.values()) - 1
+        counts[f"c8_gpu_count_{impl}"] = max(errs)
+    numbers = {
+        "c8_gpu_seq_n_hi": ns[-1],
+        "c8_gpu_seq_fa2_lo": min(fa2_like),
+        "c8_gpu_seq_fa2_hi": max(fa2_like),
+        "c8_gpu_seq_fa1_lo": over_ideal("fa1", ns[0]),
+        "c8_gpu_seq_fa1_hi": over_ideal("fa1", ns[-1]),
+        "c8_gpu_seq_tiles": max(x["tiles"] for x in fa2),
+        "c8_gpu_growth_off": max(abs(x["rescalings_mean"] - x["rescalings_expected"]) for x in fa2),
+        **counts,
+        "c8_gpu_spread_fa2": spread["fa2"],
+        "c8_gpu_spread_low": max(spread["paper"], spread["fa1"]),
+    }
+    n = numbers
+    if not n["c8_gpu_seq_fa1_lo"] < n["c8_gpu_seq_fa1_hi"] > n["c8_gpu_seq_fa2_hi"]:
+        raise ValueError("the prose says FA1 all-low's error over the ideal's grows with N")
+    if not n["c8_gpu_spread_low"] > n["c8_gpu_spread_fa2"]:
+        raise ValueError("the prose says the all-low paths' rows differ more by rescalings")
+    return numbers
