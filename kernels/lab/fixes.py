@@ -186,3 +186,23 @@ def delta_numbers(records: list[dict], near_case: str = "0 / −1") -> dict:
         "c6_beta_gain_lo": min(gain[:2]),
         "c6_beta_gain_near0": gain[cases.index(near_case)],
     }
+
+
+def rule_scan_numbers(underflow: dict, moved: float, far_ulps: int) -> dict:
+    """Chapter 6's numbers on where the β rule's outputs go wrong, by glue name, from the
+    three scans of ``underflow`` (rule on every row, tied maxima, m = 0; each a list of
+    ``row_max_scan`` rows) and the share ``moved`` off the ideal on plain rows. Raises if
+    the scans no longer say what the prose says (outputs go wrong before ℓ underflows for
+    the unconditional rule)."""
+    wrong_from = [min(abs(r["rm"]) for r in s if r["wrong"] > 0) for s in underflow.values()]
+    nan_from = min(abs(r["rm"]) for r in next(iter(underflow.values())) if r["ell_zero"] > 0)
+    if not wrong_from[0] <= nan_from:
+        raise ValueError("the prose says the unconditional rule goes wrong before ℓ = 0")
+    return {
+        "c6_always_from": wrong_from[0],
+        "c6_always_nan": nan_from,
+        "c6_tied_from": wrong_from[1],
+        "c6_zero_from": wrong_from[2],
+        "c6_always_moved": moved,
+        "c6_far_ulps": far_ulps,
+    }
