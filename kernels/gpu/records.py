@@ -244,3 +244,42 @@ def first_call_numbers(first: dict, again: dict) -> dict:
     if not min(par) < min(ser):
         raise ValueError("the prose says the backward compiled in background threads is faster")
     return numbers
+
+
+def call_host_numbers(calls: list, book: str, flash: str) -> dict:
+    """Chapter 10's numbers on one call issued eagerly and replayed as a CUDA graph, by glue
+    name, from the ``host`` rows of ``call_cost.json`` (``book``, ``flash``: the labels of the
+    book's kernel and SDPA flash). Raises if the record no longer says what the prose says
+    (a replayed call is issued faster than an eager one)."""
+    row = {(r["impl"], r["issued"]): r for r in calls}
+    book_graph, flash_graph = (row[impl, "CUDA graph"] for impl in (book, flash))
+    if not book_graph["host_us"] < row[book, "eager"]["host_us"]:
+        raise ValueError("the prose says a replayed call is issued faster than an eager one")
+    return {
+        "c10_graph_host": book_graph["host_us"],
+        "c10_eager_host": row[book, "eager"]["host_us"],
+        "c10_graph_wall": book_graph["wall_us"],
+        "c10_graph_wall_flash": flash_graph["wall_us"],
+        "c10_eager_wall_flash": row[flash, "eager"]["wall_us"],
+        "c10_graph_speedup": flash_graph["wall_us"] / book_graph["wall_us"],
+    }
+
+
+def tma_numbers(tma: list) -> dict:
+    """Chapter 10's numbers on tensor descriptors, by glue name, from :func:`tma_summary`'s
+    rows. Raises if they no longer say what the prose says (descriptors slow the forward
+    down at every head dim under 128)."""
+    narrow = [t["change"] for t in tma if t["d"] < 128]
+    wide = [t["change"] for t in tma if t["d"] >= 128]
+    fb_big = [t["fb"] for t in tma if t["n"] > 1024]
+    if not max(narrow) < 0:
+        raise ValueError("the prose says descriptors slow the forward down at d < 128")
+    return {
+        "c10_tma_narrow_lo": -max(narrow),
+        "c10_tma_narrow_hi": -min(narrow),
+        "c10_tma_wide_lo": min(wide),
+        "c10_tma_wide_hi": max(wide),
+        "c10_tma_best": max(t["default"] for t in tma if t["n"] > 1024),
+        "c10_tma_fb_met": sum(x >= 0.7 for x in fb_big),
+        "c10_tma_fb_of": len(fb_big),
+    }
