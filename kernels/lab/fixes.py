@@ -206,3 +206,33 @@ def rule_scan_numbers(underflow: dict, moved: float, far_ulps: int) -> dict:
         "c6_always_moved": moved,
         "c6_far_ulps": far_ulps,
     }
+
+
+def zero_rule_numbers(negative: dict, exp_rounds_to_one: float) -> dict:
+    """Chapter 6's numbers on the m = 0 rule near 0, by glue name, from a ``row_max_scan``
+    of tied negative maxima jittered by ±20 % (``negative``: rows per implementation), split
+    where the tied P̄ = e^{r_m} rounds back to 1 (|r_m| below ``exp_rounds_to_one``) and
+    past |r_m| = 0.01; prints both parts. Raises if the scan no longer says what the prose
+    says (inside, the storage bias turns into one of the other sign)."""
+    rows, ideal = negative["fa2/cross"], negative["ideal"][0]["mean"]
+    inside = [r for r in rows if abs(r["rm"]) * 1.2 < exp_rounds_to_one]
+    outside = [r for r in rows if abs(r["rm"]) > 0.01]
+    for name, part in (("|r_m| < 0.00196", inside), ("|r_m| > 0.01", outside)):
+        means = [r["mean"] for r in part]
+        same = [r["same_as_ideal"] for r in part]
+        lo, hi = f"{min(same):.0%}", f"{max(same):.0%}"
+        shown = lo if lo == hi else f"{lo}–{hi}"
+        print(
+            f"{name:16s}: bias {min(means):+.3f} to {max(means):+.3f} ulp "
+            f"(ideal {ideal:+.3f}), equal to the ideal {shown}"
+        )
+    numbers = {
+        "c6_zero_ideal": ideal,
+        "c6_zero_inside": sum(r["mean"] for r in inside) / len(inside),
+        "c6_zero_inside_same": sum(r["same_as_ideal"] for r in inside) / len(inside),
+        "c6_zero_out_lo": min(r["same_as_ideal"] for r in outside),
+        "c6_zero_out_hi": max(r["same_as_ideal"] for r in outside),
+    }
+    if not numbers["c6_zero_inside"] * ideal < 0:
+        raise ValueError("the prose says the storage bias turns into one of the other sign")
+    return numbers
