@@ -18,9 +18,12 @@ least 9 pt (12 CSS px) as displayed and every heatmap has a colour bar; that no 
 nothing from another host. Debris of the workshop fails too (``test_chapter_debris``): progress
 bars and empty output boxes, a run of repeated lines in a code cell, a cell whose executed output
 the page does not show, bar charts whose value axis does not start at 0, overlapping figure texts
-and printed tables whose columns do not line up. A full-page screenshot of every page is kept under
-``_build/screenshots`` for review. One more test builds a one-chapter book with the
-real ``_config.yml`` and checks that a Sphinx warning and a raising cell each fail the build.
+and printed tables whose columns do not line up; a code cell over 40 lines, a figure whose alt
+text is a file path, a GPU name in the prose that the page's provenance lines do not name, and a
+page over 1 MB with its images (``page_rule_problems``, on the built HTML). A full-page
+screenshot of every page is kept under ``_build/screenshots`` for review. One more test builds
+a one-chapter book with the real ``_config.yml`` and checks that a Sphinx warning and a raising
+cell each fail the build.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
 ``/usr/bin/chromedriver``)
@@ -528,6 +531,84 @@ def page_debris(browser, page: str, notebook: dict | None) -> list[str]:
     return problems + figure_debris(browser)
 
 
+# ---------------------------------------------------------------- rules on a page's HTML
+MAX_CODE_LINES = 40  # a longer cell is bookkeeping to move into kernels/ or two concepts
+MAX_PAGE_WEIGHT = 1_000_000  # a page's HTML and its images
+# the GPU models a record can name ("measured on NVIDIA H100 80GB HBM3")
+GPU_NAME = re.compile(r"\b(?:[ABHV]\d00|GB\d00|[LT]4|L40S?|RTX ?\d{4})\b")
+
+
+def soup(html: str):
+    from bs4 import BeautifulSoup
+
+    return BeautifulSoup(html, "html.parser")
+
+
+def long_code_cells(html: str, limit: int = MAX_CODE_LINES) -> list[str]:
+    """Code cells on the page with more than ``limit`` lines."""
+    problems = []
+    cells = soup(html).select("div.cell div.cell_input pre")
+    for number, pre in enumerate(cells, start=1):
+        lines = len(pre.get_text().rstrip("\n").splitlines())
+        if lines > limit:
+            problems.append(f"code cell {number}: {lines} lines (at most {limit})")
+    return problems
+
+
+def path_like(text: str) -> bool:
+    return bool(re.fullmatch(r"\S*[/\\]\S*|\S+\.(?:png|jpe?g|svg|gif)", text.strip()))
+
+
+def figure_alt_problems(html: str) -> list[str]:
+    """Figures with no alt text or with a file path for one (MyST-NB's default): a reader
+    who cannot see the figure hears what it shows (``mystnb: image: alt`` in the cell)."""
+    problems = []
+    for img in soup(html).select("article img"):
+        alt = (img.get("alt") or "").strip()
+        if not alt or path_like(alt):
+            problems.append(f"{img.get('src')}: alt text {alt!r} says not what it shows")
+    return problems
+
+
+def gpu_name_problems(html: str) -> list[str]:
+    """GPU names in the prose that no provenance line printed on the page names ("measured
+    on ..." under a stored result, kernels.results.describe): a sentence that names another
+    GPU than the one that measured its numbers."""
+    page = soup(html).select_one("article") or soup(html)
+    for junk in page.select("script, style"):
+        junk.decompose()
+    measured = set()
+    for out in page.select("div.cell_output"):
+        for line in re.findall(r"measured on [^(\n]*", out.get_text()):
+            measured |= set(GPU_NAME.findall(line))
+        out.decompose()
+    for code in page.select("div.cell_input, pre, code"):
+        code.decompose()
+    named = set(GPU_NAME.findall(page.get_text(" ")))
+    return [f"the prose names {gpu}, no provenance line does" for gpu in sorted(named - measured)]
+
+
+def page_weight(page: Path, site: Path = SITE) -> int:
+    """Bytes a reader loads for this page beyond the theme: its HTML and its images."""
+    total = page.stat().st_size
+    for img in soup(page.read_text(errors="replace")).select("img[src]"):
+        src = img["src"].split("#")[0].split("?")[0]
+        file = (page.parent / src).resolve()
+        if not src.startswith(("http:", "https:", "data:")) and file.is_file():
+            total += file.stat().st_size
+    return total
+
+
+def page_rule_problems(page: Path, site: Path = SITE) -> list[str]:
+    """The HTML rules together: long code cells, alt texts, GPU names, page weight."""
+    html = page.read_text(errors="replace")
+    problems = long_code_cells(html) + figure_alt_problems(html) + gpu_name_problems(html)
+    weight = page_weight(page, site)
+    if weight > MAX_PAGE_WEIGHT:
+        problems.append(f"page weight {weight:,} bytes (at most {MAX_PAGE_WEIGHT:,})")
+    return problems
+
+
 def page_url(site_url: str, chapter: str) -> str:
     return f"{site_url}/{chapter}.html"
 
@@ -647,9 +728,12 @@ def test_chapter_page(browser, site_url, chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_debris(browser, site_url, chapter):
     """No progress bar, empty output box, repeated code line, lost output, bar chart cut above
-    0, overlapping figure text or misaligned printed table on a chapter page."""
+    0, overlapping figure text or misaligned printed table on a chapter page; no code cell
+    over 40 lines, figure without alt text, GPU name the page's records do not name, or page
+    over 1 MB (``page_rule_problems``)."""
     open_page(browser, page_url(site_url, chapter))
     problems = page_debris(browser, chapter, executed_notebook(chapter))
+    problems += page_rule_problems(SITE / f"{chapter}.html")
     assert problems == [], f"{chapter}: {problems}"
 
 
@@ -877,6 +961,67 @@ def test_page_debris_on_a_seeded_page(browser, tmp_path):
     assert "cell 2: progress bar" in problems[0]
     assert "cell 3: 1 empty output box" in problems[1]
     assert "cell 4: repeated lines 6 x" in problems[2]
+
+
+SEEDED_CELL = (
+    '<div class="cell docutils container"><div class="cell_input docutils container">'
+    '<div class="highlight"><pre>{code}</pre></div></div>'
+    '<div class="cell_output docutils container"><div class="output stream">'
+    "<pre>{out}</pre></div>{img}</div></div>"
+)
+
+
+def seeded_page(cells: list[dict], prose: str = "<p>Some prose.</p>") -> str:
+    body = "".join(
+        SEEDED_CELL.format(code=c.get("code", "x = 1"), out=c.get("out", ""), img=c.get("img", ""))
+        for c in cells
+    )
+    return f"<html><body><article>{prose}{body}</article></body></html>"
+
+
+def test_long_code_cells_are_caught():
+    lines = lambda n: "\n".join(f"x{i} = {i}" for i in range(n))  # noqa: E731
+    page = seeded_page([{"code": lines(40)}, {"code": lines(41) + "\n"}, {"code": "x"}])
+    assert long_code_cells(page) == ["code cell 2: 41 lines (at most 40)"]
+
+
+def test_figure_alt_text_must_say_what_it_shows():
+    img = '<img alt="{}" src="../_images/a.png" />'
+    good = img.format("Loss against step for the failing path and its control")
+    for bad in ("../_build/jupyter_execute/abc123.png", "abc123.png", "", "_images\\a.png"):
+        problems = figure_alt_problems(seeded_page([{"img": good}, {"img": img.format(bad)}]))
+        assert len(problems) == 1, (bad, problems)
+    assert figure_alt_problems(seeded_page([{"img": good}])) == []
+    assert len(figure_alt_problems(seeded_page([{"img": '<img src="a.png">'}]))) == 1
+
+
+def test_a_gpu_name_the_provenance_does_not_name_is_caught():
+    stored = "measured on NVIDIA H100 80GB HBM3 (torch 2.9.0, triton 3.5.0) on 2026-01-02"
+    cells = [{"out": stored}, {"code": "# an A100 would differ", "out": "A100: 0.4"}]
+    agree = seeded_page(cells, "<p>On the H100 the kernel takes 3 ms.</p>")
+    assert gpu_name_problems(agree) == []  # names in code and outputs are not prose
+    differ = seeded_page(cells, "<p>On the H200 the kernel takes 3 ms.</p>")
+    assert gpu_name_problems(differ) == ["the prose names H200, no provenance line does"]
+    no_record = seeded_page([{"out": "1.5"}], "<p>An H100 ran it.</p>")
+    assert gpu_name_problems(no_record) == ["the prose names H100, no provenance line does"]
+    plain = seeded_page([], "<p>Layer 4, step 100, T = 4 and the L2 norm.</p>")
+    assert gpu_name_problems(plain) == []
+
+
+def test_page_weight_counts_the_html_and_its_images(tmp_path):
+    (tmp_path / "_images").mkdir()
+    (tmp_path / "_images" / "a.png").write_bytes(b"x" * 600_000)
+    (tmp_path / "_images" / "b.png").write_bytes(b"x" * 500_000)
+    (tmp_path / "book").mkdir()
+    page = tmp_path / "book" / "ch.html"
+    one = '<img alt="a figure" src="../_images/a.png">'
+    page.write_text(seeded_page([{"img": one}]))
+    assert page_weight(page, tmp_path) == page.stat().st_size + 600_000
+    assert page_rule_problems(page, tmp_path) == []
+    two = one + '<img alt="another figure" src="../_images/b.png">'
+    page.write_text(seeded_page([{"img": two}]))
+    problems = page_rule_problems(page, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("page weight"), problems
 
 
 def test_progress_bars_and_repeated_lines_are_caught():

@@ -338,3 +338,99 @@ def summarise_failure(record, matrices=("0.W_Q", "median")):
             f"  {m:7s}: W1(failing, control) stays above W1(seed, control) from step "
             f"{leaves if leaves is not None else 'never'}"
         )
+
+
+VERDICT_TOPS = ("initialisation seed", "precision: BF16 vs fp32", "one weight, one BF16 ulp")
+
+
+def verdict_numbers(ratios, sink, setting, seq, live, late, leads, ns, attn) -> dict:
+    """Chapter 8's verdict table, by glue name: the stored ratios over the baseline
+    (``ratios``), FA1 all-low on sink rows (``sink`` in ``setting``), relative error against N
+    (``seq`` at ``ns``), the tiny GPT-2's weight distances over ``attn``'s in the ``late``
+    snapshots, and the stored failing runs' lead of layer 0 (``leads``). Raises if the data
+    no longer say what the table says (seed noise above fused SDPA's distance, FA1 all-low's
+    error growing with N, layer 0 above seed noise before each explosion)."""
+    r = {(x["flash"], x["baseline"], x["measure"]): x["ratio"] for x in ratios}
+    fa1_sink, best_sink = (
+        one(sink, inputs=setting, format="bf16", impl=i)["vs_golden"] for i in ("fa1", "ideal")
+    )
+    by_n = {
+        name: [x["vs_golden"]["rel_norm"] for x in sorted(pick(seq, impl=name), key=_n)]
+        for name in ("fa2", "fa1")
+    }
+    late_ratio = {
+        key: list(training.ratio_at(live, top, attn, steps=late).values())
+        for key, top in zip(("seed", "prec", "ulp"), VERDICT_TOPS)
+    }
+    lead = leads["lead"].dropna()
+    later = leads[[f"W1 layer {i}" for i in (1, 2, 3)]].values
+    numbers = {
+        "c8_v_fa2": r["fa2", "baseline", "max_abs"],
+        "c8_v_fa1": r["fa1", "baseline", "max_abs"],
+        "c8_v_fa1_fp32": r["fa1", "baseline_fp32", "max_abs"],
+        "c8_v_sink": fa1_sink["max_abs"] / best_sink["max_abs"],
+        "c8_v_sink_bias": one(sink, inputs=setting, format="bf16", impl="fa1")[
+            "bias_beyond_ideal_ulps"
+        ],
+        "c8_v_n_lo": ns[0],
+        "c8_v_n_hi": ns[-1],
+        **{f"c8_v_{name}_n_{end}": by_n[name][i] for name in by_n for end, i in _ENDS},
+        **{f"c8_v_{key}_{end}": f(v) for key, v in late_ratio.items() for end, f in _MINMAX},
+        "c8_v_lead_lo": lead.min(),
+        "c8_v_lead_hi": lead.max(),
+        "c8_v_others": np.nanmax(leads["explosion"].values[:, None] - later),
+    }
+    if not numbers["c8_v_seed_lo"] > 1:
+        raise ValueError("the verdict says two seeds end farther apart than fused SDPA's pair")
+    if not by_n["fa1"][-1] > by_n["fa1"][0]:
+        raise ValueError("the verdict says FA1 all-low's relative error grows with N")
+    if not lead.min() > 0:
+        raise ValueError("the verdict says layer 0 leaves seed noise before each explosion")
+    return numbers
+
+
+_ENDS = (("lo", 0), ("hi", -1))
+_MINMAX = (("lo", min), ("hi", max))
+
+
+def _n(record: dict) -> int:
+    return record["n"]
+
+
+def stored_seqlen_numbers(seq: dict) -> dict:
+    """Chapter 8's numbers on the stored GPU sequence-length run (``seq``, the ``data`` of
+    ``stored("seqlen")``), by glue name. Raises if the record no longer says what the prose
+    says (FA1 all-low's error over the ideal's grows with N and ends above the FA2-like
+    kernels'; its rows differ more by rescaling count than FA2's)."""
+    records = seq["records"]
+    ns = sorted({x["n"] for x in records})
+
+    def over_ideal(impl, n):
+        rel = [one(records, n=n, impl=i)["vs_golden"]["rel_norm"] for i in (impl, "ideal")]
+        return rel[0] / rel[1]
+
+    fa2_like = [over_ideal(i, n) for i in ("fa2", "triton", "sdpa_flash") for n in ns]
+    fa2 = pick(records, impl="fa2")
+    counts, spread = {}, {}
+    for impl, table in seq["by_count"].items():
+        errs = {int(c): v[1] for c, v in table.items() if v[0] >= 20}  # counts of 20 rows+
+        spread[impl] = max(errs.values()) / min(errs.values()) - 1
+        counts[f"c8_gpu_count_{impl}"] = max(errs)
+    numbers = {
+        "c8_gpu_seq_n_hi": ns[-1],
+        "c8_gpu_seq_fa2_lo": min(fa2_like),
+        "c8_gpu_seq_fa2_hi": max(fa2_like),
+        "c8_gpu_seq_fa1_lo": over_ideal("fa1", ns[0]),
+        "c8_gpu_seq_fa1_hi": over_ideal("fa1", ns[-1]),
+        "c8_gpu_seq_tiles": max(x["tiles"] for x in fa2),
+        "c8_gpu_growth_off": max(abs(x["rescalings_mean"] - x["rescalings_expected"]) for x in fa2),
+        **counts,
+        "c8_gpu_spread_fa2": spread["fa2"],
+        "c8_gpu_spread_low": max(spread["paper"], spread["fa1"]),
+    }
+    n = numbers
+    if not n["c8_gpu_seq_fa1_lo"] < n["c8_gpu_seq_fa1_hi"] > n["c8_gpu_seq_fa2_hi"]:
+        raise ValueError("the prose says FA1 all-low's error over the ideal's grows with N")
+    if not n["c8_gpu_spread_low"] > n["c8_gpu_spread_fa2"]:
+        raise ValueError("the prose says the all-low paths' rows differ more by rescalings")
+    return numbers

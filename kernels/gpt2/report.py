@@ -362,3 +362,81 @@ def fix_table(runs: dict):
             }
         )
     return pd.DataFrame(rows)
+
+
+def real_bf16_numbers(real: dict, earlier: tuple) -> dict:
+    """Chapter 7 section 2's numbers, by glue name, from the real-BF16 runs (``real``, from
+    :func:`real_bf16_runs`) and the earlier seed-0 runs ``(failing path, control)``; prints
+    them. Raises if the runs no longer say what the prose says (seed 1's failing path
+    explodes and its control does not; seed 0's failing path does not explode and stops
+    improving while its control goes on; the failing paths' ‖W_Q‖ runs away first)."""
+    fail_0, fail_1, ctrl_0, ctrl_1 = (real[v, s] for v in "UF" for s in ("s0", "s1"))
+    boom, steps_0 = outcome(fail_1)["step"], fail_0["summary"]["steps_done"]
+    f1, c1, f0, c0 = (  # mean loss over the 1,000 steps before each step the run reached
+        {
+            s: mean_loss(r, s - 1_000, s)
+            for s in (40_000, 50_000, boom or 0, 80_000)
+            if 1_000 <= s <= r["summary"]["steps_done"]
+        }
+        for r in (fail_1, ctrl_1, fail_0, ctrl_0)
+    )
+    named = {"f0": fail_0, "f1": fail_1, "c0": ctrl_0, "c1": ctrl_1}
+    runaway = {n: runaway_step(r) for n, r in named.items()}
+    if boom is None or outcome(ctrl_1)["step"] or outcome(fail_0)["step"]:
+        raise ValueError("the prose says seed 1's failing path alone explodes")
+    if not (f0[80_000] > f0[40_000] - 0.01 and c0[80_000] < c0[40_000]):
+        raise ValueError("the prose says seed 0's failing path stops improving, its control not")
+    if None in runaway.values() or max(runaway["f0"], runaway["f1"]) >= runaway["c1"]:
+        raise ValueError(f"the prose says the failing paths run away first: {runaway}")
+    repeat = {
+        n: mean_loss(r, 29_000, 30_000)
+        for n, r in zip(("u0", "u", "f0", "f"), (earlier[0], fail_0, earlier[1], ctrl_0))
+    }
+    ctrl_steps, ctrl_wq = monitor_series(ctrl_1, "wq", 0)
+    at = [ctrl_wq[np.searchsorted(ctrl_steps, s)] for s in (42_000, runaway["c1"])]
+    growth = at[0] / at[1]
+    numbers = {f"g7_repeat_{n}": x for n, x in repeat.items()} | {
+        "g7_repeat_gap_f": abs(repeat["f0"] - repeat["f"]),
+        "g7_ctrl1_growth": growth,
+        "g7_boom": boom,
+        "g7_boom_ctrl": ctrl_1["summary"]["steps_done"],
+        "g7_steps_0": steps_0,
+        "g7_loss_f1_40k": f1[40_000],
+        "g7_loss_f1_50k": f1[50_000],
+        "g7_loss_c1_boom": c1[boom],
+        "g7_loss_f0_40k": f0[40_000],
+        "g7_loss_f0_80k": f0[80_000],
+        "g7_loss_c0_40k": c0[40_000],
+        "g7_loss_c0_80k": c0[80_000],
+        "g7_gap_0": f0[80_000] - c0[80_000],
+        "g7_wq0_80k": ratio_to_control_at(fail_0, ctrl_0, 80_000),
+        "g7_runaway_ctrl0": runaway["c0"],
+        "g7_runaway_ctrl": runaway["c1"],
+        "g7_runaway_lo": min(runaway["f0"], runaway["f1"]),
+        "g7_runaway_hi": max(runaway["f0"], runaway["f1"]),
+        "g7_wq_50k": ratio_to_control_at(fail_1, ctrl_1, 50_000),
+        "g7_logit_50k": ratio_to_control_at(fail_1, ctrl_1, 50_000, key="max_logit"),
+    }
+    logit0_80k = ratio_to_control_at(fail_0, ctrl_0, 80_000, key="max_logit")
+    n = numbers
+    print("loss, mean over the 1,000 steps before the step:")
+    print(
+        f"  failing path, seed 1: {f1[40_000]:.3f} at 40k, {f1[50_000]:.3f} at 50k, "
+        f"{f1[boom]:.3f} at {boom:,}"
+    )
+    print(f"  control, seed 1: {c1[boom]:.3f} at {boom:,}")
+    print(f"  failing path, seed 0: {f0[40_000]:.3f} at 40k, {f0[80_000]:.3f} at 80k")
+    print(f"  control, seed 0: {c0[40_000]:.3f} at 40k, {c0[80_000]:.3f} at 80k")
+    print("failing path over its control:")
+    print(
+        f"  seed 1 at step 50,000: ‖W_Q‖ {n['g7_wq_50k']:.1f}×, "
+        f"largest logit {n['g7_logit_50k']:,.0f}×"
+    )
+    print(
+        f"  seed 0 at step 80,000: ‖W_Q‖ {n['g7_wq0_80k']:.1f}×, largest logit {logit0_80k:,.0f}×"
+    )
+    print(
+        "seed 0 run twice, loss at step 30,000: failing path {u0:.3f} and {u:.3f}, "
+        "control {f0:.3f} and {f:.3f}".format(**repeat)
+    )
+    return numbers

@@ -208,3 +208,78 @@ def host_label(row):
     if row["direct_launch"] is None:
         return row["impl"]
     return "book, direct launch" if row["direct_launch"] else "book, as before"
+
+
+FIRST_CALL_TARGET_S = 3.0  # the target a first call at a new shape should meet (issue 15)
+
+
+def first_call_numbers(first: dict, again: dict) -> dict:
+    """Chapter 10's numbers on first calls, by glue name, from the ``first_call`` section of
+    ``call_cost.json`` and ``again`` ({N: seconds}, the GPU check's run of the nearest
+    bucket). Raises if the record no longer says what the prose says (a new length in a
+    tuned bucket costs far less than tuning; the parallel tuning beats the serial one; the
+    stored pick starts faster in parallel than one kernel after the other)."""
+    borrow = {r["n"]: r["seconds"] for r in first["nearest"]}
+    par = [r["seconds"] for r in first["stored"] if r["parallel"]]
+    ser = [r["seconds"] for r in first["stored"] if not r["parallel"]]
+    numbers = {
+        "c10_fc_tune": first["warm_up"]["seconds"],
+        "c10_fc_same_ms": 1e3 * max(r["seconds"] for r in first["on"]),
+        "c10_fc_retune": max(r["seconds"] for r in first["off"]),
+        "c10_fc_borrow_ms": 1e3 * borrow[2001],
+        "c10_fc_compile": borrow[2000],
+        "c10_fc_compile_again": again[2000],
+        "c10_fc_serial": first["warm_up_serial"]["seconds"],
+        "c10_fc_stored_lo": min(par),
+        "c10_fc_stored_hi": max(par),
+        "c10_fc_stored_ser_lo": min(ser),
+        "c10_fc_stored_ser_hi": max(ser),
+        "c10_fc_stored_over": sum(s > FIRST_CALL_TARGET_S for s in par),
+        "c10_fc_stored_of": len(par),
+    }
+    if not numbers["c10_fc_same_ms"] / 1e3 < numbers["c10_fc_tune"] / 10:
+        raise ValueError("the prose says a new length in a tuned bucket costs little")
+    if not numbers["c10_fc_tune"] < numbers["c10_fc_serial"]:
+        raise ValueError("the prose says tuning in threads beats one configuration at a time")
+    if not min(par) < min(ser):
+        raise ValueError("the prose says the backward compiled in background threads is faster")
+    return numbers
+
+
+def call_host_numbers(calls: list, book: str, flash: str) -> dict:
+    """Chapter 10's numbers on one call issued eagerly and replayed as a CUDA graph, by glue
+    name, from the ``host`` rows of ``call_cost.json`` (``book``, ``flash``: the labels of the
+    book's kernel and SDPA flash). Raises if the record no longer says what the prose says
+    (a replayed call is issued faster than an eager one)."""
+    row = {(r["impl"], r["issued"]): r for r in calls}
+    book_graph, flash_graph = (row[impl, "CUDA graph"] for impl in (book, flash))
+    if not book_graph["host_us"] < row[book, "eager"]["host_us"]:
+        raise ValueError("the prose says a replayed call is issued faster than an eager one")
+    return {
+        "c10_graph_host": book_graph["host_us"],
+        "c10_eager_host": row[book, "eager"]["host_us"],
+        "c10_graph_wall": book_graph["wall_us"],
+        "c10_graph_wall_flash": flash_graph["wall_us"],
+        "c10_eager_wall_flash": row[flash, "eager"]["wall_us"],
+        "c10_graph_speedup": flash_graph["wall_us"] / book_graph["wall_us"],
+    }
+
+
+def tma_numbers(tma: list) -> dict:
+    """Chapter 10's numbers on tensor descriptors, by glue name, from :func:`tma_summary`'s
+    rows. Raises if they no longer say what the prose says (descriptors slow the forward
+    down at every head dim under 128)."""
+    narrow = [t["change"] for t in tma if t["d"] < 128]
+    wide = [t["change"] for t in tma if t["d"] >= 128]
+    fb_big = [t["fb"] for t in tma if t["n"] > 1024]
+    if not max(narrow) < 0:
+        raise ValueError("the prose says descriptors slow the forward down at d < 128")
+    return {
+        "c10_tma_narrow_lo": -max(narrow),
+        "c10_tma_narrow_hi": -min(narrow),
+        "c10_tma_wide_lo": min(wide),
+        "c10_tma_wide_hi": max(wide),
+        "c10_tma_best": max(t["default"] for t in tma if t["n"] > 1024),
+        "c10_tma_fb_met": sum(x >= 0.7 for x in fb_big),
+        "c10_tma_fb_of": len(fb_big),
+    }

@@ -145,3 +145,94 @@ def measure_fixes(
     for name, case, key in tqdm(jobs, desc="fixes", disable=not progress):
         records.append(dict(case=name, **measure_fix(case, key, seed, device=device)))
     return records
+
+
+DELTA_FIXES = ("delta_fp32", "delta_hilo", "delta_dp")
+
+
+def delta_numbers(records: list[dict], near_case: str = "0 / −1") -> dict:
+    """Chapter 6 section 1's numbers on δ, by glue name, from :func:`measure_fixes`'s
+    ``records``; prints the figure's and the table's reading of the β rule where they part
+    (tied V near 0, ``near_case``). Raises if the records no longer say what the prose says
+    (the δ fixes leave a smaller summed error than no fix in every setting; the β rule across
+    tiles reduces it)."""
+    by = {(r["case"], r["fix"]): r["delta"] for r in records}
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    share = {  # |Σ(δ − δ_exact)| / Σ|δ_exact| per fix, one value per setting
+        key: [abs(by[c, key]["sum_error"]) / by[c, key]["sum_abs_exact"] for c in cases]
+        for key in dict.fromkeys(r["fix"] for r in records)
+    }
+    delta_shares = [x for key in DELTA_FIXES for x in share[key]]
+    gain = [before / after for before, after in zip(share["none"], share["beta_cross"])]
+    if not max(delta_shares) < min(share["none"]) or not min(gain) > 1:
+        raise ValueError("the prose says the δ fixes and the β rule shrink δ's summed error")
+    near, plain = by[near_case, "beta_cross"], by[near_case, "none"]
+    ci, rel = 1.96 * near["se"], near["sum_error"] / near["sum_abs_exact"]
+    print(
+        f"β rule across tiles, V {near_case}: mean error of δ {near['bias']:+.2f} ± "
+        f"{ci:.2f} ulp of δ (figure),\n  Σ(δ − δ_exact) / Σ|δ_exact| {rel:+.1e} (table)"
+    )
+    within = abs(near["bias"]) <= ci
+    return {
+        "c6_delta_near0_ulp": near["bias"],
+        "c6_delta_near0_ci": ci,
+        "c6_delta_near0_rel": rel,
+        "c6_delta_near0_none_ulp": plain["bias"],
+        "c6_delta_near0_within": "zero within" if within else "zero outside",
+        "c6_sum_none_lo": min(share["none"]),
+        "c6_sum_none_hi": max(share["none"]),
+        "c6_sum_delta_lo": min(delta_shares),
+        "c6_sum_delta_hi": max(delta_shares),
+        "c6_beta_gain_lo": min(gain[:2]),
+        "c6_beta_gain_near0": gain[cases.index(near_case)],
+    }
+
+
+def rule_scan_numbers(underflow: dict, moved: float, far_ulps: int) -> dict:
+    """Chapter 6's numbers on where the β rule's outputs go wrong, by glue name, from the
+    three scans of ``underflow`` (rule on every row, tied maxima, m = 0; each a list of
+    ``row_max_scan`` rows) and the share ``moved`` off the ideal on plain rows. Raises if
+    the scans no longer say what the prose says (outputs go wrong before ℓ underflows for
+    the unconditional rule)."""
+    wrong_from = [min(abs(r["rm"]) for r in s if r["wrong"] > 0) for s in underflow.values()]
+    nan_from = min(abs(r["rm"]) for r in next(iter(underflow.values())) if r["ell_zero"] > 0)
+    if not wrong_from[0] <= nan_from:
+        raise ValueError("the prose says the unconditional rule goes wrong before ℓ = 0")
+    return {
+        "c6_always_from": wrong_from[0],
+        "c6_always_nan": nan_from,
+        "c6_tied_from": wrong_from[1],
+        "c6_zero_from": wrong_from[2],
+        "c6_always_moved": moved,
+        "c6_far_ulps": far_ulps,
+    }
+
+
+def zero_rule_numbers(negative: dict, exp_rounds_to_one: float) -> dict:
+    """Chapter 6's numbers on the m = 0 rule near 0, by glue name, from a ``row_max_scan``
+    of tied negative maxima jittered by ±20 % (``negative``: rows per implementation), split
+    where the tied P̄ = e^{r_m} rounds back to 1 (|r_m| below ``exp_rounds_to_one``) and
+    past |r_m| = 0.01; prints both parts. Raises if the scan no longer says what the prose
+    says (inside, the storage bias turns into one of the other sign)."""
+    rows, ideal = negative["fa2/cross"], negative["ideal"][0]["mean"]
+    inside = [r for r in rows if abs(r["rm"]) * 1.2 < exp_rounds_to_one]
+    outside = [r for r in rows if abs(r["rm"]) > 0.01]
+    for name, part in (("|r_m| < 0.00196", inside), ("|r_m| > 0.01", outside)):
+        means = [r["mean"] for r in part]
+        same = [r["same_as_ideal"] for r in part]
+        lo, hi = f"{min(same):.0%}", f"{max(same):.0%}"
+        shown = lo if lo == hi else f"{lo}–{hi}"
+        print(
+            f"{name:16s}: bias {min(means):+.3f} to {max(means):+.3f} ulp "
+            f"(ideal {ideal:+.3f}), equal to the ideal {shown}"
+        )
+    numbers = {
+        "c6_zero_ideal": ideal,
+        "c6_zero_inside": sum(r["mean"] for r in inside) / len(inside),
+        "c6_zero_inside_same": sum(r["same_as_ideal"] for r in inside) / len(inside),
+        "c6_zero_out_lo": min(r["same_as_ideal"] for r in outside),
+        "c6_zero_out_hi": max(r["same_as_ideal"] for r in outside),
+    }
+    if not numbers["c6_zero_inside"] * ideal < 0:
+        raise ValueError("the prose says the storage bias turns into one of the other sign")
+    return numbers

@@ -21,3 +21,10 @@ def glue(name: str, value, display: bool = False) -> None:
     except ImportError:
         return
     myst_glue(name, value, display=display)
+
+
+def glue_all(numbers: dict) -> None:
+    """Glue every ``{name: value}`` of ``numbers``: one call in a chapter for the numbers a
+    kernels function computed for its prose (see ``glue`` for how each is stored)."""
+    for name, value in numbers.items():
+        glue(name, value)
