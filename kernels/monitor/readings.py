@@ -326,3 +326,79 @@ def alert_summary(table) -> list[dict]:
             }
         )
     return out
+
+
+def own_growth(run: dict, early=None) -> float:
+    """The largest ratio of a layer's largest |S| to its own median over the early window
+    (steps 500 to 1,000, as ``wq_growth``), after that window and before the run departed:
+    ``max_logit`` in the relative form the thresholds could take (NaN: no early reading)."""
+    from .alerts import EARLY, run_readings
+
+    first, last = EARLY if early is None else early
+    departed = run["summary"].get("explosion_step")
+    by_layer: dict = {}
+    for step, layer, readings in run_readings(run):
+        by_layer.setdefault(layer, []).append((step, readings["max_logit"]))
+    top = np.nan
+    for series in by_layer.values():
+        steps, logits = np.array(series, dtype=float).T
+        level = logits[(steps >= first) & (steps <= last)]
+        after = (steps > last) & (steps < (departed or np.inf))
+        if len(level) and after.any():
+            top = np.nanmax([top, np.nanmax(logits[after]) / np.median(level)])
+    return float(top)
+
+
+def summary_frame(summary):
+    """:func:`alert_summary` as a printable table (a dash where a number does not apply)."""
+    import pandas as pd
+
+    def cell(value):
+        return "–" if value is None else f"{value:,}" if isinstance(value, int) else value
+
+    columns = {
+        "group": "group",
+        "runs": "runs",
+        "alerted": "alerted",
+        "lead_median": "median lead",
+        "lead_min": "least lead",
+        "first_alert_min": "first alert",
+        "false_alarms": "false alarms",
+    }
+    rows = [{label: cell(row[key]) for key, label in columns.items()} for row in summary]
+    return pd.DataFrame(rows)
+
+
+def alert_numbers(table) -> dict:
+    """The numbers chapter 9's prose glues from :func:`alert_table`: the failing runs that
+    departed (``m9_all_failing``) and how many were flagged first, with the median and
+    least lead; the healthy controls, those that alerted and their false alarms and rules;
+    the runaway controls (the screen's, the long ones' first alert); and the largest |S|
+    over its own early level (:func:`own_growth`) of the healthy and the long controls."""
+    groups = {row["group"]: row for row in alert_summary(table)}
+    failing, healthy = groups["failing paths, departed"], groups["healthy controls"]
+    runaway, long = groups["runaway controls"], groups["runaway controls, long"]
+    runs = {name: run for _, name, run in stored_runs()}
+    is_healthy = (table.kind == "healthy control") & ~table.long
+    growth = [own_growth(runs[name]) for name in table.run[is_healthy]]
+    long_growth = [
+        own_growth(runs[name])
+        for name in table.run[table.long & (table.kind.str.endswith("control"))]
+    ]
+    return {
+        "m9_all_runs": len(table),
+        "m9_all_failing": failing["runs"],
+        "m9_all_flagged": failing["alerted"],
+        "m9_all_lead_median": failing["lead_median"],
+        "m9_all_lead_min": failing["lead_min"],
+        "m9_all_healthy": healthy["runs"],
+        "m9_all_false_runs": healthy["alerted"],
+        "m9_all_false": healthy["false_alarms"],
+        "m9_all_false_rules": " and ".join(healthy["rules"]),
+        "m9_all_runaway": runaway["runs"],
+        "m9_all_runaway_alerted": runaway["alerted"],
+        "m9_all_long": long["runs"],
+        "m9_all_long_first": long["first_alert_min"],
+        "m9_all_growth_healthy": float(np.nanmax(growth)),
+        "m9_all_growth_long": float(np.nanmin(long_growth)),
+    }
