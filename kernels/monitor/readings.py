@@ -375,6 +375,8 @@ def alert_numbers(table) -> dict:
     least lead; the healthy controls, those that alerted and their false alarms and rules;
     the runaway controls (the screen's, the long ones' first alert); and the largest |S|
     over its own early level (:func:`own_growth`) of the healthy and the long controls."""
+    from .alerts import WARMUP_STEPS
+
     groups = {row["group"]: row for row in alert_summary(table)}
     failing, healthy = groups["failing paths, departed"], groups["healthy controls"]
     runaway, long = groups["runaway controls"], groups["runaway controls, long"]
@@ -401,4 +403,5 @@ def alert_numbers(table) -> dict:
         "m9_all_long_first": long["first_alert_min"],
         "m9_all_growth_healthy": float(np.nanmax(growth)),
         "m9_all_growth_long": float(np.nanmin(long_growth)),
+        "m9_all_warmup": WARMUP_STEPS,
     }

@@ -102,3 +102,19 @@ def test_runs_away_is_the_screens_rule(stored):
     for name, run in runs.items():
         if run["monitor"][-1]["step"] >= screen.BASE_STEP and "-F-" in name:
             assert runs_away(run) == (not screen.health(run)["healthy"]), name
+
+
+def test_what_chapter_9_says_of_the_table(stored):
+    """The prose: which healthy controls alarm, that every runaway control alerts, and
+    that the long controls' largest |S| grows far more over its own level than a
+    healthy control's."""
+    from kernels.monitor.readings import alert_numbers
+
+    _, table = stored
+    alarmed = table[table.false_alarms > 0]
+    assert set(alarmed.run) == {"e-qknorm-lr2e-3-F-s0", "h-qknorm-const6e-3-F-s0", "sb-lr5e-4-F-s1"}
+    assert set(alarmed.rules[alarmed.run.str.contains("qknorm")]) == {"ties_bf16"}
+    numbers = alert_numbers(table)
+    assert numbers["m9_all_flagged"] == numbers["m9_all_failing"]
+    assert numbers["m9_all_runaway_alerted"] == numbers["m9_all_runaway"]
+    assert numbers["m9_all_growth_long"] > 10 * numbers["m9_all_growth_healthy"]
