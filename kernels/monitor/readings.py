@@ -7,6 +7,9 @@
   metric took in runs that trained normally (the *ceiling*) and, for runs that failed,
   how many steps before the failure the metric first passed that ceiling (the *lead*).
 * :func:`layer_table` combines the heads of a layer as the book's stored runs hold them.
+* :func:`alert_table` replays every stored GPT-2 run through the alert rules: one row per
+  run, its kind (by the variant letter of its name), where its loss departed, its first
+  alert and lead, its false alarms; :func:`alert_summary` groups the rows.
 """
 
 from __future__ import annotations
