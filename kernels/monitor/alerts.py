@@ -22,7 +22,11 @@ first search without qk-norm and the fp32-O controls, chapter 9 §6), over all t
 the early transient every run shows (while the logits are tiny, many BF16 scores tie) is
 below the tie ceiling, so the ceilings can watch from step 0.
 :func:`thresholds_from_runs` draws them again from stored runs, and the tests check that
-the two agree. An alert fires once when a reading goes above its threshold (a
+the two agree. They were not revised for the runs stored later:
+:func:`kernels.monitor.readings.alert_table` replays every stored run, and where the long
+real-BF16 controls pass them, their largest |S| runs away far beyond its own early level
+(chapter 9, section 6), so no threshold relative to the run's own history would stay quiet.
+An alert fires once when a reading goes above its threshold (a
 ``warnings.warn`` line of category :class:`AttentionAlert`, and ``on_alert(alert)`` if
 given); it fires again only after the reading has come back below.
 :meth:`Alerts.describe` says what is watched when. :func:`replay` runs the rules over a

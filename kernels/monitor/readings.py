@@ -7,12 +7,16 @@
   metric took in runs that trained normally (the *ceiling*) and, for runs that failed,
   how many steps before the failure the metric first passed that ceiling (the *lead*).
 * :func:`layer_table` combines the heads of a layer as the book's stored runs hold them.
+* :func:`alert_table` replays every stored GPT-2 run through the alert rules: one row per
+  run, its kind (by the variant letter of its name), where its loss departed, its first
+  alert and lead, its false alarms; :func:`alert_summary` groups the rows.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -178,3 +182,229 @@ def _combine_heads(rows, how: str):
     keys = [rows.step, rows.layer]
     combined = rows.value.groupby(keys).agg(how)
     return combined.mask(rows.value.isna().groupby(keys).any())
+
+
+# ------------------------------------------------------------------ every stored run
+FAILING_LETTERS = "URTLMGHX"  # the failing path and its variants (kernels.gpt2.runs)
+FIX_LETTERS = "SPZCKD"  # the fixes
+CONTROL_LETTER = "F"  # the control: δ from fp32 O
+LONG_STEPS = 31_700  # the longest run the thresholds were drawn from (amp_final)
+# The screen's rule of a healthy run (kernels.gpt2.screen; kernels.monitor may not import
+# kernels.gpt2, and tests/monitor/test_alert_table.py checks that the two agree).
+RUNAWAY_LOGIT, RUNAWAY_GROWTH, RUNAWAY_BASE = 100.0, 3.0, 2_000
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def runs_away(run: dict) -> bool:
+    """Whether a run breaks the screen's rule over its whole run: its largest |S| reaches
+    100, or its largest head's ‖W_Q‖₂ at the last check is ×3 its value at step 2,000 (a
+    run stopped before step 2,000 is judged on |S| alone)."""
+    checks = run["monitor"]
+    logits = [s.get("max_logit") for m in checks for s in m["layers"]]
+    if max((v for v in logits if v is not None), default=0.0) >= RUNAWAY_LOGIT:
+        return True
+    steps = np.array([m["step"] for m in checks])
+    wq = np.array([max(max(heads) for heads in m["wq_norms"]) for m in checks])
+    if steps[-1] < RUNAWAY_BASE:
+        return False
+    return bool(wq[-1] / wq[np.searchsorted(steps, RUNAWAY_BASE)] >= RUNAWAY_GROWTH)
+
+
+def run_kind(name: str, run: dict) -> str:
+    """What a stored run is, by the variant letter of its name (``k4-U-s1`` -> U,
+    :data:`kernels.gpt2.runs.VARIANT_NAMES`): ``failing path`` (U and its variants R T L
+    M G H X), ``fix`` (S P Z C K D), ``healthy control`` (F whose own numbers keep the
+    screen's rule, :func:`runs_away`), ``runaway control`` (an F that breaks it, though
+    its loss never departs: the screen's controls, whose layer-0 head runs away, and the
+    long real-BF16 controls, whose largest |S| reaches thousands after step 27,000),
+    ``other`` (the rest: A W B N, the DDP checks, names without a letter). The letter, not
+    the outcome, gives the kind: a failing path that never departed (a short run, a 7-bit
+    one) stays a failing path."""
+    parts = name.rsplit("-", 2)
+    letter = parts[1] if len(parts) == 3 and len(parts[1]) == 1 else ""
+    if letter and letter in FAILING_LETTERS:
+        return "failing path"
+    if letter and letter in FIX_LETTERS:
+        return "fix"
+    if letter == CONTROL_LETTER:
+        return "runaway control" if runs_away(run) else "healthy control"
+    return "other"
+
+
+def stored_runs(directory=None) -> list[tuple]:
+    """(file stem, name, run) of every run with monitor readings in the stored
+    ``gpt2_*.json`` files of ``directory`` (default the book's results/)."""
+    import json
+
+    found = []
+    for path in sorted(Path(directory or RESULTS).glob("gpt2_*.json")):
+        record = json.loads(path.read_text())
+        runs = record.get("data", record).get("runs")
+        for name, run in runs.items() if isinstance(runs, dict) else ():
+            if run.get("monitor"):
+                found.append((path.stem, name, run))
+    return found
+
+
+def alert_row(name: str, run: dict, kind: str, thresholds=None, **options) -> dict:
+    """One run replayed through the alert rules (:func:`kernels.monitor.alerts.replay`):
+    ``departed``, the step its loss exploded or first went non-finite (the run's
+    ``summary.explosion_step``, None: never); ``first_alert``, ``first_rule`` and ``lead``
+    (``departed − first_alert``) from the alerts before it; for a run that never departed,
+    ``alerts`` (how many fired) and their ``rules``. ``false_alarms`` counts them on a
+    ``healthy control`` only: an alert on a run that trained normally."""
+    from .alerts import replay
+
+    departed = run["summary"].get("explosion_step")
+    fired = replay(run, thresholds, until=departed, **options)
+    first = min(fired, key=lambda a: a.step) if fired else None
+    never = departed is None
+    return {
+        "run": name,
+        "kind": kind,
+        "steps": int(run["summary"]["steps_done"]),
+        "departed": departed,
+        "first_alert": first.step if first else None,
+        "first_rule": first.rule if first else None,
+        "lead": departed - first.step if first and not never else None,
+        "alerts": len(fired) if never else 0,
+        "rules": ",".join(sorted({a.rule for a in fired})) if never else "",
+        "false_alarms": len(fired) if never and kind == "healthy control" else 0,
+    }
+
+
+def alert_table(runs=None, thresholds=None, **options):
+    """One row (:func:`alert_row`) per stored GPT-2 run (:func:`stored_runs`, or
+    ``runs``: (file, name, run) triples), its ``kind`` from :func:`run_kind`, ``long`` if
+    it trained beyond :data:`LONG_STEPS`. A run stored in several files (the real-BF16
+    runs, saved as they went on) is kept once, where it went furthest."""
+    import pandas as pd
+
+    furthest: dict = {}
+    for stem, name, run in stored_runs() if runs is None else runs:
+        old = furthest.get(name)
+        if old is None or run["summary"]["steps_done"] > old[1]["summary"]["steps_done"]:
+            furthest[name] = (stem, run)
+    rows = []
+    for name, (stem, run) in furthest.items():
+        row = alert_row(name, run, run_kind(name, run), thresholds, **options)
+        rows.append({"file": stem, **row, "long": row["steps"] > LONG_STEPS})
+    return pd.DataFrame(rows)
+
+
+def _group(row) -> str:
+    gone = "departed" if row.departed is not None and row.departed == row.departed else "never"
+    if row.kind == "healthy control":
+        return "healthy controls, long" if row.long else "healthy controls"
+    if row.kind == "runaway control":
+        return "runaway controls, long" if row.long else "runaway controls"
+    if row.kind == "other":
+        return "other"
+    return f"{'failing paths' if row.kind == 'failing path' else 'fixes'}, {gone}"
+
+
+def alert_summary(table) -> list[dict]:
+    """:func:`alert_table` in at most a dozen rows, one per group (failing paths and fixes
+    that departed or never did, healthy and runaway controls, long ones apart): how many
+    runs, how many alerted (before departure, for a run that departed), the median and
+    smallest lead, the rules of the alerts on runs that never departed."""
+    groups: dict = {}
+    for row in table.itertuples(index=False):
+        groups.setdefault(_group(row), []).append(row)
+    out = []
+    for group, rows in sorted(groups.items()):
+        alerted = [r for r in rows if r.first_alert == r.first_alert and r.first_alert is not None]
+        leads = [int(r.lead) for r in alerted if r.lead == r.lead and r.lead is not None]
+        rules = sorted({rule for r in rows for rule in r.rules.split(",") if rule})
+        out.append(
+            {
+                "group": group,
+                "runs": len(rows),
+                "alerted": len(alerted),
+                "lead_median": int(np.median(leads)) if leads else None,
+                "lead_min": min(leads) if leads else None,
+                "first_alert_min": min(int(r.first_alert) for r in alerted) if alerted else None,
+                "rules": rules,
+                "false_alarms": int(sum(r.false_alarms for r in rows)),
+            }
+        )
+    return out
+
+
+def own_growth(run: dict, early=None) -> float:
+    """The largest ratio of a layer's largest |S| to its own median over the early window
+    (steps 500 to 1,000, as ``wq_growth``), after that window and before the run departed:
+    ``max_logit`` in the relative form the thresholds could take (NaN: no early reading)."""
+    from .alerts import EARLY, run_readings
+
+    first, last = EARLY if early is None else early
+    departed = run["summary"].get("explosion_step")
+    by_layer: dict = {}
+    for step, layer, readings in run_readings(run):
+        by_layer.setdefault(layer, []).append((step, readings["max_logit"]))
+    top = np.nan
+    for series in by_layer.values():
+        steps, logits = np.array(series, dtype=float).T
+        level = logits[(steps >= first) & (steps <= last)]
+        after = (steps > last) & (steps < (departed or np.inf))
+        if len(level) and after.any():
+            top = np.nanmax([top, np.nanmax(logits[after]) / np.median(level)])
+    return float(top)
+
+
+def summary_frame(summary):
+    """:func:`alert_summary` as a printable table (a dash where a number does not apply)."""
+    import pandas as pd
+
+    def cell(value):
+        return "–" if value is None else f"{value:,}" if isinstance(value, int) else value
+
+    columns = {
+        "group": "group",
+        "runs": "runs",
+        "alerted": "alerted",
+        "lead_median": "median lead",
+        "lead_min": "least lead",
+        "first_alert_min": "first alert",
+        "false_alarms": "false alarms",
+    }
+    rows = [{label: cell(row[key]) for key, label in columns.items()} for row in summary]
+    return pd.DataFrame(rows)
+
+
+def alert_numbers(table) -> dict:
+    """The numbers chapter 9's prose glues from :func:`alert_table`: the failing runs that
+    departed (``m9_all_failing``) and how many were flagged first, with the median and
+    least lead; the healthy controls, those that alerted and their false alarms and rules;
+    the runaway controls (the screen's, the long ones' first alert); and the largest |S|
+    over its own early level (:func:`own_growth`) of the healthy and the long controls."""
+    from .alerts import WARMUP_STEPS
+
+    groups = {row["group"]: row for row in alert_summary(table)}
+    failing, healthy = groups["failing paths, departed"], groups["healthy controls"]
+    runaway, long = groups["runaway controls"], groups["runaway controls, long"]
+    runs = {name: run for _, name, run in stored_runs()}
+    is_healthy = (table.kind == "healthy control") & ~table.long
+    growth = [own_growth(runs[name]) for name in table.run[is_healthy]]
+    long_growth = [
+        own_growth(runs[name])
+        for name in table.run[table.long & (table.kind.str.endswith("control"))]
+    ]
+    return {
+        "m9_all_runs": len(table),
+        "m9_all_failing": failing["runs"],
+        "m9_all_flagged": failing["alerted"],
+        "m9_all_lead_median": failing["lead_median"],
+        "m9_all_lead_min": failing["lead_min"],
+        "m9_all_healthy": healthy["runs"],
+        "m9_all_false_runs": healthy["alerted"],
+        "m9_all_false": healthy["false_alarms"],
+        "m9_all_false_rules": " and ".join(healthy["rules"]),
+        "m9_all_runaway": runaway["runs"],
+        "m9_all_runaway_alerted": runaway["alerted"],
+        "m9_all_long": long["runs"],
+        "m9_all_long_first": long["first_alert_min"],
+        "m9_all_growth_healthy": float(np.nanmax(growth)),
+        "m9_all_growth_long": float(np.nanmin(long_growth)),
+        "m9_all_warmup": WARMUP_STEPS,
+    }
