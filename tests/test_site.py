@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import unicodedata
@@ -474,10 +475,25 @@ return Array.from(document.querySelectorAll('article div.cell')).map(cell => {
 
 
 def executed_notebook(page: str) -> dict:
-    """The notebook MyST-NB executed for a page (written next to the site by the build)."""
+    """The notebook MyST-NB executed for a page. The build writes it next to the site; but
+    where it took the outputs from its execution cache (a rebuild, or a chapter the tests
+    executed: book/conftest.py) it writes the notebook without them, so the executed copy is
+    then read from that cache."""
     path = REPO_ROOT / "_build" / "jupyter_execute" / f"{page}.ipynb"
     assert path.is_file(), f"{path} is missing: build the site first"
-    return json.loads(path.read_text())
+    notebook = json.loads(path.read_text())
+    if any(c.get("outputs") for c in notebook["cells"] if c["cell_type"] == "code"):
+        return notebook
+    import nbformat
+    from jupyter_cache import get_cache
+
+    source = nbformat.read(str(REPO_ROOT / f"{page}.ipynb"), nbformat.NO_CONVERT)
+    cache = get_cache(str(REPO_ROOT / "_build" / ".jupyter_cache"))
+    try:
+        _, merged = cache.merge_match_into_notebook(source)
+    except KeyError as err:
+        raise AssertionError(f"{page}: no executed copy beside the site or in its cache") from err
+    return json.loads(nbformat.writes(merged))
 
 
 def figure_debris(browser) -> list[str]:
@@ -597,6 +613,53 @@ def page_weight(page: Path, site: Path = SITE) -> int:
         if not src.startswith(("http:", "https:", "data:")) and file.is_file():
             total += file.stat().st_size
     return total
+
+
+# Pages that still break one of the rules above (issue 45's review, 2026-11-28), by rule: each
+# rule holds on every other page, and a page listed here that no longer breaks its rule fails
+# the test until it is taken off, so the list can only shrink.
+NOT_YET = {
+    "alt text": {
+        "book/01_bf16_bits",
+        "book/02_triton_in_one_sitting",
+        "book/03_flash_forward",
+        "book/04_flash_backward",
+        "book/05_bias_sources",
+        "book/09_monitor",
+        "book/appendix_gpt2_search",
+    },
+    "long code cell": {
+        "book/02_triton_in_one_sitting",
+        "book/03_flash_forward",
+        "book/05_bias_sources",
+        "book/09_monitor",
+    },
+    "GPU name": {"book/02_triton_in_one_sitting"},
+    "page weight": {"book/06_fixes"},
+}
+
+
+NOT_YET_RULES = tuple(NOT_YET)
+
+
+def rule_of(problem: str) -> str:
+    """Which rule of :func:`page_rule_problems` a problem it reported breaks."""
+    if problem.startswith("code cell "):
+        return "long code cell"
+    if problem.startswith("the prose names "):
+        return "GPU name"
+    if problem.startswith("page weight "):
+        return "page weight"
+    return "alt text"
+
+
+def ratchet(page: str, problems: list[str]) -> list[str]:
+    """The problems of :func:`page_rule_problems` on ``page`` less those :data:`NOT_YET` still
+    allows it, plus each allowance the page no longer needs."""
+    waived = {rule for rule, pages in NOT_YET.items() if page in pages}
+    kept = [p for p in problems if rule_of(p) not in waived]
+    stale = waived - {rule_of(p) for p in problems}
+    return kept + [f"{rule}: no longer broken here, take the page off NOT_YET" for rule in stale]
 
 
 def page_rule_problems(page: Path, site: Path = SITE) -> list[str]:
@@ -733,7 +796,7 @@ def test_chapter_debris(browser, site_url, chapter):
     over 1 MB (``page_rule_problems``)."""
     open_page(browser, page_url(site_url, chapter))
     problems = page_debris(browser, chapter, executed_notebook(chapter))
-    problems += page_rule_problems(SITE / f"{chapter}.html")
+    problems += ratchet(chapter, page_rule_problems(SITE / f"{chapter}.html"))
     assert problems == [], f"{chapter}: {problems}"
 
 
@@ -1022,6 +1085,18 @@ def test_page_weight_counts_the_html_and_its_images(tmp_path):
     page.write_text(seeded_page([{"img": two}]))
     problems = page_rule_problems(page, tmp_path)
     assert len(problems) == 1 and problems[0].startswith("page weight"), problems
+
+
+def test_the_not_yet_list_only_shrinks(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "NOT_YET", {"alt text": {"book/x"}})
+    alt = "a.png: alt text '' says not what it shows"
+    long = "code cell 3: 41 lines (at most 40)"
+    assert ratchet("book/x", [alt, long]) == [long]  # the listed rule is allowed, no other
+    assert ratchet("book/y", [alt]) == [alt]  # only on the listed page
+    assert ratchet("book/x", []) == ["alt text: no longer broken here, take the page off NOT_YET"]
+    assert {rule_of(p) for p in (alt, long, "page weight 2 bytes", "the prose names T4")} == set(
+        NOT_YET_RULES
+    )
 
 
 def test_progress_bars_and_repeated_lines_are_caught():
