@@ -339,6 +339,23 @@ def _is_jit(fn: ast.AST) -> bool:
     return False
 
 
+def refuse_attribute(node: ast.Attribute, in_jit: bool, modules: set, rule, refuse) -> None:
+    """The rules on one attribute ``obj.attr`` of an answer, for :func:`scan` and the grader's
+    scan (:mod:`kernels.lab_kit.answer_scan`); ``refuse`` raises."""
+    if node.attr.startswith("__"):
+        refuse(node, f".{node.attr}", "answers may not reach around the language")
+    if node.attr in GENERIC_MODULES or node.attr in GENERIC_ATTRIBUTES:
+        refuse(node, ast.unparse(node), "answers may not reach around the language")
+    root = _root(node.value)
+    if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
+        why = "answers may use only the checks' constants (upper-case names), never functions"
+        refuse(node, f"ex.{node.attr}", why)
+    if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
+        refuse(node, ast.unparse(node), "do not patch the modules the exercise uses")
+    if node.attr in rule.attributes and not in_jit:
+        refuse(node, ast.unparse(node), rule.why)
+
+
 def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> None:
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
     ``exercise``, such as ``"2.2"``); ``module_names``: the names the chapter binds to modules
@@ -400,22 +417,7 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
                     "answers use only what the exercise setup imports, not the book's package",
                 )
         elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("__"):
-                refuse(node, f".{node.attr}", "answers may not reach around the language")
-            if node.attr in GENERIC_MODULES or node.attr in GENERIC_ATTRIBUTES:
-                refuse(node, ast.unparse(node), "answers may not reach around the language")
-            root = _root(node.value)
-            if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
-                refuse(
-                    node,
-                    f"ex.{node.attr}",
-                    "answers may use only the checks' constants "
-                    "(upper-case names), never their functions",
-                )
-            if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
-                refuse(node, ast.unparse(node), "do not patch the modules the exercise uses")
-            if node.attr in rule.attributes and not in_jit:
-                refuse(node, ast.unparse(node), rule.why)
+            refuse_attribute(node, in_jit, modules, rule, refuse)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             for name in node.names:
                 if name in modules:

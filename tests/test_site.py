@@ -433,6 +433,13 @@ HIDDEN_OUTPUT_TAGS = {"remove-output", "remove_output", "hide-output", "hide_out
 REMOVED_CELL_TAGS = {"remove-cell", "remove_cell"}
 
 
+def glue_record(output: dict) -> bool:
+    """An output that only stores a glued value for the prose (MyST-NB's ``glue``): never
+    drawn on the page."""
+    data = output.get("data", {})
+    return bool(data) and all(k.startswith("application/papermill.record/") for k in data)
+
+
 def missing_outputs(notebook: dict, shown: list[bool]) -> list[str]:
     """Code cells that produced an output when the book was executed but show none on the page.
 
@@ -450,7 +457,8 @@ def missing_outputs(notebook: dict, shown: list[bool]) -> list[str]:
     problems = []
     for number, (cell, visible) in enumerate(zip(cells, shown), start=1):
         tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell.get("outputs") and not visible and not HIDDEN_OUTPUT_TAGS & tags:
+        outputs = [o for o in cell.get("outputs", []) if not glue_record(o)]
+        if outputs and not visible and not HIDDEN_OUTPUT_TAGS & tags:
             first = "".join(cell["source"]).strip().splitlines()[:1] or [""]
             problems.append(f"code cell {number} ({first[0][:40]!r}) shows no output")
     return problems
@@ -1127,6 +1135,10 @@ def test_missing_outputs_are_caught():
         "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "1"}},
     }
     text = {"output_type": "stream", "name": "stdout", "text": "0.5\n"}
+    glued = {
+        "output_type": "display_data",
+        "data": {"application/papermill.record/text/plain": "1"},
+    }
     notebook = {
         "cells": [
             cell([text]),
@@ -1134,11 +1146,13 @@ def test_missing_outputs_are_caught():
             cell([widget]),
             cell([text], ["remove-cell"]),
             cell([widget], ["remove-output"]),
+            cell([glued, glued]),  # a cell that only glues shows nothing, rightly
         ]
     }
-    assert missing_outputs(notebook, [True, False, True, False]) == []
+    assert missing_outputs(notebook, [True, False, True, False, False]) == []
+    assert missing_outputs({"cells": [cell([glued, text])]}, [False]) != []  # its print is lost
     # the seeded fault: the widget's cell renders nothing on the site
-    problems = missing_outputs(notebook, [True, False, False, False])
+    problems = missing_outputs(notebook, [True, False, False, False, False])
     assert len(problems) == 1 and "code cell 3" in problems[0]
     assert missing_outputs(notebook, [True, False]) != []  # cells do not match the page
 

@@ -128,21 +128,6 @@ def scan(source: str, exercise: str, setup_modules: dict, package_names=()) -> N
             )
 
     def visit_attribute(node, in_jit):
-        if node.attr.startswith("__"):
-            refuse(node, f".{node.attr}", "answers may not reach around the language")
-        if node.attr in ck.GENERIC_MODULES or node.attr in ck.GENERIC_ATTRIBUTES:
-            refuse(node, ast.unparse(node), "answers may not reach around the language")
-        root = ck._root(node.value)
-        if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
-            refuse(
-                node,
-                f"ex.{node.attr}",
-                "answers may use only the checks' constants "
-                "(upper-case names), never their functions",
-            )
-        if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
-            refuse(node, ast.unparse(node), "do not patch the modules the exercise uses")
-        if node.attr in rule.attributes and not in_jit:
-            refuse(node, ast.unparse(node), rule.why)
+        ck.refuse_attribute(node, in_jit, modules, rule, refuse)
 
     visit(tree)
