@@ -53,8 +53,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     python -m kernels.gpt2.search --plan testbed --only tb-U-s1,tb-F-s1 --fast --minutes 8 \
         --work /tmp/gpt2_search --out $OUT
     # W (the book's Triton kernel) and A (SDPA flash) are faster: two sharing one H200 trained
-    # 86 and 107 steps/s under --fast (a one-minute check, 2026-11-27), so four of them fit a
-    # 2-GPU lease to 80,000 steps
+    # 86 and 107 steps/s under --fast (a one-minute check, results/testbed_fast_check.json),
+    # so four of them fit a 2-GPU lease to 80,000 steps
     python -m kernels.gpt2.search --plan testbed --only tb-W-s1,tb-A-s1,tb-W-s2,tb-A-s2 --fast \
         --minutes 8 --work /tmp/gpt2_search --out $OUT
 
