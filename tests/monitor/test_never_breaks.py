@@ -282,9 +282,22 @@ def test_a_resumed_run_appends_and_marks_where_it_went_back(tmp_path, suffix, ca
     assert any("starting it over" in r.getMessage() for r in caplog.records)
 
 
+def cpu_trainer_args(tmp_path, steps, **changes):
+    """Hugging Face TrainingArguments for a few quiet CPU steps of a tiny model."""
+    from transformers import TrainingArguments
+
+    quiet = dict(report_to=[], logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    return TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        **{"save_strategy": "no", **quiet, **changes},
+    )
+
+
 def test_hugging_face_resume_from_checkpoint_keeps_the_first_steps(tmp_path):
     """The issue's case: a Trainer resumed from a checkpoint lost the steps read before it."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer
 
     from kernels.monitor import callbacks
 
@@ -292,17 +305,8 @@ def test_hugging_face_resume_from_checkpoint_keeps_the_first_steps(tmp_path):
         model = GPT2LMHeadModel(
             GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
         )
-        args = TrainingArguments(
-            output_dir=str(tmp_path / "out"),
-            max_steps=steps,
-            per_device_train_batch_size=2,
-            learning_rate=1e-3,
-            report_to=[],
-            save_strategy="steps",
-            save_steps=2,
-            logging_strategy="no",
-            use_cpu=True,
-            disable_tqdm=True,
+        args = cpu_trainer_args(
+            tmp_path, steps, learning_rate=1e-3, save_strategy="steps", save_steps=2
         )
         data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 16))]
         return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
@@ -362,7 +366,7 @@ class Boom(Exception):
 def failing_trainer(tmp_path, callback, fail_at):
     """A Trainer whose ``fail_at``-th forward pass raises between its two attention layers
     (the monitor's hooks of the second still on, on a reading step)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer
 
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
@@ -375,16 +379,7 @@ def failing_trainer(tmp_path, callback, fail_at):
             raise Boom
 
     model.transformer.h[0].mlp.register_forward_pre_hook(fail)
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=6,
-        per_device_train_batch_size=2,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = cpu_trainer_args(tmp_path, 6)
     data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 16))]
     return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]), model
 
@@ -519,23 +514,14 @@ def test_alert_warnings_point_at_the_users_line():
 
 def test_alert_warnings_under_a_trainer_point_at_train(tmp_path):
     """Under the Hugging Face callback the user's line is the one that calls train()."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer
 
     from kernels.monitor import callbacks
 
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = cpu_trainer_args(tmp_path, 2)
     data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (8, 16))]
     callback = callbacks.MonitorTrainerCallback(every=1, alerts={"max_logit": 1e-9})
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
