@@ -6,7 +6,8 @@ one), data.py (offline corpus, recorded batch order), train.py (the training loo
 bit-identically, DDP via torchrun), diagnostics.py (what is watched), plans.py (the variants and
 named plans of runs), search.py (many runs at once, dealt over the visible GPUs, resumed across
 calls), report.py (reading stored runs and the chapter's figures), screen.py (the testbed
-screen's table: whose control stays healthy), exercises.py (the chapter's exercise checks).
+screen's table: whose control stays healthy), testbed.py (the second testbed's arms: survival
+and per-head ‖W_Q‖), exercises.py (the chapter's exercise checks).
 """
 
 from ..attention.emulator import EmulatedAttention

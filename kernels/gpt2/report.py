@@ -128,9 +128,9 @@ PAIRS = (
     ("k7-U-s0", "k7-F-s0"),
     ("k7long-U-s0", "k7long-F-s0"),
 )
-# Real BF16 (results/gpt2_bf16_real_long*.json): the seed whose failing path exploded, and its
-# control on the same batches (the other seed's control has not been run as far)
-REAL_BF16_PAIRS = (("bf16-U-s1", "bf16-F-s1"),)
+# Real BF16 (results/gpt2_bf16_real_long*.json): each seed's failing path and its control on the
+# same batches (the second testbed's pairs are kernels.gpt2.testbed.TESTBED_PAIRS)
+REAL_BF16_PAIRS = (("bf16-U-s1", "bf16-F-s1"), ("bf16-U-s0", "bf16-F-s0"))
 # How far above the control, and smoothed over how many monitoring points, counts as "left":
 # ‖W_Q‖ is smooth (25 % above, no smoothing); the tie share and the rank-1 cosines are noisy
 # from step to step (10 % and 25 % above the control, over 5 points = 500 steps).

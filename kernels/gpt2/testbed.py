@@ -1,0 +1,307 @@
+"""The testbed's arms in real BF16 (plan ``testbed``): which attention's training exploded, when,
+and how each layer's and head's ‖W_Q‖ grew on the way.
+
+The testbed is the screen's configuration whose control stayed healthy for 20,000 steps (lr 5e-4,
+the paper's schedule over 80,000 steps, :mod:`.screen`). Its runs live in several files, because a
+machine lends its disk only while it is held: ``gpt2_testbed*.json``, plus the screen's own two
+runs of that configuration (``gpt2_screen.json``, the first 20,000 steps of the same training). A
+run stored twice with the same name is a *repeat*: the same command started again from step 0 (GPU
+training here is not deterministic, so a repeat is a second sample, not a copy).
+
+Survival in the statistician's sense: a run that ends without exploding is *censored* at its last
+step (we know only that it survived that long), and the Kaplan–Meier estimate counts it among the
+runs at risk until then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..results import RESULTS_DIR, load
+from .plans import plan
+from .report import outcome
+from .runs import FONT, VARIANT_COLOURS, VARIANT_NAMES, monitor_series, parse_name
+
+ARMS = "UWAFPZS"  # the testbed's arms, in the order tables and legends list them
+SCREEN_RUNS = {"sb-lr5e-4-U-s1": "U-s1", "sb-lr5e-4-F-s1": "F-s1"}  # the screen's testbed runs
+LIMIT = 100.0  # a layer's largest |S| at or above this: the runaway has begun (the screen's rule)
+UNTRAINED_KEYS = ("steps", "monitor_every", "checkpoint_every")  # how long, how often watched
+
+
+def same_training(run: dict, planned: dict) -> bool:
+    """Whether ``run`` trained as the plan's run ``planned`` (its configuration: every setting
+    but how long it ran and how often it was checked)."""
+    return all(
+        run["config"].get(key) == value
+        for key, value in planned.items()
+        if key not in UNTRAINED_KEYS
+    )
+
+
+def testbed_runs(directory=None) -> dict:
+    """Every stored run of the testbed as {'W-s1': [run, ...]}: the longest first, then its
+    repeats. The screen's two runs of this configuration count (its U and F in seed 1, cut at
+    20,000 steps) once their training settings are checked to be the testbed's."""
+    found: dict = {}
+    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_testbed*.json")):
+        for name, run in load(path.stem, directory)["data"]["runs"].items():
+            _, variant, seed = parse_name(name)
+            found.setdefault(f"{variant}-{seed}", []).append(run)
+    planned = dict(plan("testbed"))
+    screen = load("gpt2_screen", directory)["data"]["runs"]
+    for name, key in SCREEN_RUNS.items():
+        if not same_training(screen[name], planned[f"tb-{key}"]):
+            raise ValueError(f"{name} was not trained like the testbed's tb-{key}")
+        found.setdefault(key, []).append(screen[name])
+    for key in found:
+        found[key].sort(key=lambda r: -r["summary"]["steps_done"])
+    return found
+
+
+def ending(run: dict) -> tuple[int, bool]:
+    """(last step, exploded?): the step of the loss explosion or first NaN if there was one,
+    else the last step trained (a censored run)."""
+    ended = outcome(run)
+    if ended["step"] is not None:
+        return int(ended["step"]), True
+    return int(run["summary"]["steps_done"]), False
+
+
+def arm_endings(runs: dict, arm: str, repeats: bool = False) -> list[tuple[str, int, bool]]:
+    """(seed, last step, exploded?) of each seed of ``arm`` (its longest run; ``repeats``: every
+    run, repeats too)."""
+    rows = []
+    for key in sorted(k for k in runs if k.split("-")[0] == arm):
+        for run in runs[key] if repeats else runs[key][:1]:
+            rows.append((key.split("-")[1], *ending(run)))
+    return rows
+
+
+def kaplan_meier(endings) -> tuple[np.ndarray, np.ndarray]:
+    """The Kaplan–Meier estimate of the share of runs not yet exploded, from (last step,
+    exploded?) pairs: steps [0, t₁, t₂, ...] at each explosion and the share just after it."""
+    endings = sorted(endings, key=lambda e: (e[0], not e[1]))  # at one step, explosions first
+    at_risk, share = len(endings), 1.0
+    steps, shares = [0], [1.0]
+    for step, exploded in endings:
+        if exploded:
+            share *= 1 - 1 / at_risk
+            steps.append(step)
+            shares.append(share)
+        at_risk -= 1
+    return np.array(steps), np.array(shares)
+
+
+def survival_table(runs: dict, arms: str = ARMS):
+    """One row per arm with a stored run: seeds, explosions, the steps they exploded at and the
+    steps the others were last seen alive (censored)."""
+    import pandas as pd
+
+    rows = []
+    for arm in arms:
+        endings = arm_endings(runs, arm)
+        if not endings:
+            continue
+        boom = [step for _, step, exploded in endings if exploded]
+        alive = [step for _, step, exploded in endings if not exploded]
+        rows.append(
+            {
+                "arm": VARIANT_NAMES[arm],
+                "seeds": len(endings),
+                "exploded": len(boom),
+                "exploded at": ", ".join(f"{s:,}" for s in boom) or "—",
+                "alive at (censored)": ", ".join(f"{s:,}" for s in alive) or "—",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def first_testbed_endings(arms: str = "UFPZ") -> dict:
+    """{arm: [(seed, last step, exploded?)]} of the first testbed's long real-BF16 runs (lr 1e-3,
+    a 60,000-step schedule, then its final learning rate: :func:`.runs.real_bf16_runs`)."""
+    from .runs import real_bf16_runs
+
+    found: dict = {}
+    for (arm, seed), run in sorted(real_bf16_runs().items()):
+        if arm in arms:
+            found.setdefault(arm, []).append((seed, *ending(run)))
+    return {arm: found[arm] for arm in arms if arm in found}
+
+
+def runaway_begins(run: dict, layer: int = 0, limit: float = LIMIT) -> int | None:
+    """The first check at which layer ``layer``'s largest |S| reaches ``limit`` (None: never)."""
+    steps, logits = monitor_series(run, "max_logit", layer)
+    over = steps[logits >= limit]
+    return int(over[0]) if len(over) else None
+
+
+def plot_survival(ax, endings_by_label: dict, colours: dict, title: str):
+    """Kaplan–Meier curves, one per label, with a '|' where a run was censored."""
+    last = 0
+    widths = np.linspace(5, 2, len(endings_by_label))  # wider first: lines that coincide show
+    for width, (label, endings) in zip(widths, endings_by_label.items()):
+        pairs = [(step, exploded) for _, step, exploded in endings]
+        steps, shares = kaplan_meier(pairs)
+        end = max(step for step, _ in pairs)
+        last = max(last, end)
+        x = np.append(steps, end) / 1000
+        y = np.append(shares, shares[-1])
+        ax.step(x, y, where="post", color=colours[label], lw=width, label=label)
+        for step, exploded in pairs:
+            if not exploded:
+                alive = shares[np.searchsorted(steps, step, side="right") - 1]
+                ax.plot(step / 1000, alive, "|", color=colours[label], ms=12, mew=2)
+    ax.set(xlim=(0, last / 1000 * 1.04), ylim=(-0.04, 1.06), title=title)
+    ax.set_xlabel("training step (thousands)", fontsize=FONT + 1)
+    ax.set_ylabel("share of seeds not exploded", fontsize=FONT + 1)
+    ax.tick_params(labelsize=FONT)
+    ax.title.set_fontsize(FONT + 1)
+    ax.grid(alpha=0.3)
+
+
+def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
+    """The paper's Figures 3 and 11 for the testbed: top row, each head of layer 0; bottom row,
+    the largest head of each layer; one column per arm (``seed``); the explosion marked."""
+    axes = fig.subplots(2, len(arms), sharex=True, sharey="row", squeeze=False)
+    shades = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a"]
+    for col, arm in enumerate(arms):
+        run = runs[f"{arm}-{seed}"][0]
+        steps = np.array([m["step"] for m in run["monitor"]]) / 1000
+        norms = np.array([m["wq_norms"] for m in run["monitor"]])  # (check, layer, head)
+        for head in range(norms.shape[2]):
+            axes[0, col].plot(steps, norms[:, 0, head], color=shades[head], label=f"head {head}")
+        for layer in range(norms.shape[1]):
+            axes[1, col].plot(
+                steps, norms[:, layer].max(1), color=shades[layer], label=f"layer {layer}"
+            )
+        step, exploded = ending(run)
+        for ax in axes[:, col]:
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=FONT)
+            if exploded:
+                ax.axvline(step / 1000, color="k", ls=":", lw=1.2)
+        axes[0, col].set_title(VARIANT_NAMES[arm].split(" (")[0], fontsize=FONT + 1)
+        axes[1, col].set_xlabel("step (thousands)", fontsize=FONT + 1)
+    axes[0, 0].set_ylabel("layer 0: ‖W_Q‖₂ per head", fontsize=FONT + 1)
+    axes[1, 0].set_ylabel("largest head's ‖W_Q‖₂", fontsize=FONT + 1)
+    axes[0, -1].legend(fontsize=FONT, loc="upper left")
+    axes[1, -1].legend(fontsize=FONT, loc="upper left")
+    return axes
+
+
+def repeat_gap(first: dict, second: dict, step: int, width: int = 500) -> float:
+    """|mean loss of ``first`` − of ``second``| over steps [step − width, step + width)."""
+    gaps = []
+    for run in (first, second):
+        steps = np.asarray(run["history"]["step"])
+        loss = np.asarray(run["history"]["loss"], dtype=float)
+        gaps.append(loss[(steps >= step - width) & (steps < step + width)].mean())
+    return float(abs(gaps[0] - gaps[1]))
+
+
+def testbed_numbers(runs: dict) -> dict:
+    """The numbers chapter 7's testbed section states, under their glue names."""
+    numbers = {}
+    for arm in "UWAF":
+        endings = arm_endings(runs, arm)
+        boom = [step for _, step, exploded in endings if exploded]
+        alive = [step for _, step, exploded in endings if not exploded]
+        begins = [runaway_begins(run) for key in runs if key[0] == arm for run in runs[key]]
+        begins = [b for b in begins if b is not None]
+        numbers[f"g7_tb_{arm}_seeds"] = len(endings)
+        numbers[f"g7_tb_{arm}_boom"] = len(boom)
+        numbers[f"g7_tb_{arm}_boom_lo"] = min(boom) if boom else 0
+        numbers[f"g7_tb_{arm}_boom_hi"] = max(boom) if boom else 0
+        numbers[f"g7_tb_{arm}_alive_lo"] = min(alive) if alive else 0
+        numbers[f"g7_tb_{arm}_runs"] = sum(len(runs[key]) for key in runs if key[0] == arm)
+        numbers[f"g7_tb_{arm}_begin_lo"] = min(begins) if begins else 0
+        numbers[f"g7_tb_{arm}_begin_hi"] = max(begins) if begins else 0
+    for arm in "AF":  # the largest layer-0 |S| and last ‖W_Q‖ of the arms that did not explode
+        longest = [runs[key][0] for key in runs if key[0] == arm]
+        logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]
+        norms = [float(monitor_series(r, "wq", 0)[1][-1]) for r in longest]
+        numbers[f"g7_tb_{arm}_logit"] = max(logits, default=0.0)
+        numbers[f"g7_tb_{arm}_wq"] = max(norms, default=0.0)
+    repeated = [runs[key] for key in sorted(runs) if key[0] == "F" and len(runs[key]) > 1]
+    # the control's first repeat against its first run (runs this short: compared at their end)
+    first, again = (repeated[0][0], repeated[0][1]) if repeated else (None, None)
+    at = min(40_000, again["summary"]["steps_done"] - 500) if again else None
+    numbers["g7_tb_repeat_gap"] = repeat_gap(first, again, at) if again else float("nan")
+    numbers["g7_tb_repeat_at"] = at or 0
+    return numbers
+
+
+# Each arm of the second testbed against the control of its seed (seeds with both stored)
+TESTBED_PAIRS = tuple((f"tb-{arm}-{seed}", f"tb-F-{seed}") for arm in "WA" for seed in ("s1", "s2"))
+
+
+def long_pairs(real: dict, runs: dict) -> tuple[dict, tuple]:
+    """Every long real-BF16 pair (failing run, its control): the first testbed's
+    (:data:`.report.REAL_BF16_PAIRS`) and this one's (:data:`TESTBED_PAIRS`), as ({name: run},
+    pairs) for :func:`.report.departure_table`."""
+    from .report import REAL_BF16_PAIRS
+
+    named = {f"bf16-{arm}-{seed}": run for (arm, seed), run in real.items()}
+    named.update({f"tb-{key}": stored[0] for key, stored in runs.items()})
+    pairs = tuple(pair for pair in REAL_BF16_PAIRS + TESTBED_PAIRS if set(pair) <= set(named))
+    return named, pairs
+
+
+def pair_label(name: str, run: dict) -> str:
+    """A failing run of a departure table in words: the amplified and first-testbed runs as
+    :func:`.runs.run_label` says them, this testbed's by arm ('SDPA flash, seed 1, lr 5e-4')."""
+    from .runs import run_label
+
+    config, arm, seed = parse_name(name)
+    if config != "tb":
+        return run_label(name, run, schedule=True)
+    return f"{ARM_WORDS[arm]}, seed {seed[1:]}, lr 5e-4"
+
+
+ARM_WORDS = {"W": "FA2 numerics (Triton)", "A": "SDPA flash", "U": "failing path", "F": "control"}
+
+
+def departure_numbers(deps) -> dict:
+    """Who left the control first, tie share or ‖W_Q‖, counted apart for the amplified pairs
+    (Ō with fewer bits, or BF16 on the short schedule) and the long real-BF16 pairs."""
+    left = deps.dropna(subset=["wq"])
+    real = left.failing.str.startswith(("bf16-", "tb-"))
+    amplified, long = left[~real], left[real]
+    lag = long.rows_tied_bf16.astype(float) - long.wq
+    return {
+        "g7_ties_first": int((left.rows_tied_bf16 < left.wq).sum()),
+        "g7_pairs": len(left),
+        "g7_amp_ties_first": int((amplified.rows_tied_bf16 < amplified.wq).sum()),
+        "g7_amp_pairs": len(amplified),
+        "g7_real_wq_first": int((long.wq <= long.rows_tied_bf16).sum()),
+        "g7_real_pairs": len(long),
+        "g7_real_lag_lo": float(lag.min()),
+        "g7_real_lag_hi": float(lag.max()),
+    }
+
+
+def testbed_colours() -> dict:
+    """Each arm's colour, keyed by its name in words (the legends' labels)."""
+    return {VARIANT_NAMES[arm]: VARIANT_COLOURS[arm] for arm in ARMS}
+
+
+def plot_survival_panels(fig, runs: dict):
+    """Two Kaplan–Meier panels: this testbed's arms (the failing path, FA2 numerics, SDPA flash,
+    the control) and the first testbed's (the failing path, the control, δ from rowsum(dP∘P),
+    the released fix), with one legend for both under them."""
+    axes = fig.subplots(1, 2, sharey=True)
+    colours = testbed_colours()
+    here = {VARIANT_NAMES[a]: arm_endings(runs, a) for a in "FAWU" if arm_endings(runs, a)}
+    first = {VARIANT_NAMES[a]: e for a, e in first_testbed_endings("FZPU").items()}
+    plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")
+    plot_survival(axes[1], first, colours, "first testbed (lr 1e-3)")
+    axes[1].set_ylabel("")
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=2, fontsize=FONT)
+    return axes

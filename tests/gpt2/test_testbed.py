@@ -1,0 +1,147 @@
+"""The second testbed's report (kernels/gpt2/testbed.py): survival counted right on runs built
+here, repeats and the screen's runs gathered from files, and the stored arms recounted."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernels.gpt2 import report, testbed
+from kernels.gpt2.plans import plan
+
+LAYERS, HEADS = 4, 4
+
+
+def _run(rng, name, steps, boom=None, begin=None, every=200, log=10):
+    """A stored run called ``name`` (its config the plan's, steps changed): the loss jumps by 4
+    nats at ``boom``; layer 0's largest |S| jumps to 1e4 at check ``begin``."""
+    config = dict(dict(plan("testbed"))[name], steps=steps, name=name)
+    history = {"step": list(range(0, steps, log))}
+    loss = 1.0 + 0.05 * rng.random(len(history["step"]))
+    if boom is not None:
+        loss[np.asarray(history["step"]) >= boom] += 4.0
+    history.update(loss=list(loss), wall_s=[s / 50 for s in history["step"]])
+    checks = []
+    for s in range(0, steps, every):
+        logits = rng.uniform(1, 50, LAYERS)
+        if begin is not None and s >= begin:
+            logits[0] = 1e4
+        norms = rng.uniform(1, 2, (LAYERS, HEADS)).tolist()
+        checks.append({"step": s, "wq_norms": norms, "layers": [{"max_logit": x} for x in logits]})
+    summary = {"steps_done": steps, "steps_per_s": 50.0}
+    return {"config": config, "history": history, "monitor": checks, "summary": summary}
+
+
+def _store(directory, name, runs):
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps({"provenance": {}, "data": {"runs": runs}}))
+
+
+def _km_by_definition(pairs):
+    """Kaplan–Meier at each distinct explosion step t: Π (1 − d_t / n_t), n_t the runs whose last
+    step is ≥ t, d_t the explosions at t."""
+    times = sorted({step for step, exploded in pairs if exploded})
+    share, out = 1.0, []
+    for t in times:
+        n = sum(step >= t for step, _ in pairs)
+        d = sum(step == t and exploded for step, exploded in pairs)
+        share *= 1 - d / n
+        out.append((t, share))
+    return out
+
+
+def test_kaplan_meier_matches_its_definition():
+    rng = np.random.default_rng()
+    for _ in range(50):
+        n = int(rng.integers(1, 12))
+        steps = rng.integers(1, 8, n) * 1_000  # few distinct steps: ties of all kinds
+        pairs = list(zip(steps.tolist(), (rng.random(n) < 0.5).tolist()))
+        km_steps, km_shares = testbed.kaplan_meier(pairs)
+        assert km_steps[0] == 0 and km_shares[0] == 1.0
+        expected = _km_by_definition(pairs)
+        # the curve after the last explosion at each step equals the definition's value there
+        for t, share in expected:
+            last = np.flatnonzero(km_steps == t)[-1]
+            assert km_shares[last] == pytest.approx(share, abs=1e-12)
+        assert np.all(np.diff(km_shares) <= 0)
+
+
+def test_runs_repeats_and_the_screens_runs_are_gathered(tmp_path):
+    rng = np.random.default_rng()
+    boom = int(rng.integers(12, 25)) * 1_000 + 500
+    begin = int(rng.integers(5, 40)) * 200
+    first = {
+        "tb-W-s1": _run(rng, "tb-W-s1", 30_000, boom=boom, begin=begin),
+        "tb-F-s1": _run(rng, "tb-F-s1", 32_000),
+    }
+    again = {"tb-F-s1": _run(rng, "tb-F-s1", 28_000, begin=begin + 400)}
+    _store(tmp_path, "gpt2_testbed", first)
+    _store(tmp_path, "gpt2_testbed_F_repeat", again)
+    screen_u = _run(rng, "tb-U-s1", 20_000)
+    screen_f = _run(rng, "tb-F-s1", 20_000)
+    _store(tmp_path, "gpt2_screen", {"sb-lr5e-4-U-s1": screen_u, "sb-lr5e-4-F-s1": screen_f})
+    runs = testbed.testbed_runs(tmp_path)
+    assert sorted(runs) == ["F-s1", "U-s1", "W-s1"]
+    assert [r["summary"]["steps_done"] for r in runs["F-s1"]] == [32_000, 28_000, 20_000]
+    ((seed, step, exploded),) = testbed.arm_endings(runs, "W")
+    assert seed == "s1" and exploded and abs(step - boom) <= 200
+    assert testbed.arm_endings(runs, "F", repeats=True) == [
+        ("s1", 32_000, False),
+        ("s1", 28_000, False),
+        ("s1", 20_000, False),
+    ]
+    assert testbed.runaway_begins(runs["W-s1"][0]) == begin
+    assert testbed.runaway_begins(runs["F-s1"][0]) is None
+    table = testbed.survival_table(runs).set_index("arm")
+    fa2 = table.loc[report.VARIANT_NAMES["W"]]
+    assert (fa2.seeds, fa2.exploded) == (1, 1)
+    assert table.loc[report.VARIANT_NAMES["F"], "alive at (censored)"] == "32,000"
+    numbers = testbed.testbed_numbers(runs)
+    assert numbers["g7_tb_F_runs"] == 3 and numbers["g7_tb_F_begin_lo"] == begin + 400
+    assert numbers["g7_tb_W_boom"] == 1 and numbers["g7_tb_U_boom"] == 0
+    # a screen run trained otherwise is refused, not silently counted
+    screen_u["config"]["lr"] = 1e-3
+    _store(tmp_path, "gpt2_screen", {"sb-lr5e-4-U-s1": screen_u, "sb-lr5e-4-F-s1": screen_f})
+    with pytest.raises(ValueError, match="sb-lr5e-4-U-s1"):
+        testbed.testbed_runs(tmp_path)
+
+
+def test_departure_numbers_count_amplified_and_real_pairs_apart():
+    rng = np.random.default_rng()
+    amplified = int(rng.integers(2, 6))
+    rows = [
+        {"failing": f"k4-U-s{i}", "rows_tied_bf16": 500, "wq": 2_000.0} for i in range(amplified)
+    ]
+    lags = rng.integers(1, 30, 3) * 100
+    rows += [
+        {"failing": f"tb-W-s{i}", "rows_tied_bf16": 10_000 + lag, "wq": 10_000.0}
+        for i, lag in enumerate(lags)
+    ]
+    rows.append({"failing": "bf16-U-s0", "rows_tied_bf16": 100, "wq": np.nan})  # never left
+    numbers = testbed.departure_numbers(pd.DataFrame(rows))
+    assert numbers["g7_amp_ties_first"] == numbers["g7_amp_pairs"] == amplified
+    assert numbers["g7_real_wq_first"] == numbers["g7_real_pairs"] == 3
+    assert numbers["g7_real_lag_lo"] == lags.min() and numbers["g7_real_lag_hi"] == lags.max()
+    assert numbers["g7_pairs"] == amplified + 3
+
+
+def test_stored_arms_recounted_from_the_logs():
+    """The stored testbed: each arm's explosions recounted from the raw losses (a jump of a
+    nat above the running minimum, for good), and every run trained as the plan says."""
+    runs = testbed.testbed_runs()
+    planned = dict(plan("testbed"))
+    numbers = testbed.testbed_numbers(runs)
+    for key, stored in runs.items():
+        for run in stored:
+            assert testbed.same_training(run, planned[f"tb-{key}"])
+    for arm in "WAF":
+        longest = [runs[key][0] for key in runs if key[0] == arm]
+        booms = []
+        for run in longest:
+            loss = np.asarray(run["history"]["loss"], dtype=float)
+            smooth = np.convolve(loss, np.ones(20) / 20, mode="valid")
+            floor = np.minimum.accumulate(smooth)
+            booms.append(bool((smooth[-40:] > floor[-40:] + 0.5).all()))
+        assert numbers[f"g7_tb_{arm}_boom"] == sum(booms), arm
+        assert numbers[f"g7_tb_{arm}_seeds"] == len(longest)
