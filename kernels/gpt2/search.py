@@ -52,11 +52,15 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
         --out $OUT
     python -m kernels.gpt2.search --plan testbed --only tb-U-s1,tb-F-s1 --fast --minutes 8 \
         --work /tmp/gpt2_search --out $OUT
-    # W (the book's Triton kernel) and A (SDPA flash) are faster: two sharing one H200 trained
-    # 86 and 107 steps/s under --fast (a one-minute check, results/testbed_fast_check.json),
-    # so four of them fit a 2-GPU lease to 80,000 steps
+    # W (the book's Triton kernel) and A (SDPA flash) are faster: two per GPU trained 90-102
+    # and 97 steps/s each on 4 H100s (results/gpt2_testbed.json), so eight of them reach
+    # 80,000 steps in two calls of 8 minutes on a 4-GPU machine
     python -m kernels.gpt2.search --plan testbed --only tb-W-s1,tb-A-s1,tb-W-s2,tb-A-s2 --fast \
         --minutes 8 --work /tmp/gpt2_search --out $OUT
+    # U, F, P, Z and S (the paper's emulated attention) train ~93 steps/s alone on an H200
+    # (results/gpt2_testbed_F.json) and about half that two to a GPU: one run per GPU, two calls
+    # (8.4 minutes, then the rest). Issue the second call at once: a machine idle for 30 s goes
+    # back with its disk, and the runs start again from step 0.
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
