@@ -14,7 +14,6 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
 * :mod:`.grading`   grading one notebook: its chapter's plans, each answer's score
 * :mod:`.batch`     grading a folder of submissions: files found, duplicates, CSVs merged,
   feedback pages
-* :mod:`.answer_scan` the grader's scan of an answer's cells, as the student wrote them
 * :mod:`.sandbox`   where the answers run: own user, no network, limits, time budgets
 * :mod:`.isolate`   a student's answer in a worker process; values cross as plain data
   (what an answer may not do is :func:`kernels.checking.scan`, which the checks use too)

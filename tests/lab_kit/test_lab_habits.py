@@ -10,8 +10,8 @@ import json
 import pytest
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
-from kernels.checking import Forbidden
-from kernels.lab_kit import answer_scan, build, grade, notebook
+from kernels.checking import Forbidden, scan
+from kernels.lab_kit import build, grade, notebook
 
 pytest.importorskip("nbgrader")
 
@@ -44,7 +44,7 @@ def test_every_solution_written_with_habits_passes_the_graders_scan(number):
     path, nb, _, found = chapter_exercises(number)
     for ex in found:
         text = habits(ex.grade_id, notebook.source(nb["cells"][ex.answer]))
-        answer_scan.scan(text, ex.name, SETUP)
+        scan(text, ex.name, SETUP)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_every_solution_written_with_habits_passes_the_graders_scan(number):
 )
 def test_the_calls_that_do_the_work_are_still_refused(exercise, source, named):
     with pytest.raises(Forbidden, match=named.replace("(", r"\(").replace("*", r"\*")):
-        answer_scan.scan(source, exercise, SETUP)
+        scan(source, exercise, SETUP)
 
 
 @pytest.fixture(scope="module")
