@@ -129,6 +129,7 @@ class Chapter:
     locked: dict = dataclasses.field(default_factory=dict)  # grade id: the release's source
     answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
     module_map: dict = dataclasses.field(default_factory=dict)  # name: the module it is bound to
+    worker: dict = dataclasses.field(default_factory=dict)  # the setup as plain data (isolate)
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -190,6 +191,7 @@ class Chapter:
             locked,
             answer_ids,
             module_map,
+            isolate.worker_setup(namespace),
         )
 
 
@@ -274,7 +276,7 @@ def grade_exercise(
     passed, messages = [], []
     try:
         with isolate.Answer(
-            chapter.setup,
+            chapter.worker,
             source,
             plan.variable,
             isolate.GUARDS.get(plan.check),
