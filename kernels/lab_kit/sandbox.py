@@ -12,13 +12,13 @@ process (:mod:`.isolate`), as soon as it is forked and before it runs a line of 
   as a user of its own;
 * where the grader runs as root: **hides** the book's folder, the autograder and the
   submissions (a mount namespace of its own, ``unshare(CLONE_NEWNS)``, with an empty read-only
-  ``tmpfs`` mounted over each: the chapters' solutions, the references and other students' work
-  are on no path it can read; folders that hold the Python environment stay visible); leaves the
-  network (a new, empty network namespace,
-  ``unshare(CLONE_NEWNET)``) and becomes a **user of its own**: a fresh uid and gid with no
-  account and no groups, unused by any process, so no other process can be signalled and only
-  the student's directory can be written; it keeps one capability, ``CAP_DAC_READ_SEARCH``
-  (read any file), because the Python environment may sit in a directory only root can read
+  ``tmpfs`` over each, so the solutions and other students' work are on no path it can read;
+  folders that hold the Python environment stay visible); leaves the **network** (a new, empty
+  network namespace, ``unshare(CLONE_NEWNET)``); and becomes a **user of its own**: a fresh
+  uid and gid with no account and no groups, unused by any process, so no other process can be
+  signalled and only the student's directory can be written. It keeps one capability,
+  ``CAP_DAC_READ_SEARCH`` (read any file it can reach), because the Python environment may sit
+  in a directory only root can read
   (``/root/.pyenv``). ``PR_SET_NO_NEW_PRIVS`` stops it regaining more.
 
 :func:`mode` says, once per run, what this machine allowed; the grader prints it and writes it

@@ -349,3 +349,39 @@ def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
     source = ROW_MAX.replace("EXTRA", str(extra)).replace("OTHER", other)
     result = grading.grade_exercise(chapter, chapter.plans[1], source)
     assert result.score == points, result
+
+
+def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutions, tmp_path):
+    """Issue 43's reach-arounds, with the scan switched off: the worker never imported the book
+    and cannot (pkgutil, pydoc and a walk up the stack find no reference), and where the machine
+    allows it, the autograder's solutions are not on any path it can read."""
+    from kernels.lab_kit import batch, sandbox
+
+    source = kit / "course" / "source" / RELEASES[2]
+    reach = {
+        "ex2_1-answer": "from pydoc import locate\n"
+        "launch_grid = locate('kernels.triton_exercises._launch_grid_expected')",
+        "ex3_3-answer": "import pkgutil\n"
+        "key_tiles = pkgutil.resolve_name('kernels.attention.exercises:_key_tiles_expected')",
+        "ex3_1-answer": "import sys\ndef merge(*args):\n    f = sys._getframe()\n"
+        "    while f is not None:\n        if '_merge_expected' in f.f_globals:\n"
+        "            return f.f_globals['_merge_expected'](*args)\n        f = f.f_back\n",
+        "ex3_2-answer": "import json\n"
+        f"cells = json.load(open({str(source)!r}))['cells']\n"
+        "code = [''.join(c['source']) for c in cells if 'ex3_2-answer' in str(c['metadata'])]\n"
+        "exec(code[0])",
+    }
+    subs = tmp_path / "class"
+    for rel in RELEASES[1:3]:
+        _write(subs / "reacher", rel.split("/")[1], _submission(kit, rel, reach))
+    # the file holds the solution: an answer that could read it would score full marks
+    cells = json.loads(source.read_text())["cells"]
+    assert "".join(solutions["ex3_2-answer"]) in ["".join(c["source"]) for c in cells]
+    batch.grade(subs, kit, quiet=True, scanning=False)
+    with open(kit / "exercises.csv") as f:
+        per = {r["exercise"]: r for r in csv.DictReader(f) if r["student"] == "reacher"}
+    for name in ("2.1", "3.3", "3.1"):
+        assert float(per[name]["score"]) == 0.0, per[name]
+    hidden = sandbox.capabilities()[2]
+    assert float(per["3.2"]["score"]) == (0.0 if hidden else grading.points("3.2")), per["3.2"]
+    shutil.rmtree(subs)

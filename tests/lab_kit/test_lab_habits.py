@@ -97,3 +97,12 @@ def test_a_student_with_honest_habits_scores_full_marks(kit, tmp_path):
     # 1.1-1.3, 2.1-2.2, 3.1-3.3, 8.1-8.2: 6 + 7 + 8 + 3 of the book's 54 points
     assert sum(r["score"] for r in rows) == 24.0
     assert sum(notebook.POINTS.values()) == 54
+
+
+def test_the_class_timing_grades_a_solved_and_a_blank_student(kit):
+    from kernels.lab_kit import class_timing
+
+    row = class_timing.measure(2, None, kit)
+    assert (row["students"], row["full_marks"], row["zero"]) == (2, 1, 1)
+    assert row["chapters"] == ["ch01", "ch02", "ch03", "ch08"] and row["seconds"] > 0
+    assert row["isolation"].startswith("worker:")
