@@ -36,6 +36,7 @@ __all__ = ["Answer", "AnswerDied", "Remote", "decode", "encode", "preload", "wor
 # seconds one call of the student's function may take (LAB_CALL_TIMEOUT overrides)
 CALL_TIMEOUT = float(os.environ.get("LAB_CALL_TIMEOUT", 120))
 START_TIMEOUT = CALL_TIMEOUT  # seconds the worker may take to run the setup and the answer
+REPLY_MB = int(os.environ.get("LAB_REPLY_MB", 64))  # the most one reply of a worker may hold
 SERVER_START_TIMEOUT = 300.0  # seconds the server may take to import the chapters' libraries
 
 # checks whose function must do its work in a Triton kernel: the worker switches PyTorch's
@@ -197,8 +198,13 @@ class Answer:
                 raise AnswerDied(
                     f"time budget: {what} took longer than {timeout:g} s: the answer was stopped"
                 )
-            return _loads(self._conn.recv_bytes())
-        except (EOFError, OSError, ValueError):
+            return _loads(self._conn.recv_bytes(REPLY_MB << 20))
+        except OSError as exc:
+            self.stop()
+            if "bad message length" in str(exc):
+                raise AnswerDied(f"{what} sent back more than {REPLY_MB} MiB of data") from None
+            raise AnswerDied(f"{what} ended the answer's process") from None
+        except (EOFError, ValueError):
             self.stop()
             raise AnswerDied(f"{what} ended the answer's process") from None
 

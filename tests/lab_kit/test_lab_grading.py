@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from kernels.lab_kit import build, grade, grading
+from kernels.lab_kit import build, grade, grading, isolate
 from kernels.lab_kit.notebook import BEGIN_HIDDEN, BEGIN_SOLUTION
 
 pytest.importorskip("nbgrader")
@@ -288,6 +288,10 @@ def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit)
         scanning=False,
     )
     assert ends.score == 0.0 and "ended the answer's process" in ends.message
+    # a reply over the size cap (a 2.3 GB return in the review) is refused, not decoded
+    big = f"import numpy as np\nn_per_binade = np.zeros({(isolate.REPLY_MB << 17) + 1})"
+    large = grading.grade_exercise(chapter, plans["1.1"], big, scanning=False)
+    assert large.score == 0.0 and "MiB of data" in large.message, large
 
 
 def test_build_finds_nbgrader_tools_without_the_environment_on_path(tmp_path):
