@@ -1,7 +1,7 @@
 """Issue 43, item A: honest habits are scored right. An answer that opens with the imports a
 student types out of habit (``import torch``, ``import numpy as np``, ``import math``), and
-uses Python's ``max`` for a block size, scores full marks; the calls that do an exercise's
-work are still refused."""
+uses Python's ``max`` for a block size, scores full marks (the book's 54 autograded points,
+every chapter); the calls that do an exercise's work are still refused."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_the_calls_that_do_the_work_are_still_refused(exercise, source, named):
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     out = tmp_path_factory.mktemp("lab")
-    build(out, chapters=[1, 2, 3, 8], quiet=True)
+    build(out, quiet=True)  # every chapter: the whole lab
     return out
 
 
@@ -91,11 +91,11 @@ def test_a_student_with_honest_habits_scores_full_marks(kit, tmp_path):
                 cell["source"] = solutions[gid]
         (folder / src.name).write_text(json.dumps(nb))
     rows = grade(tmp_path / "submissions", kit, quiet=True)
-    assert len(rows) == 4
+    assert len(rows) == len(CHAPTERS)
     for row in rows:
         assert row["score"] == row["max_score"], row
-    # 1.1-1.3, 2.1-2.2, 3.1-3.3, 8.1-8.2: 6 + 7 + 8 + 3 of the book's 54 points
-    assert sum(r["score"] for r in rows) == 24.0
+    # every exercise of the ten chapters: the book's 54 autograded points
+    assert sum(r["score"] for r in rows) == sum(notebook.POINTS.values()) == 54.0
     assert sum(notebook.POINTS.values()) == 54
 
 
@@ -104,5 +104,5 @@ def test_the_class_timing_grades_a_solved_and_a_blank_student(kit):
 
     row = class_timing.measure(2, None, kit)
     assert (row["students"], row["full_marks"], row["zero"]) == (2, 1, 1)
-    assert row["chapters"] == ["ch01", "ch02", "ch03", "ch08"] and row["seconds"] > 0
+    assert row["chapters"] == [f"ch{n}" for n in sorted(CHAPTERS)] and row["seconds"] > 0
     assert row["isolation"].startswith("worker:")
