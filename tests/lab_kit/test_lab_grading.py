@@ -389,3 +389,37 @@ def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutio
     hidden = sandbox.capabilities()[2]
     assert float(per["3.2"]["score"]) == (0.0 if hidden else grading.points("3.2")), per["3.2"]
     shutil.rmtree(subs)
+
+
+def test_the_reviews_cheats_score_zero_when_graded_and_the_rest_scores_full(
+    kit, solutions, tmp_path
+):
+    """Rows of the cheat table (test_lab_cheats.py) handed in as one student's notebooks, next
+    to the book's solutions for the other exercises: each cheat scores 0 with the call named,
+    every honest answer of the same student keeps its points."""
+    from test_lab_cheats import CHEATS
+
+    wanted = {
+        "1.2": "ml_dtypes from the chapter's cells",
+        "2.1": "pydoc.locate",
+        "2.2": "MaxPool1d",
+        "3.1": "match class pattern on __globals__",
+        "3.3": "stack walk: logging",
+        "8.2": "SciPy from the chapter's cells",
+    }
+    rows = {label: (ex, source, named) for label, ex, source, named in CHEATS}
+    answers = dict(solutions)
+    for name, label in wanted.items():  # a row of another exercise is refused here too
+        answers[f"ex{name.replace('.', '_')}-answer"] = rows[label][1]
+    subs = tmp_path / "class"
+    for rel in RELEASES:
+        _write(subs / "mallory", rel.split("/")[1], _submission(kit, rel, answers))
+    graded = grade(subs, kit, quiet=True)
+    with open(kit / "exercises.csv") as f:
+        per = {r["exercise"]: r for r in csv.DictReader(f) if r["student"] == "mallory"}
+    for name, label in wanted.items():
+        assert float(per[name]["score"]) == 0.0 and f"`{rows[label][2]}`" in per[name]["message"]
+    honest = [n for n in per if n not in wanted]
+    assert honest and all(float(per[n]["score"]) == grading.points(n) for n in honest)
+    assert sum(r["score"] for r in graded) == sum(grading.points(n) for n in honest)
+    shutil.rmtree(subs)
