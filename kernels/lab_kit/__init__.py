@@ -20,6 +20,7 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
   (:mod:`.codec`); what an answer may not do is :func:`kernels.checking.scan`, which the
   checks use too
 * :mod:`.worker`    the script that forks the workers, without the book's package
+* :mod:`.class_timing` how long grading a class takes (the instructor page quotes it)
 * :mod:`.text`      the chapters' Markdown made readable in Jupyter and Colab, for students
 """
 

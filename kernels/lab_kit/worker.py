@@ -4,9 +4,10 @@ The grader (:mod:`.isolate`) starts it as a script, ``python -I worker.py <fd>``
 the script's folder, the user's site-packages and ``PYTHON*`` variables off its path, so the
 folder that holds the book's package is not on it, and an import of ``kernels`` (installed or
 not) fails: a finder placed first on ``sys.meta_path`` refuses it. The script loads three files
-by their paths, none of them part of the package's import graph: :mod:`.codec` (values as plain
-data), :mod:`.sandbox` (the isolation a worker enters) and ``kernels/env.py`` (only for
-:func:`configure_triton`: Triton's CPU interpreter and its fixes, as the notebooks have them).
+by their paths, as modules of their own, never through the package (so ``kernels`` is not in
+``sys.modules``): :mod:`.codec` (values as plain data), :mod:`.sandbox` (the isolation a worker
+enters) and ``kernels/env.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
+its fixes, as the notebooks have them; it holds no check and no answer).
 It then runs the import statements of the chapters' cells once (``LAB_PRELOAD``), so that no
 worker repeats a slow import.
 
