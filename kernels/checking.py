@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import secrets
 import sys
 import textwrap
@@ -152,111 +153,54 @@ def correct(text: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # What an answer may not do (the grader's scan; :func:`forbid` runs it in a check)
 # ----------------------------------------------------------------------------------------------
-# Found by reading an answer's source (Python's ``ast``), before it runs. The grader scans the
-# source of every answer (the answer cell and any code cells the student added before it) and
-# scores the exercise 0, with a message naming the call, when it finds:
-#
-# * anything that reaches into the grader or the package's internals: ``import kernels...``,
-#   ``importlib``, ``sys``, ``os``, ``subprocess``, ``__import__``, ``exec``, ``eval``,
-#   ``getattr``/``setattr``, ``globals()``, attributes with double underscores, and any attribute
-#   of the checks' module ``ex`` except its upper-case constants (``ex.TILES``);
-# * patching: assigning to an attribute of a module the exercise setup imports
-#   (``ex.check_merge = ...``, ``torch.amax = ...``) or rebinding such a name (``ex = ...``);
-# * in an exercise that asks you to implement something, the library calls that would do the work
-#   (:data:`FORBIDDEN`): NumPy or ml_dtypes in the integer rounding of 1.2, PyTorch's reductions
-#   outside the Triton kernel in 2.2, SciPy in 8.2, ...
-#
-# A scan is a second line of defence: every graded check also runs the answer in a fresh process
-# of its own (:mod:`kernels.lab_kit.isolate`), so patching could not change a score anyway; the
-# scan turns it into a clear 0 with a reason. The checks themselves scan the reader's function
-# too (:func:`forbid`), where Python can find its source, so that a forbidden call fails in the
-# notebook already, not only when graded.
+# Found by reading an answer's source (Python's ``ast``), before it runs; one rule, :func:`scan`,
+# for the checks in the notebook (:func:`forbid`) and the grader, which scores the exercise 0
+# with a message naming the call when it finds: what reaches into the grader or the package
+# (``import kernels``, ``sys``, ``getattr``, ``__globals__``, private attributes, any attribute
+# of ``ex`` but its upper-case constants); patching (``ex.check_merge = ...``, ``ex = ...``); or,
+# in an exercise that asks you to implement something, the library calls that would do the work
+# (:data:`FORBIDDEN`). The scan is a second line of defence: the grader also runs each answer
+# in a process of its own (:mod:`kernels.lab_kit.isolate`), so patching changes no score.
 
-# modules an answer never needs, and names that reach around the language
-GENERIC_MODULES = {
-    "kernels",
-    "importlib",
-    "sys",
-    "os",
-    "subprocess",
-    "builtins",
-    "inspect",
-    "gc",
-    "ctypes",
-    "pickle",
-    "marshal",
-    "runpy",
-    "multiprocessing",
-    "threading",
-    "signal",
-    "socket",
-    "shutil",
-    "pathlib",
-    "types",
-    "unittest",
-    "pytest",
-    "nbgrader",
-    "nbformat",
-    "nbclient",
-    "IPython",
+# modules an answer never needs, and names that reach around the language (one rule for the
+# notebook's checks and the grader; issue 43 re-ran the review's cheats against it)
+GENERIC_MODULES = set(
+    "kernels importlib sys os posix subprocess builtins inspect gc ctypes pickle marshal runpy "
+    "multiprocessing threading _thread concurrent asyncio signal socket shutil pathlib types "
+    "unittest pytest nbgrader nbformat nbclient IPython pkgutil pydoc timeit code codeop "
+    "traceback logging pdb bdb cProfile profile trace doctest linecache io codecs fileinput "
+    "glob tempfile mmap tokenize zipimport dis site sysconfig atexit faulthandler weakref "
+    "copyreg platform".split()
+)
+# attributes through which a library reaches others (torch.sys.modules[...]), frames or files
+GENERIC_ATTRIBUTES = set(
+    "modules import_module reload f_globals f_locals f_back f_code gi_frame cr_frame ag_frame "
+    "tb_frame func_globals system popen spawn attrgetter methodcaller currentframe walk_stack "
+    "extract_stack settrace setprofile open read_text read_bytes write_text write_bytes "
+    "loadtxt genfromtxt fromfile from_file memmap fn".split()
+)
+GENERIC_NAMES = set(
+    "__import__ exec eval compile globals locals vars getattr setattr delattr open breakpoint "
+    "__builtins__ get_ipython input attrgetter methodcaller".split()
+)
+# the names a notebook's exercise setup binds, and their modules (``ex``: the chapter's checks)
+SETUP_MODULES = {
+    "ex": "",
+    "torch": "torch",
+    "np": "numpy",
+    "triton": "triton",
+    "tl": "triton.language",
+    "math": "math",
 }
-# attributes through which a library's module reaches others (torch.sys.modules[...])
-GENERIC_ATTRIBUTES = {
-    "modules",
-    "import_module",
-    "reload",
-    "f_globals",
-    "f_back",
-    "gi_frame",
-    "cr_frame",
-    "tb_frame",
-    "func_globals",
-    "system",
-    "popen",
-    "spawn",
-}
-GENERIC_NAMES = {
-    "__import__",
-    "exec",
-    "eval",
-    "compile",
-    "globals",
-    "locals",
-    "vars",
-    "getattr",
-    "setattr",
-    "delattr",
-    "open",
-    "breakpoint",
-    "__builtins__",
-    "get_ipython",
-    "input",
-}
+# built-ins that do an exercise's work only when they reduce a sequence: max(a, b) is allowed
+SCALAR_BUILTINS = {"max", "min"}
 
-_REDUCTIONS = {
-    "amax",
-    "amin",
-    "max",
-    "min",
-    "aminmax",
-    "sort",
-    "topk",
-    "argmax",
-    "argmin",
-    "cummax",
-    "kthvalue",
-    "msort",
-    "nanmax",
-    "median",
-    "mode",
-    "quantile",
-    "numpy",
-    "tolist",
-    "item",
-    "max_pool1d",
-    "max_pool2d",
-    "adaptive_max_pool1d",
-}
+_REDUCTIONS = set(
+    "amax amin max min aminmax maximum fmax sort argsort msort topk argmax argmin cummax "
+    "kthvalue nanmax median nanmedian mode quantile nanquantile percentile nanpercentile ptp "
+    "unique scatter_reduce index_reduce segment_reduce numpy tolist item max_pool1d max_pool2d "
+    "max_pool1d_with_indices adaptive_max_pool1d MaxPool1d MaxPool2d AdaptiveMaxPool1d".split()
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,9 +283,21 @@ def _is_jit(fn: ast.AST) -> bool:
     return False
 
 
+def bindings(node) -> list[tuple[str, str]]:
+    """(bound name, the module or object it is bound to) for each alias of an import."""
+    out = []
+    for alias in node.names:
+        if isinstance(node, ast.Import):
+            module = alias.name if alias.asname else alias.name.split(".")[0]
+            out.append(((alias.asname or alias.name).split(".")[0], module))
+        else:
+            out.append((alias.asname or alias.name, f"{node.module or ''}.{alias.name}"))
+    return out
+
+
 def refuse_attribute(node: ast.Attribute, in_jit: bool, modules: set, rule, refuse) -> None:
-    """The rules on one attribute ``obj.attr`` of an answer, for :func:`scan` and the grader's
-    scan (:mod:`kernels.lab_kit.answer_scan`); ``refuse`` raises."""
+    """The rules on one attribute ``obj.attr`` of an answer (part of :func:`scan`); ``refuse``
+    raises."""
     if node.attr.startswith("__"):
         refuse(node, f".{node.attr}", "answers may not reach around the language")
     if node.attr in GENERIC_MODULES or node.attr in GENERIC_ATTRIBUTES:
@@ -350,28 +306,100 @@ def refuse_attribute(node: ast.Attribute, in_jit: bool, modules: set, rule, refu
     if root == "ex" and isinstance(node.value, ast.Name) and not node.attr.isupper():
         why = "answers may use only the checks' constants (upper-case names), never functions"
         refuse(node, f"ex.{node.attr}", why)
+    if node.attr.startswith("_"):
+        refuse(node, ast.unparse(node), "answers may not use private attributes")
     if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
         refuse(node, ast.unparse(node), "do not patch the modules the exercise uses")
     if node.attr in rule.attributes and not in_jit:
         refuse(node, ast.unparse(node), rule.why)
 
 
-def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> None:
+def _named(text: str, rule, in_jit: bool) -> bool:
+    """Whether a string such as ``"ml_dtypes.bfloat16"`` or ``"amax"`` names what is forbidden."""
+    if not re.fullmatch(r"[A-Za-z_][\w.:]*", text):
+        return False
+    banned = GENERIC_MODULES | GENERIC_NAMES
+    if not in_jit:
+        banned = banned | rule.modules | rule.names | rule.attributes
+    return any(p.startswith("_") or p in banned for p in re.split(r"[.:]", text) if p)
+
+
+def scan(source: str, exercise: str, module_names=SETUP_MODULES, package_names=()) -> None:
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
-    ``exercise``, such as ``"2.2"``); ``module_names``: the names the chapter binds to modules
-    (``ex``, ``torch``, ``np``, ...); ``package_names``: the names the chapter's earlier cells
-    bind to the book's package (``report``, ``tiling``, ``round_to_dtype``), which answers may not
-    use."""
+    ``exercise``, such as ``"2.2"``), as written. ``module_names``: the names the chapter binds to
+    modules, as a dict (``{"np": "numpy"}``) or names (their modules from
+    :data:`SETUP_MODULES`); ``package_names``: the names the chapter's earlier cells bind to the
+    book's package (``report``, ``tiling``), which answers may not use.
+
+    One rule for the notebook's checks (:func:`forbid`) and the grader: an import of a module
+    under the name the chapter already gives it (``import numpy as np``) is no rebinding; a
+    module the exercise forbids may be imported but not used; ``max(a, b)`` of two or more plain
+    arguments compares scalars and is allowed (``max(row)``, ``max(*xs)``, ``reduce(max, ...)``
+    are not); a string that names a forbidden module or attribute counts as using it."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise Forbidden(f"the answer is not valid Python (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(module_names, dict):
+        module_names = {n: SETUP_MODULES.get(n, "") for n in module_names}
     rule = FORBIDDEN.get(exercise, _rule(""))
     modules = set(module_names)
+    bound = dict(module_names)  # name: module, the answer's own imports added
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((b, m) for b, m in bindings(node) if b not in modules)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and type(n.ctx) is ast.Load}
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
     def refuse(node, what, reason):
         where = f"line {node.lineno}: " if hasattr(node, "lineno") else ""
         raise Forbidden(f"{where}`{what}` is not allowed in Exercise {exercise}: {reason}")
+
+    def forbidden_module(name: str) -> bool:
+        return name.split(".")[0] in rule.modules
+
+    def visit_import(node):
+        is_import = isinstance(node, ast.Import)
+        names = [a.name for a in node.names] if is_import else [node.module or ""]
+        for name in names:
+            if name.split(".")[0] in GENERIC_MODULES or getattr(node, "level", 0):
+                why = "answers use only what the exercise setup imports and the standard libraries"
+                refuse(node, f"import {name}", why)
+        for alias in [] if is_import else node.names:
+            if alias.name.startswith("_") or alias.name in GENERIC_NAMES | GENERIC_ATTRIBUTES:
+                refuse(node, f"import {alias.name}", "answers may not reach around the language")
+            if alias.name == "*" and forbidden_module(names[0]):
+                refuse(node, f"import {names[0]}", rule.why)
+        for name, module in bindings(node):
+            if name in modules and module_names[name] != module:
+                refuse(node, f"import ... as {name}", "do not rebind the exercise setup's names")
+            if forbidden_module(module) and name in loaded:
+                refuse(node, f"import {names[0]}", rule.why)
+
+    def visit_name(node, in_jit):
+        if node.id in GENERIC_NAMES:
+            refuse(node, node.id, "answers may not reach around the language")
+        if node.id in rule.names and not in_jit:
+            call = parents.get(node)
+            scalar = (
+                node.id in SCALAR_BUILTINS
+                and isinstance(call, ast.Call)
+                and call.func is node
+                and len(call.args) >= 2
+                and not call.keywords
+                and not any(isinstance(a, ast.Starred) for a in call.args)
+            )
+            if not scalar:
+                refuse(node, node.id, rule.why)
+        used, module = type(node.ctx) is ast.Load, bound.get(node.id, "")
+        if used and node.id != "ex" and module.split(".")[0] in GENERIC_MODULES:
+            refuse(node, node.id, "answers may not reach around the language")
+        if used and not in_jit and (node.id in rule.modules or forbidden_module(module)):
+            refuse(node, node.id, rule.why)
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and node.id in modules:
+            refuse(node, f"{node.id} = ...", "do not rebind the exercise setup's names")
+        if used and node.id in package_names:
+            refuse(node, node.id, "answers use the exercise setup's names, not the book's package")
 
     def visit(node, in_jit=False):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -379,49 +407,21 @@ def scan(source: str, exercise: str, module_names=("ex",), package_names=()) -> 
         for child in ast.iter_child_nodes(node):  # the innermost offence is named first
             visit(child, in_jit)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-            )
-            for name in names:
-                top = name.split(".")[0]
-                if top in GENERIC_MODULES:
-                    refuse(
-                        node,
-                        f"import {name}",
-                        "answers use only what the exercise setup "
-                        "imports and the standard numeric libraries",
-                    )
-                if top in rule.modules:
-                    refuse(node, f"import {name}", rule.why)
-            for alias in node.names:
-                bound = (alias.asname or alias.name).split(".")[0]
-                if bound in modules:
-                    refuse(
-                        node, f"import ... as {bound}", "do not rebind the exercise setup's names"
-                    )
+            visit_import(node)
         elif isinstance(node, ast.Name):
-            if node.id in GENERIC_NAMES:
-                refuse(node, node.id, "answers may not reach around the language")
-            if node.id in rule.names and not in_jit:
-                refuse(node, node.id, rule.why)
-            if node.id in rule.modules and not in_jit:
-                refuse(node, node.id, rule.why)
-            if isinstance(node.ctx, (ast.Store, ast.Del)) and node.id in modules:
-                refuse(node, f"{node.id} = ...", "do not rebind the exercise setup's names")
-            if isinstance(node.ctx, ast.Load) and node.id in package_names:
-                refuse(
-                    node,
-                    node.id,
-                    "answers use only what the exercise setup imports, not the book's package",
-                )
+            visit_name(node, in_jit)
         elif isinstance(node, ast.Attribute):
             refuse_attribute(node, in_jit, modules, rule, refuse)
+        elif isinstance(node, ast.MatchClass):  # case object(__globals__=g)
+            for attr in node.kwd_attrs:
+                fake = ast.Attribute(ast.Name("_", ast.Load()), attr, ast.Load())
+                refuse_attribute(ast.copy_location(fake, node), in_jit, set(), rule, refuse)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if _named(node.value, rule, in_jit):
+                refuse(node, repr(node.value), "a string may not name what the answer may not use")
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            for name in node.names:
-                if name in modules:
-                    refuse(node, f"global {name}", "do not rebind the exercise setup's names")
+            for name in set(node.names) & modules:
+                refuse(node, f"global {name}", "do not rebind the exercise setup's names")
 
     visit(tree)
 
@@ -442,7 +442,7 @@ def forbid(fn, exercise: str) -> None:
         sources = [source]
     for text in sources:
         try:
-            scan(text, exercise, ("ex", "torch", "np", "triton", "tl", "math"))
+            scan(text, exercise)
         except Forbidden as exc:
             fail(str(exc))
 

@@ -14,10 +14,13 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
 * :mod:`.grading`   grading one notebook: its chapter's plans, each answer's score
 * :mod:`.batch`     grading a folder of submissions: files found, duplicates, CSVs merged,
   feedback pages
-* :mod:`.answer_scan` the grader's scan of an answer's cells, as the student wrote them
-* :mod:`.sandbox`   where the answers run: own user, no network, limits, time budgets
+* :mod:`.sandbox`   where the answers run: own user, hidden folders, no network, limits,
+  time budgets
 * :mod:`.isolate`   a student's answer in a worker process; values cross as plain data
-  (what an answer may not do is :func:`kernels.checking.scan`, which the checks use too)
+  (:mod:`.codec`); what an answer may not do is :func:`kernels.checking.scan`, which the
+  checks use too
+* :mod:`.worker`    the script that forks the workers, without the book's package
+* :mod:`.class_timing` how long grading a class takes (the instructor page quotes it)
 * :mod:`.text`      the chapters' Markdown made readable in Jupyter and Colab, for students
 """
 

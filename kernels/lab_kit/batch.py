@@ -26,6 +26,7 @@ import json
 import time
 from pathlib import Path
 
+from ..env import REPO_ROOT
 from . import isolate, notebook, sandbox
 from .grading import Chapter, answer_source, grade_notebook
 from .submissions import cell_grade_id, chapter_of, feedback_page
@@ -141,6 +142,7 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
         n: Chapter.load(p, course / "release" / p.parent.name / p.name) for n, p in sources.items()
     }
     isolate.preload(line for c in chapters.values() for line in c.preamble.splitlines())
+    sandbox.HIDDEN[:] = [str(REPO_ROOT), str(out), str(submissions)]  # where workers cannot look
     mode = sandbox.mode()
     say(f"isolation: {mode}")
     rows, per_exercise, explained, skipped, graded = [], [], [], [], set()

@@ -6,9 +6,9 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 1. takes the **source** of the student's answer cell (and of any code cell the student added
    before it) from the submitted file: nothing else of the submission is used, so a deleted or
    edited check cell, or a deleted held-back test, changes nothing;
-2. scans it (:func:`.answer_scan.scan`): an answer that imports the grader, patches a module,
-   calls a checks' function or a library call that does the exercise's work scores 0, and
-   the feedback names the call;
+2. scans it (:func:`kernels.checking.scan`, the rule the notebook's checks use too): an
+   answer that imports the grader, patches a module, calls a checks' function or a library
+   call that does the exercise's work scores 0, and the feedback names the call;
 3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
    held-back tests, from the autograder's copy of the chapter, in the grader's own process
    against it.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .. import checking as scan
 from ..checking import WrongAnswer
-from . import answer_scan, isolate, notebook
+from . import isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
 from .submissions import cell_grade_id, explanation
 
@@ -129,6 +129,7 @@ class Chapter:
     locked: dict = dataclasses.field(default_factory=dict)  # grade id: the release's source
     answer_ids: dict = dataclasses.field(default_factory=dict)  # grade id: the release's cell id
     module_map: dict = dataclasses.field(default_factory=dict)  # name: the module it is bound to
+    worker: dict = dataclasses.field(default_factory=dict)  # the setup as plain data (isolate)
 
     @classmethod
     def load(cls, source_path: Path, release_path: Path | None = None):
@@ -168,8 +169,8 @@ class Chapter:
         }
         for statement in statements:
             for node in ast.walk(ast.parse(statement)):
-                if isinstance(node, ast.Import):
-                    module_map.update(answer_scan._bindings(node))
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    module_map.update(scan.bindings(node))
         names = set(module_map)
         release = notebook.load(release_path) if release_path and release_path.is_file() else nb
         ids = {c.get("id") for c in release["cells"]}
@@ -190,6 +191,7 @@ class Chapter:
             locked,
             answer_ids,
             module_map,
+            isolate.worker_setup(namespace),
         )
 
 
@@ -266,7 +268,7 @@ def grade_exercise(
         return fail
     if scanning:
         try:
-            answer_scan.scan(source, plan.name, chapter.module_map, chapter.package_names)
+            scan.scan(source, plan.name, chapter.module_map, chapter.package_names)
         except scan.Forbidden as exc:
             fail.message = str(exc)
             return fail
@@ -274,7 +276,7 @@ def grade_exercise(
     passed, messages = [], []
     try:
         with isolate.Answer(
-            chapter.setup,
+            chapter.worker,
             source,
             plan.variable,
             isolate.GUARDS.get(plan.check),

@@ -10,11 +10,15 @@ process (:mod:`.isolate`), as soon as it is forked and before it runs a line of 
 * sets **resource limits**: ``RLIMIT_AS`` (``RLIMIT_DATA`` where a GPU is present, as CUDA
   reserves address space), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, and ``RLIMIT_NPROC`` when it runs
   as a user of its own;
-* where the grader runs as root: leaves the network (a new, empty network namespace,
-  ``unshare(CLONE_NEWNET)``) and becomes a **user of its own**: a fresh uid and gid with no
-  account and no groups, unused by any process, so no other process can be signalled and only
-  the student's directory can be written; it keeps one capability, ``CAP_DAC_READ_SEARCH``
-  (read any file), because the Python environment may sit in a directory only root can read
+* where the grader runs as root: **hides** the book's folder, the autograder and the
+  submissions (a mount namespace of its own, ``unshare(CLONE_NEWNS)``, with an empty read-only
+  ``tmpfs`` over each, so the solutions and other students' work are on no path it can read;
+  folders that hold the Python environment stay visible); leaves the **network** (a new, empty
+  network namespace, ``unshare(CLONE_NEWNET)``); and becomes a **user of its own**: a fresh
+  uid and gid with no account and no groups, unused by any process, so no other process can be
+  signalled and only the student's directory can be written. It keeps one capability,
+  ``CAP_DAC_READ_SEARCH`` (read any file it can reach), because the Python environment may sit
+  in a directory only root can read
   (``/root/.pyenv``). ``PR_SET_NO_NEW_PRIVS`` stops it regaining more.
 
 :func:`mode` says, once per run, what this machine allowed; the grader prints it and writes it
@@ -30,6 +34,8 @@ import os
 import resource
 import shutil
 import signal
+import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -41,13 +47,16 @@ NPROC = 64
 EXERCISE_BUDGET = float(os.environ.get("LAB_EXERCISE_BUDGET", 300))  # wall-clock seconds
 STUDENT_BUDGET = float(os.environ.get("LAB_STUDENT_BUDGET", 1800))
 
-_CLONE_NEWNET = 0x40000000
+_CLONE_NEWNET, _CLONE_NEWNS = 0x40000000, 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 1, 2, 4, 1 << 14, 1 << 18
 _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS = 8, 38
 _CAP_DAC_READ_SEARCH = 2
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 # the student being graded: their directory, their deadline
 CURRENT: dict = {}
+# folders the workers must not see (the book, the autograder, the submissions): set by the grader
+HIDDEN: list = []
 
 
 class _CapHeader(ctypes.Structure):
@@ -82,9 +91,38 @@ def _fresh_uid() -> int:
     return uid
 
 
-def enter(workdir: str | None, uid: int | None, network: bool) -> None:
+def hidden_paths(paths) -> list[str]:
+    """The folders to hide: each of ``paths``, or, where one holds the Python environment (a
+    virtual environment inside the book's folder), its other entries."""
+    where = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
+    python = [Path(p).resolve() for p in where if p]
+    out = []
+    for path in (Path(p).resolve() for p in paths):
+        inside = [p for p in python if p == path or path in p.parents]
+        if not inside:
+            out.append(str(path))
+        elif path not in inside and path.is_dir():
+            keep = {path / p.relative_to(path).parts[0] for p in inside}
+            out += [str(c) for c in path.iterdir() if c not in keep and c.is_dir()]
+    return sorted(set(out))
+
+
+def _hide(paths) -> None:
+    if _LIBC.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    for path in paths:
+        flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+        if _LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555") != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+
+
+def enter(workdir: str | None, uid: int | None, network: bool, hide=()) -> None:
     """In the freshly forked worker, before any of the student's code: the isolation above."""
     os.setsid()
+    if hide:
+        _hide(hide)
     if workdir:
         os.chdir(workdir)
         os.environ.update(HOME=workdir, TMPDIR=workdir, TRITON_CACHE_DIR=f"{workdir}/.triton")
@@ -114,16 +152,18 @@ def _gpu() -> bool:
     return os.path.exists("/dev/nvidia0")
 
 
-def _probe(uid: int | None, network: bool, forbidden: str) -> bool:
+def _probe(uid: int | None, network: bool, forbidden: str, hide=()) -> bool:
     """Whether a forked child can enter that isolation, still read the Python environment, and
-    not write ``forbidden``."""
+    not write ``forbidden`` (nor see what is in the folders of ``hide``)."""
     pid = os.fork()
     if pid == 0:  # the child: only system calls, then _exit
         ok = 1
         try:
-            enter(tempfile.gettempdir(), uid, network)
+            enter(tempfile.gettempdir(), uid, network, hide)
             Path(os.__file__).read_bytes()
             if uid is not None and os.access(forbidden, os.W_OK):
+                raise PermissionError
+            if any(os.listdir(p) for p in hide):
                 raise PermissionError
             ok = 0
         except BaseException:  # noqa: BLE001, S110
@@ -134,18 +174,30 @@ def _probe(uid: int | None, network: bool, forbidden: str) -> bool:
 
 @functools.cache
 def capabilities(forbidden: str = "/") -> tuple:
-    """(uid or None, network off?) for this machine, probed once."""
+    """(uid or None, network off?, hiding folders possible?) for this machine, probed once."""
     root = os.geteuid() == 0
     network = root and _probe(None, True, forbidden)
+    probe = tempfile.mkdtemp(prefix="lab-probe-")
+    try:
+        Path(probe, "x").write_text("x")
+        hide = root and _probe(None, False, forbidden, [probe])
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
     uid = _fresh_uid() if root else None
     if uid is not None and not _probe(uid, network, forbidden):
         uid = None
-    return uid, network
+    return uid, network, hide
+
+
+def where() -> tuple:
+    """The isolation a worker of the current student enters: :func:`enter`'s arguments."""
+    uid, network, hide = capabilities() if CURRENT else (None, False, False)
+    return CURRENT.get("dir"), uid, network, hidden_paths(HIDDEN) if hide else []
 
 
 def mode() -> str:
     """The isolation this machine allows, in words (printed, and written in grades.csv)."""
-    uid, network = capabilities()
+    uid, network, hide = capabilities()
     who = (
         f"own user (uid {uid}, no account, read-only capability)"
         if uid is not None
@@ -154,7 +206,8 @@ def mode() -> str:
     memory = "DATA" if _gpu() else "AS"
     limits = f"RLIMIT_{memory}/CPU/FSIZE" + ("/NPROC" if uid is not None else "")
     net = "no network" if network else "network reachable"
-    return f"worker: {who}; {net}; {limits}; fresh temp dir; process group killed"
+    seen = "book, autograder and submissions hidden" if hide else "every readable file visible"
+    return f"worker: {who}; {seen}; {net}; {limits}; fresh temp dir; process group killed"
 
 
 def kill_user(uid: int) -> None:
@@ -176,7 +229,7 @@ def kill_user(uid: int) -> None:
 def student(name: str, files):
     """The student's temporary directory with a copy of ``files`` ((path, bytes, mtime));
     every worker of theirs is dead, and the directory gone, when this ends."""
-    uid, _ = capabilities()
+    uid = capabilities()[0]
     workdir = tempfile.mkdtemp(prefix="lab-student-")
     try:
         for i, (path, raw, _mtime) in enumerate(files):

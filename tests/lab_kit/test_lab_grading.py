@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from kernels.lab_kit import build, grade, grading
+from kernels.lab_kit import build, grade, grading, isolate
 from kernels.lab_kit.notebook import BEGIN_HIDDEN, BEGIN_SOLUTION
 
 pytest.importorskip("nbgrader")
@@ -288,6 +288,10 @@ def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit)
         scanning=False,
     )
     assert ends.score == 0.0 and "ended the answer's process" in ends.message
+    # a reply over the size cap (a 2.3 GB return in the review) is refused, not decoded
+    big = f"import numpy as np\nn_per_binade = np.zeros({(isolate.REPLY_MB << 17) + 1})"
+    large = grading.grade_exercise(chapter, plans["1.1"], big, scanning=False)
+    assert large.score == 0.0 and "MiB of data" in large.message, large
 
 
 def test_build_finds_nbgrader_tools_without_the_environment_on_path(tmp_path):
@@ -349,3 +353,73 @@ def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
     source = ROW_MAX.replace("EXTRA", str(extra)).replace("OTHER", other)
     result = grading.grade_exercise(chapter, chapter.plans[1], source)
     assert result.score == points, result
+
+
+def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutions, tmp_path):
+    """Issue 43's reach-arounds, with the scan switched off: the worker never imported the book
+    and cannot (pkgutil, pydoc and a walk up the stack find no reference), and where the machine
+    allows it, the autograder's solutions are not on any path it can read."""
+    from kernels.lab_kit import batch, sandbox
+
+    source = kit / "course" / "source" / RELEASES[2]
+    reach = {
+        "ex2_1-answer": "from pydoc import locate\n"
+        "launch_grid = locate('kernels.triton_exercises._launch_grid_expected')",
+        "ex3_3-answer": "import pkgutil\n"
+        "key_tiles = pkgutil.resolve_name('kernels.attention.exercises:_key_tiles_expected')",
+        "ex3_1-answer": "import sys\ndef merge(*args):\n    f = sys._getframe()\n"
+        "    while f is not None:\n        if '_merge_expected' in f.f_globals:\n"
+        "            return f.f_globals['_merge_expected'](*args)\n        f = f.f_back\n",
+        "ex3_2-answer": "import json\n"
+        f"cells = json.load(open({str(source)!r}))['cells']\n"
+        "code = [''.join(c['source']) for c in cells if 'ex3_2-answer' in str(c['metadata'])]\n"
+        "exec(code[0])",
+    }
+    subs = tmp_path / "class"
+    for rel in RELEASES[1:3]:
+        _write(subs / "reacher", rel.split("/")[1], _submission(kit, rel, reach))
+    # the file holds the solution: an answer that could read it would score full marks
+    cells = json.loads(source.read_text())["cells"]
+    assert "".join(solutions["ex3_2-answer"]) in ["".join(c["source"]) for c in cells]
+    batch.grade(subs, kit, quiet=True, scanning=False)
+    with open(kit / "exercises.csv") as f:
+        per = {r["exercise"]: r for r in csv.DictReader(f) if r["student"] == "reacher"}
+    for name in ("2.1", "3.3", "3.1"):
+        assert float(per[name]["score"]) == 0.0, per[name]
+    hidden = sandbox.capabilities()[2]
+    assert float(per["3.2"]["score"]) == (0.0 if hidden else grading.points("3.2")), per["3.2"]
+    shutil.rmtree(subs)
+
+
+def test_the_reviews_cheats_score_zero_when_graded_and_the_rest_scores_full(
+    kit, solutions, tmp_path
+):
+    """Rows of the cheat table (test_lab_cheats.py) handed in as one student's notebooks, next
+    to the book's solutions for the other exercises: each cheat scores 0 with the call named,
+    every honest answer of the same student keeps its points."""
+    from test_lab_cheats import CHEATS
+
+    wanted = {
+        "1.2": "ml_dtypes from the chapter's cells",
+        "2.1": "pydoc.locate",
+        "2.2": "MaxPool1d",
+        "3.1": "match class pattern on __globals__",
+        "3.3": "stack walk: logging",
+        "8.2": "SciPy from the chapter's cells",
+    }
+    rows = {label: (ex, source, named) for label, ex, source, named in CHEATS}
+    answers = dict(solutions)
+    for name, label in wanted.items():  # a row of another exercise is refused here too
+        answers[f"ex{name.replace('.', '_')}-answer"] = rows[label][1]
+    subs = tmp_path / "class"
+    for rel in RELEASES:
+        _write(subs / "mallory", rel.split("/")[1], _submission(kit, rel, answers))
+    graded = grade(subs, kit, quiet=True)
+    with open(kit / "exercises.csv") as f:
+        per = {r["exercise"]: r for r in csv.DictReader(f) if r["student"] == "mallory"}
+    for name, label in wanted.items():
+        assert float(per[name]["score"]) == 0.0 and f"`{rows[label][2]}`" in per[name]["message"]
+    honest = [n for n in per if n not in wanted]
+    assert honest and all(float(per[n]["score"]) == grading.points(n) for n in honest)
+    assert sum(r["score"] for r in graded) == sum(grading.points(n) for n in honest)
+    shutil.rmtree(subs)

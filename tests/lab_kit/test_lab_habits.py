@@ -1,7 +1,7 @@
 """Issue 43, item A: honest habits are scored right. An answer that opens with the imports a
 student types out of habit (``import torch``, ``import numpy as np``, ``import math``), and
-uses Python's ``max`` for a block size, scores full marks; the calls that do an exercise's
-work are still refused."""
+uses Python's ``max`` for a block size, scores full marks (the book's 54 autograded points,
+every chapter); the calls that do an exercise's work are still refused."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import pytest
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
-from kernels.checking import Forbidden
-from kernels.lab_kit import answer_scan, build, grade, notebook
+from kernels.checking import Forbidden, scan
+from kernels.lab_kit import build, grade, notebook
 
 pytest.importorskip("nbgrader")
 
@@ -44,7 +44,7 @@ def test_every_solution_written_with_habits_passes_the_graders_scan(number):
     path, nb, _, found = chapter_exercises(number)
     for ex in found:
         text = habits(ex.grade_id, notebook.source(nb["cells"][ex.answer]))
-        answer_scan.scan(text, ex.name, SETUP)
+        scan(text, ex.name, SETUP)
 
 
 @pytest.mark.parametrize(
@@ -64,13 +64,13 @@ def test_every_solution_written_with_habits_passes_the_graders_scan(number):
 )
 def test_the_calls_that_do_the_work_are_still_refused(exercise, source, named):
     with pytest.raises(Forbidden, match=named.replace("(", r"\(").replace("*", r"\*")):
-        answer_scan.scan(source, exercise, SETUP)
+        scan(source, exercise, SETUP)
 
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     out = tmp_path_factory.mktemp("lab")
-    build(out, chapters=[1, 2, 3, 8], quiet=True)
+    build(out, quiet=True)  # every chapter: the whole lab
     return out
 
 
@@ -91,9 +91,18 @@ def test_a_student_with_honest_habits_scores_full_marks(kit, tmp_path):
                 cell["source"] = solutions[gid]
         (folder / src.name).write_text(json.dumps(nb))
     rows = grade(tmp_path / "submissions", kit, quiet=True)
-    assert len(rows) == 4
+    assert len(rows) == len(CHAPTERS)
     for row in rows:
         assert row["score"] == row["max_score"], row
-    # 1.1-1.3, 2.1-2.2, 3.1-3.3, 8.1-8.2: 6 + 7 + 8 + 3 of the book's 54 points
-    assert sum(r["score"] for r in rows) == 24.0
+    # every exercise of the ten chapters: the book's 54 autograded points
+    assert sum(r["score"] for r in rows) == sum(notebook.POINTS.values()) == 54.0
     assert sum(notebook.POINTS.values()) == 54
+
+
+def test_the_class_timing_grades_a_solved_and_a_blank_student(kit):
+    from kernels.lab_kit import class_timing
+
+    row = class_timing.measure(2, None, kit)
+    assert (row["students"], row["full_marks"], row["zero"]) == (2, 1, 1)
+    assert row["chapters"] == [f"ch{n}" for n in sorted(CHAPTERS)] and row["seconds"] > 0
+    assert row["isolation"].startswith("worker:")

@@ -30,7 +30,11 @@ def test_the_books_solutions_and_blanks_pass_the_scan(number):
 @pytest.mark.parametrize(
     "exercise, source, named",
     [
-        ("1.2", "import ml_dtypes\ndef round_bits_to_bf16(b):\n    return b", "import ml_dtypes"),
+        (
+            "1.2",
+            "import ml_dtypes\ndef round_bits_to_bf16(b):\n    return ml_dtypes.bfloat16(b)",
+            "import ml_dtypes",
+        ),
         ("1.2", "def round_bits_to_bf16(b):\n    return int(np.float32(b))", "np"),
         ("2.2", "def row_max(x):\n    return torch.aminmax(x, dim=1).max", "torch.aminmax"),
         ("2.2", "def row_max(x):\n    return x.amax(dim=1)", "x.amax"),
