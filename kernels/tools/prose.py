@@ -1,0 +1,81 @@
+"""Words of prose per chapter: what a reader reads in the markdown cells.
+
+A chapter's prose is the text of its markdown cells (``.md`` pages: the whole file) less what
+is not prose: code blocks, display and inline math, HTML tags and comments, link targets,
+MyST directive and role markup (a glued number counts as one word), heading marks, table
+rules and the YAML front matter. ``python -m kernels.tools.prose`` prints the count of every
+page in ``_toc.yml``'s book folder; the unit test ``tests/tools/test_prose.py`` holds every
+chapter to :data:`MAX_WORDS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+MAX_WORDS = 2_500
+
+_FENCE = re.compile(r"^(```+|~~~+|:::+)[^\n]*\n.*?^\1[ \t]*$", re.M | re.S)
+_DIRECTIVE_OPTION = re.compile(r"^:[\w-]+:.*$", re.M)
+_DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+_INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)[^$\n]+?\$")
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_TAG = re.compile(r"</?[A-Za-z][^>]*>")
+_ROLE = re.compile(r"\{[\w:-]+\}`[^`]*`")
+_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\]\([^)]*\)|\]\[[^\]]*\]")
+_FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
+_WORD = re.compile(r"[A-Za-z0-9À-ɏ\u0370-\u03ff][\w'’.,:;%/–-]*")
+
+
+def prose(text: str) -> str:
+    """The prose of one markdown text, markup taken out."""
+    text = _FRONT.sub(" ", text)
+    text = _FENCE.sub(" ", text)  # code blocks and fenced directives (figures, exercises' code)
+    text = _COMMENT.sub(" ", text)
+    text = _DISPLAY_MATH.sub(" ", text)
+    text = _INLINE_MATH.sub(" ", text)
+    text = _ROLE.sub(" x ", text)  # a glued value or a reference reads as one word
+    text = _CODE.sub(" x ", text)
+    text = _LINK.sub("] ", text)
+    text = _TAG.sub(" ", text)
+    text = _DIRECTIVE_OPTION.sub(" ", text)
+    return text
+
+
+def count_words(text: str) -> int:
+    """Words in the prose of a markdown text."""
+    return len(_WORD.findall(prose(text)))
+
+
+def page_markdown(path: Path) -> str:
+    """The markdown of a page: a notebook's markdown cells, or a ``.md`` file."""
+    path = Path(path)
+    if path.suffix == ".md":
+        return path.read_text()
+    cells = json.loads(path.read_text())["cells"]
+    return "\n\n".join(
+        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+    )
+
+
+def page_words(path: Path) -> int:
+    return count_words(page_markdown(path))
+
+
+def main(paths: list[str]) -> None:
+    from kernels.tools.booktools import BOOK_DIR
+
+    pages = [Path(p) for p in paths] or sorted(
+        [*BOOK_DIR.glob("*.ipynb"), *BOOK_DIR.glob("*.md")]
+    )
+    for path in pages:
+        words = page_words(path)
+        flag = "  over" if words > MAX_WORDS else ""
+        print(f"{words:6,}  {path.name}{flag}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
