@@ -630,7 +630,7 @@ NOT_YET = {
     "alt text": set(),
     "long code cell": set(),
     "GPU name": set(),
-    "page weight": {"book/06_fixes"},
+    "page weight": set(),
 }
 
 
