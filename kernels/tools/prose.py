@@ -1,6 +1,7 @@
 """Words of prose per chapter: what a reader reads in the markdown cells.
 
-A chapter's prose is the text of its markdown cells (``.md`` pages: the whole file) less what
+A chapter's prose is the text of its markdown cells that the site shows (``.md`` pages: the
+whole file) less what
 is not prose: code blocks, display and inline math, HTML tags and comments, link targets,
 MyST directive and role markup (a glued number counts as one word), heading marks, table
 rules and the YAML front matter. ``python -m kernels.tools.prose`` prints the count of every
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 MAX_WORDS = 2_500
+HIDDEN = {"remove-cell"}  # markdown cells the site leaves out (a grader's rubric)
 
 _FENCE = re.compile(r"^(```+|~~~+|:::+)[^\n]*\n.*?^\1[ \t]*$", re.M | re.S)
 _DIRECTIVE_OPTION = re.compile(r"^:[\w-]+:.*$", re.M)
@@ -57,7 +59,9 @@ def page_markdown(path: Path) -> str:
         return path.read_text()
     cells = json.loads(path.read_text())["cells"]
     return "\n\n".join(
-        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "markdown" and not HIDDEN & set(c["metadata"].get("tags", []))
     )
 
 
@@ -68,9 +72,7 @@ def page_words(path: Path) -> int:
 def main(paths: list[str]) -> None:
     from kernels.tools.booktools import BOOK_DIR
 
-    pages = [Path(p) for p in paths] or sorted(
-        [*BOOK_DIR.glob("*.ipynb"), *BOOK_DIR.glob("*.md")]
-    )
+    pages = [Path(p) for p in paths] or sorted([*BOOK_DIR.glob("*.ipynb"), *BOOK_DIR.glob("*.md")])
     for path in pages:
         words = page_words(path)
         flag = "  over" if words > MAX_WORDS else ""
