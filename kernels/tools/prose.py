@@ -1,12 +1,12 @@
 """Words of prose per chapter: what a reader reads in the markdown cells.
 
 A chapter's prose is the text of its markdown cells that the site shows (``.md`` pages: the
-whole file) less what
-is not prose: code blocks, display and inline math, HTML tags and comments, link targets,
-MyST directive and role markup (a glued number counts as one word), heading marks, table
-rules and the YAML front matter. ``python -m kernels.tools.prose`` prints the count of every
-page in ``_toc.yml``'s book folder; the unit test ``tests/tools/test_prose.py`` holds every
-chapter to :data:`MAX_WORDS`.
+whole file), exercises included, less solutions folded into a dropdown (a reader opens them)
+and less what is not prose: code blocks, display and inline math, HTML tags and comments,
+link targets, MyST directive and role markup (a glued number counts as one word), option
+lines and the YAML front matter. ``python -m kernels.tools.prose`` prints the count of every
+page in ``book/``; the unit test ``tests/tools/test_prose.py`` holds every chapter to
+:data:`MAX_WORDS`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from pathlib import Path
 MAX_WORDS = 2_500
 HIDDEN = {"remove-cell"}  # markdown cells the site leaves out (a grader's rubric)
 
-_FENCE = re.compile(r"^(```+|~~~+|:::+)[^\n]*\n.*?^\1[ \t]*$", re.M | re.S)
+_FENCE = re.compile(r"^(```+|~~~+|:::+)([^\n]*)\n(.*?)^\1[ \t]*$", re.M | re.S)
+# directives whose body is not prose; every other {directive} (exercise, note, figure, ...)
+# keeps its body, and a fence with no directive is a code block
+TITLED = {"exercise", "admonition", "note", "tip", "warning", "important", "dropdown"}
+NOT_PROSE = {"code-block", "code-cell", "code", "math", "raw", "literalinclude"}
+_FOLDED = re.compile(  # a solution folded into a dropdown: shown only when the reader opens it
+    r"^(`{3,}|:{3,})\{solution-start\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*?:class:[^\n]*dropdown"
+    r".*?^(`{3,}|:{3,})\{solution-end\}[^\n]*\n\2",
+    re.M | re.S,
+)
 _DIRECTIVE_OPTION = re.compile(r"^:[\w-]+:.*$", re.M)
 _DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
 _INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)[^$\n]+?\$")
@@ -29,13 +38,24 @@ _ROLE = re.compile(r"\{[\w:-]+\}`[^`]*`")
 _CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\]\([^)]*\)|\]\[[^\]]*\]")
 _FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
-_WORD = re.compile(r"[A-Za-z0-9À-ɏ\u0370-\u03ff][\w'’.,:;%/–-]*")
+_WORD = re.compile(r"[^\W_][\w'’.,:;%/–-]*")  # starts with a letter or digit
+
+
+def _fence_body(match) -> str:
+    """A fenced block's prose: the body of a directive such as ``{exercise}``, with its own
+    fences handled the same way, or nothing for code."""
+    name = re.match(r"\s*\{([\w:-]+)\}(.*)", match.group(2))
+    if name is None or name.group(1) in NOT_PROSE:
+        return " "
+    title = name.group(2) if name.group(1) in TITLED else ""  # not a label or a path
+    return f"\n{title}\n" + _FENCE.sub(_fence_body, match.group(3)) + "\n"
 
 
 def prose(text: str) -> str:
     """The prose of one markdown text, markup taken out."""
     text = _FRONT.sub(" ", text)
-    text = _FENCE.sub(" ", text)  # code blocks and fenced directives (figures, exercises' code)
+    text = _FOLDED.sub(" ", text)
+    text = _FENCE.sub(_fence_body, text)  # code blocks out, a directive's body in
     text = _COMMENT.sub(" ", text)
     text = _DISPLAY_MATH.sub(" ", text)
     text = _INLINE_MATH.sub(" ", text)
