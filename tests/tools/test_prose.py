@@ -19,7 +19,6 @@ OVER_FOR_NOW = {
     "07_gpt2_failure",
     "06_fixes",  # being cut (issue 45)
     "08_is_flash_attention_stable",  # being cut (issue 45)
-    "09_monitor",  # being cut (issue 45)
 }
 
 
