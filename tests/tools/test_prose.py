@@ -18,7 +18,6 @@ OVER_FOR_NOW = {
     # chapter 7 is being rewritten by others (issue 45's GPT-2 work); its cut is theirs
     "07_gpt2_failure",
     "06_fixes",  # being cut (issue 45)
-    "08_is_flash_attention_stable",  # being cut (issue 45)
 }
 
 
