@@ -17,7 +17,6 @@ CHAPTERS = sorted(BOOK.glob("*.ipynb")) + [BOOK / "intro.md"]
 OVER_FOR_NOW = {
     # chapter 7 is being rewritten by others (issue 45's GPT-2 work); its cut is theirs
     "07_gpt2_failure",
-    "06_fixes",  # being cut (issue 45)
 }
 
 
