@@ -1,6 +1,7 @@
 """The explorers of chapters 5 and 6: the stored grid against fresh computations, the readings
 at the extremes, and what the website and the widget are given."""
 
+import itertools
 import math
 import random
 
@@ -152,3 +153,25 @@ def test_largest_difference_sees_one_changed_number(stored):
 def test_labels_of_every_axis_value_are_distinct():
     for c in se.fixes_controls(se._fix_axes()):
         assert len(set(c["values"])) == len(c["values"]), c
+
+
+def test_a_reading_says_when_two_effects_cancel(stored):
+    """At β = 1 + 2⁻¹⁰ the tied P̄ rounds back to 1 in half the rows (r_m up to 2 of 0.03 to
+    3.97), where FA2's bias stays; a mean near 0 there is the other rows pushed the other way,
+    not a bias removed (issue 45)."""
+    beta = stored["data"]["axes"]["beta"][0]
+    assert beta == 1 + 2**-10
+    assert abs(se.rows_at_one(beta) - 0.5) < 0.01 and se.rows_at_one(2.0) == 0.0
+    ax = stored["data"]["axes"]
+    said = [
+        se.fixes_reading(sg.lookup(stored["data"], p, s, k, g, beta, e), beta, e, k)
+        for p, s, k, g, e in itertools.product(
+            ax["preset"], ax["spread"], ax["ties"], ax["gap"], ax["eps"]
+        )
+    ]
+    assert not any(r.startswith("the rule removes the bias") for r in said)
+    case = {**sg.DEFAULT, "beta": beta, "gap": 12.0, "spread": 0.1}
+    cell = sg.lookup(stored["data"], **case)
+    line = se.fixes_reading(cell, beta, case["eps"], case["ties"])
+    assert line.startswith("two effects cancel") and "50 % of the rows" in line, line
+    assert se.cancels(cell["fa2"], 0.5) and not se.cancels(cell["fa2"], 0.0)
