@@ -175,3 +175,40 @@ def test_a_reading_says_when_two_effects_cancel(stored):
     line = se.fixes_reading(cell, beta, case["eps"], case["ties"])
     assert line.startswith("two effects cancel") and "50 % of the rows" in line, line
     assert se.cancels(cell["fa2"], 0.5) and not se.cancels(cell["fa2"], 0.0)
+
+
+def test_without_javascript_the_explorer_shows_its_default_setting(stored):
+    """A <noscript> holds the default setting as an image (a PNG with the book's legibility
+    record), with alt text and the reading of that setting (issue 45)."""
+    import base64
+    import re
+
+    from kernels.tools import interactive, style
+
+    spec = se.fixes_spec(stored["data"])
+    page = explorer_html(spec)
+    hidden = re.search(r"<noscript>(.*?)</noscript>", page, re.S)
+    assert hidden, "no <noscript> fallback"
+    src = re.search(r'src="data:image/png;base64,([^"]+)"', hidden.group(1)).group(1)
+    png = base64.b64decode(src)
+    assert png.startswith(b"\x89PNG") and style.read_record(png)[style.PNG_KEY_DPI]
+    _, index = interactive.default_setting(spec)
+    reading = spec["readings"][spec["reading"][index]]
+    assert reading == se.fixes_reading(
+        sg.lookup(stored["data"], **sg.DEFAULT), sg.DEFAULT["beta"], sg.DEFAULT["eps"], 2
+    )
+    alt = re.search(r'alt="([^"]+)"', hidden.group(1)).group(1)
+    assert spec["title"] in alt and "default setting" in alt
+    assert interactive.value_label(0.1729, {"unit": "ulp", "signed": True}) == "+0.17"
+    assert interactive.value_label(-0.00571, {"unit": "ulp", "signed": True}) == "−0.0057"
+    assert interactive.value_label(59.4, {"unit": "%"}) == "59 %"
+
+
+def test_the_controls_wrap_on_a_narrow_screen():
+    """Each control's label, field and value wrap onto lines of their own rather than push the
+    explorer wider than a phone's screen; the site test measures it at 420 px."""
+    from kernels.tools import interactive
+
+    css = interactive.CSS
+    assert "flex-wrap:wrap" in css and "min-width:0" in css and "overflow-wrap:anywhere" in css
+    assert "book-explorer-skip" in css and "NARROW" in interactive.SCRIPT.read_text()
