@@ -7,6 +7,8 @@ it (the chapter calls ``plt.show()``).
 * :func:`plot_measured_memory`   peak memory against N measured on this machine (ch. 3)
 * :func:`plot_stored_memory`     the stored GPU peak memory, forward and backward (ch. 3)
 * :func:`plot_stored_speed`      the stored GPU TFLOP/s per shape (ch. 3)
+* :func:`print_speed_table`      the same TFLOP/s as a printed table (ch. 3)
+* :func:`tflops_at`              one row's TFLOP/s, picked by implementation and call (ch. 3)
 * :func:`plot_stored_backward`   the stored GPU errors of dQ, dK, dV by δ source (ch. 4)
 * :func:`plot_delta_gap`         δ_lp − δ_hp per row and its running sum (ch. 4)
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import label
+from .registry import FLASH_BENCH, label
 
 GRADS = ("dq", "dk", "dv")
 
@@ -157,6 +159,44 @@ def plot_stored_speed(rows):
     )
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
+
+
+def print_speed_table(rows) -> None:
+    """Print the timed rows of ``results/flash_bench.json``: TFLOP/s of the book's kernel
+    (with and without the cross-tile rule), SDPA flash and cuDNN per shape and pass, and the
+    ratio book / SDPA flash."""
+    columns = {
+        FLASH_BENCH["triton"]: "book",
+        FLASH_BENCH["triton/cross"]: "book+rule",
+        FLASH_BENCH["sdpa-flash"]: "SDPA flash",
+        FLASH_BENCH["sdpa-cudnn"]: "cuDNN",
+    }
+    print("TFLOP/s. book: the book's kernel; book+rule: with the cross-tile β rule;")
+    print("ratio: book / SDPA flash; shape: batch B, heads H, sequence length N, head dim d;")
+    print("pass: forward alone (fwd) or forward and backward (fwd+bwd)")
+    header = "".join(f"{c:>11s}" for c in columns.values())
+    print(f"{'shape':18s}{'pass':9s}{header}{'ratio':>7s}")
+    for b, h, n, d in sorted({shape_of(r) for r in rows}, key=lambda s: s[2]):
+        for mode in ["fwd", "fwd+bwd"]:
+            got = {
+                r["impl"]: r["tflops"]
+                for r in rows
+                if r["mode"] == mode and shape_of(r) == (b, h, n, d)
+            }
+            tf = "".join(f"{got[k]:11.0f}" if k in got else f"{'-':>11s}" for k in columns)
+            ratio = got.get(FLASH_BENCH["triton"], np.nan) / got.get(
+                FLASH_BENCH["sdpa-flash"], np.nan
+            )
+            print(f"{f'B{b} H{h} N{n} d{d}':18s}{mode:9s}{tf}{ratio:7.2f}")
+
+
+def tflops_at(rows, impl: str, **call) -> float:
+    """The TFLOP/s of the first row of ``impl`` whose fields equal ``call``
+    (``batch=8, heads=12, ...``); a KeyError names the call when no row matches."""
+    for r in rows:
+        if r["impl"] == impl and all(r.get(k) == v for k, v in call.items()):
+            return r["tflops"]
+    raise KeyError(f"no row of {impl!r} at {call}")
 
 
 def plot_stored_backward(bwd):

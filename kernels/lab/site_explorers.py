@@ -16,6 +16,7 @@ import time
 
 from ..numerics.stats import is_biased
 from . import slider_grid as sg
+from .cases import EXP_ROUNDS_TO_ONE
 
 NAN_PANEL = {"title": "outputs NaN or inf", "axis": "share of outputs", "unit": "%"}
 FIX_PANELS = [
@@ -63,6 +64,21 @@ def _rms_words(ratio: float) -> str:
 
 
 # ---------------------------------------------------------------------------- chapter 6: fixes
+def rows_at_one(beta: float, rows: dict = sg.ROWS) -> float:
+    """The share of the grid's rows whose tied P̄ = e^{−(β−1)·r_m} rounds back to 1 in BF16:
+    (β − 1)·r_m ≤ −ln(1 − 2⁻⁹), with r_m uniform over row_max ± row_max_jitter."""
+    lo = rows["row_max"] - rows["row_max_jitter"]
+    hi = rows["row_max"] + rows["row_max_jitter"]
+    limit = EXP_ROUNDS_TO_ONE / (beta - 1)
+    return min(max((limit - lo) / (hi - lo), 0.0), 1.0)
+
+
+def cancels(fa2: dict, at_one: float) -> bool:
+    """Whether a rule that leaves FA2's bias in the ``at_one`` share of the rows can end near 0
+    only by pushing the other rows the other way: that share of FA2's bias alone would show."""
+    return at_one * abs(fa2["bias"]) > 2 * fa2["bias_se"]
+
+
 def fixes_reading(c: dict, beta: float, eps: float, ties: int) -> str:
     """One line on what the β rule does in this cell ({'ideal', 'fa2', 'rule'} stats)."""
     fa2, rule = c["fa2"], c["rule"]
@@ -84,6 +100,15 @@ def fixes_reading(c: dict, beta: float, eps: float, ties: int) -> str:
         line = f"no FA2 bias to remove here ({b0:+.3f} ulp); the rule {rms}"
     elif abs(b1 - b0) <= 2 * math.hypot(fa2["bias_se"], rule["bias_se"]):
         line = f"the rule barely moves the bias ({b0:+.3f} → {b1:+.3f} ulp) and {rms}"
+    elif not abs(b1) > 2 * rule["bias_se"] and ties > 1 and rows_at_one(beta) >= 0.1:
+        share = f"{100 * rows_at_one(beta):.0f} % of the rows"
+        line = (
+            f"two effects cancel ({b0:+.3f} → {b1:+.3f} ulp on average): in {share} the tied P̄ "
+            "rounds back to 1 and FA2's bias stays, in the others the rule pushes the other way"
+            if cancels(fa2, rows_at_one(beta))
+            else f"the bias ends within noise ({b0:+.3f} → {b1:+.3f} ulp), but in {share} "
+            "the tied P̄ rounds back to 1 and the rule does nothing there"
+        ) + f"; it {rms}"
     elif not abs(b1) > 2 * rule["bias_se"]:
         joint = "and" if rms == "keeps the rms" else "but"
         line = f"the rule removes the bias ({b0:+.3f} → {b1:+.3f} ulp) {joint} {rms} here"

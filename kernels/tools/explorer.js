@@ -5,6 +5,7 @@
   "use strict";
   var spec = JSON.parse(root.querySelector("script.book-explorer-data").textContent);
   var NS = "http://www.w3.org/2000/svg";
+  var NARROW = 560;  // px: below this the panels are stacked
   var inputs = spec.controls.map(function (c) {
     return root.querySelector("[data-control='" + c.name + "']");
   });
@@ -55,15 +56,23 @@
       return s.data.slice(k, k + 2 * P);
     });
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 720, H = 350, top = 72, bottom = 42, pw = W / P, fs = 15;
+    // side by side in a wide column; on a narrow screen (a phone) one panel under the other,
+    // in a viewBox about as wide as the screen, so that the text keeps its size
+    var narrow = root.clientWidth < NARROW;
+    var W = narrow ? 400 : 720, fs = 15, legend = narrow ? 22 * S + 6 : 30;
+    var ph = narrow ? 250 : 320, pw = narrow ? W : W / P;
+    var H = legend + (narrow ? P * ph : ph);
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    root.setAttribute("data-layout", narrow ? "stacked" : "wide");
     spec.series.forEach(function (s, i) {  // the legend
-      var x = 8 + i * (W / S);
-      node("rect", { x: x, y: 6, width: 14, height: 14, fill: s.color });
-      node("text", { x: x + 20, y: 18, "font-size": fs }, s.name);
+      var x = narrow ? 8 : 8 + i * (W / S), ly = narrow ? 6 + 22 * i : 6;
+      node("rect", { x: x, y: ly, width: 14, height: 14, fill: s.color });
+      node("text", { x: x + 20, y: ly + 12, "font-size": fs }, s.name);
     });
     spec.panels.forEach(function (panel, p) {
-      var x0 = p * pw + 66, x1 = (p + 1) * pw - 8;
+      var left = narrow ? 0 : p * pw, oy = legend + (narrow ? p * ph : 0);
+      var top = oy + 42, bottom = H - (oy + ph) + 42;
+      var x0 = left + 66, x1 = left + pw - 8;
       var lo = 0, hi = 0;
       bars.forEach(function (b) {
         var v = b[2 * p], e = b[2 * p + 1] || 0;
@@ -115,6 +124,22 @@
     e.addEventListener("input", draw);
     e.addEventListener("change", draw);
   });
+  var wasNarrow = root.clientWidth < NARROW;
+  window.addEventListener("resize", function () {
+    if ((root.clientWidth < NARROW) !== wasNarrow) { wasNarrow = !wasNarrow; draw(); }
+  });
+  // "Skip to the explorer": the page's first link, shown when it has the keyboard's focus; it
+  // moves the focus to the first control (past the site's navigation)
+  var skip = document.createElement("a");
+  skip.href = "#" + root.id;
+  skip.className = "book-explorer-skip";
+  skip.textContent = "Skip to the explorer: " + spec.title;
+  skip.addEventListener("click", function (ev) {
+    ev.preventDefault();
+    root.scrollIntoView();
+    inputs[0].focus();
+  });
+  document.body.insertBefore(skip, document.body.firstChild);
   var start = performance.now();
   draw();
   root.setAttribute("data-draw-ms", (performance.now() - start).toFixed(1));

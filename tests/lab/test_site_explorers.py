@@ -1,6 +1,7 @@
 """The explorers of chapters 5 and 6: the stored grid against fresh computations, the readings
 at the extremes, and what the website and the widget are given."""
 
+import itertools
 import math
 import random
 
@@ -152,3 +153,62 @@ def test_largest_difference_sees_one_changed_number(stored):
 def test_labels_of_every_axis_value_are_distinct():
     for c in se.fixes_controls(se._fix_axes()):
         assert len(set(c["values"])) == len(c["values"]), c
+
+
+def test_a_reading_says_when_two_effects_cancel(stored):
+    """At β = 1 + 2⁻¹⁰ the tied P̄ rounds back to 1 in half the rows (r_m up to 2 of 0.03 to
+    3.97), where FA2's bias stays; a mean near 0 there is the other rows pushed the other way,
+    not a bias removed (issue 45)."""
+    beta = stored["data"]["axes"]["beta"][0]
+    assert beta == 1 + 2**-10
+    assert abs(se.rows_at_one(beta) - 0.5) < 0.01 and se.rows_at_one(2.0) == 0.0
+    ax = stored["data"]["axes"]
+    said = [
+        se.fixes_reading(sg.lookup(stored["data"], p, s, k, g, beta, e), beta, e, k)
+        for p, s, k, g, e in itertools.product(
+            ax["preset"], ax["spread"], ax["ties"], ax["gap"], ax["eps"]
+        )
+    ]
+    assert not any(r.startswith("the rule removes the bias") for r in said)
+    case = {**sg.DEFAULT, "beta": beta, "gap": 12.0, "spread": 0.1}
+    cell = sg.lookup(stored["data"], **case)
+    line = se.fixes_reading(cell, beta, case["eps"], case["ties"])
+    assert line.startswith("two effects cancel") and "50 % of the rows" in line, line
+    assert se.cancels(cell["fa2"], 0.5) and not se.cancels(cell["fa2"], 0.0)
+
+
+def test_without_javascript_the_explorer_shows_its_default_setting(stored):
+    """A <noscript> holds the default setting as an image (a PNG with the book's legibility
+    record), with alt text and the reading of that setting (issue 45)."""
+    import base64
+    import re
+
+    from kernels.tools import interactive, style
+
+    spec = se.fixes_spec(stored["data"])
+    page = explorer_html(spec)
+    hidden = re.search(r"<noscript>(.*?)</noscript>", page, re.S)
+    assert hidden, "no <noscript> fallback"
+    src = re.search(r'src="data:image/png;base64,([^"]+)"', hidden.group(1)).group(1)
+    png = base64.b64decode(src)
+    assert png.startswith(b"\x89PNG") and style.read_record(png)[style.PNG_KEY_DPI]
+    _, index = interactive.default_setting(spec)
+    reading = spec["readings"][spec["reading"][index]]
+    assert reading == se.fixes_reading(
+        sg.lookup(stored["data"], **sg.DEFAULT), sg.DEFAULT["beta"], sg.DEFAULT["eps"], 2
+    )
+    alt = re.search(r'alt="([^"]+)"', hidden.group(1)).group(1)
+    assert spec["title"] in alt and "default setting" in alt
+    assert interactive.value_label(0.1729, {"unit": "ulp", "signed": True}) == "+0.17"
+    assert interactive.value_label(-0.00571, {"unit": "ulp", "signed": True}) == "−0.0057"
+    assert interactive.value_label(59.4, {"unit": "%"}) == "59 %"
+
+
+def test_the_controls_wrap_on_a_narrow_screen():
+    """Each control's label, field and value wrap onto lines of their own rather than push the
+    explorer wider than a phone's screen; the site test measures it at 420 px."""
+    from kernels.tools import interactive
+
+    css = interactive.CSS
+    assert "flex-wrap:wrap" in css and "min-width:0" in css and "overflow-wrap:anywhere" in css
+    assert "book-explorer-skip" in css and "NARROW" in interactive.SCRIPT.read_text()

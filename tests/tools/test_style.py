@@ -164,3 +164,29 @@ def test_legibility_problems_names_each_broken_rule():
     assert any("colour bar" in p for p in problems)
     assert any("zero" in p for p in problems)
     plt.close(fig)
+
+
+def test_figures_are_palette_pngs_that_keep_the_record_and_the_picture():
+    """png_with_record saves 8-bit palette PNGs (the site's pages stay light): at most
+    PNG_COLORS colours, the legibility record intact, and the picture nearly the same."""
+    import io
+
+    from PIL import Image
+
+    style.apply()
+    fig, ax = plt.subplots()
+    for k in range(6):
+        ax.plot(np.random.rand(40).cumsum(), "o-", label=f"series {k}")
+    ax.legend()
+    full = io.BytesIO()
+    fig.canvas.draw()
+    fig.savefig(full, format="png", dpi=style.DPI, bbox_inches="tight", facecolor="white")
+    png = style.png_with_record(fig)
+    plt.close(fig)
+    image = Image.open(io.BytesIO(png))
+    assert image.mode == "P" and len(image.getcolors(1024)) <= style.PNG_COLORS
+    assert style.read_record(png)[style.PNG_KEY_DPI] == str(style.DPI)
+    assert len(png) < 0.6 * len(full.getvalue())
+    before = np.asarray(Image.open(full).convert("RGB"), dtype=float)
+    after = np.asarray(image.convert("RGB"), dtype=float)
+    assert before.shape == after.shape and np.abs(before - after).mean() < 2.0
