@@ -104,13 +104,48 @@ def trace_call_path(q, k, v, **options) -> dict:
 
 def test_q_reaches_the_launch_through_few_files():
     """The chapter's call, first with a new shape (planning the launch) and then cached: ``q``
-    passes through at most four files with at most ten crossings on its way to the kernel."""
+    passes through at most four files with at most ten crossings on its way to the kernel,
+    and a cached call runs no project code outside those four files."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 80, 32, dtype=torch.bfloat16) for _ in range(3))
     first = trace_call_path(q, k, v, causal=True)
     cached = trace_call_path(q, k, v, causal=True)
     for seen in (first, cached):
-        print(seen)
         assert seen["frames"] is not None, "the launch was not reached"
         assert len(seen["files"]) <= MAX_FILES, seen["path"]
         assert seen["crossings"] <= MAX_CROSSINGS, seen["path"]
+    assert cached["touched"] == cached["files"], cached["touched"]
+    assert cached["all_crossings"] <= MAX_CROSSINGS, cached["touched"]
+    assert cached["files"][-1] == "kernels/attention/launcher/plans.py"  # one call reaches it
+
+
+def test_nothing_outside_attention_reaches_into_the_launcher():
+    """Code outside ``kernels/attention/`` (the package and the chapters' code cells) uses
+    the names :mod:`kernels.attention` exports, never the launcher's modules."""
+    import json
+    import re
+
+    reaching = re.compile(r"attention\.launcher|attention import[^\n]*\blauncher\b")
+    sources = {
+        path: path.read_text(encoding="utf-8")
+        for path in PACKAGE.rglob("*.py")
+        if not path.is_relative_to(PACKAGE / "attention")
+    }
+    for path in sorted((PACKAGE.parent / "book").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        sources[path] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert len(sources) > 50
+    for path, text in sources.items():
+        assert not reaching.search(text), f"{path}: import from kernels.attention instead"
+
+
+def test_one_environment_variable_switches_speedups():
+    """``LPFA_OFF`` is the package's only ``LPFA_*`` variable."""
+    import re
+
+    from kernels.attention import OFF_VARIABLE
+
+    named = set()
+    for path in PACKAGE.rglob("*.py"):
+        named |= set(re.findall(r"LPFA_[A-Z_]+", path.read_text(encoding="utf-8")))
+    assert named == {OFF_VARIABLE} == {"LPFA_OFF"}

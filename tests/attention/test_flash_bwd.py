@@ -15,8 +15,7 @@ import kernels  # noqa: F401
 from kernels import flash_attention
 from kernels.attention.flash_bwd import flash_backward
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.launch import use_explicit
-from kernels.attention.options import AttentionOptions
+from kernels.attention.options import AttentionOptions, use_explicit
 from kernels.attention.reference import attention_fp64, relative_error
 from kernels.env import native_bf16
 
@@ -139,9 +138,9 @@ def test_strided_inputs_and_gradients():
 
 
 def test_base_two_backward_moves_only_last_bits():
-    """SPEEDUPS "exp2" in the backward kernels: P = 2^(S·log₂e − L·log₂e) instead of e^(S − L).
+    """The "exp2" speed-up in the backward kernels: P = 2^(S·log₂e − L·log₂e) instead of e^(S − L).
     The gradients agree to a few bf16 ulps and are as close to fp64 either way."""
-    from kernels.attention import launch
+    from kernels.attention import speedups
 
     q, k, v = (leaf(1, 2, 197 if ON_GPU else 45, 64, dtype=torch.bfloat16) for _ in range(3))
     grad_out = torch.randn_like(q)
@@ -150,7 +149,7 @@ def test_base_two_backward_moves_only_last_bits():
     got = {}
     for on in (False, True):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             out = flash_attention(*leaves, causal=True, **BLOCKS)
             out.backward(grad_out)
         got[on] = [t.grad for t in leaves]

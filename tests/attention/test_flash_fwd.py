@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import kernels  # noqa: F401
-from kernels.attention import emulator as emulate, launch
+from kernels.attention import emulator as emulate, speedups, tma_usable
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.options import SUPPORTED_HEAD_DIMS
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
@@ -317,13 +317,13 @@ def test_descriptor_loads_equal_pointer_loads(dtype):
     mask, more keys than queries, both offset rules."""
     n_q, n_k = 45 + int(torch.randint(0, 20, ())), 70 + int(torch.randint(0, 20, ()))
     q, k, v = qkv(2, 3, n_q, 32, dtype, n_k=n_k)
-    with launch.speedups(tma_narrow=True):  # head dim 32: descriptors only when asked
-        assert launch.tma_usable(k, v) == TMA_HERE
-    assert not launch.tma_usable(k, v)
+    with speedups(tma_narrow=True):  # head dim 32: descriptors only when asked
+        assert tma_usable(k, v) == TMA_HERE
+    assert not tma_usable(k, v)
     for causal, stable in ((True, "cross"), (False, "tile"), (True, None)):
         runs = []
         for tma in (True, False):
-            with launch.speedups(tma=tma, tma_narrow=tma):
+            with speedups(tma=tma, tma_narrow=tma):
                 runs.append(flash_forward(q, k, v, causal=causal, stable=stable, **BLOCKS))
         (o_tma, lse_tma, _), (o_ptr, lse_ptr, _) = runs
         assert not o_tma.isnan().any()
@@ -335,13 +335,13 @@ def test_descriptors_only_where_the_layout_allows():
     """TMA needs unit stride along the head dim and 16-byte aligned strides and addresses;
     tensors that break a rule take the pointer path (and still give the right answer)."""
     q, k, v = qkv(1, 2, 40, 128, torch.bfloat16)
-    assert launch.tma_usable(k, v) == TMA_HERE  # head dim 128: descriptors by default
+    assert tma_usable(k, v) == TMA_HERE  # head dim 128: descriptors by default
     shifted = randn(1, 2, 40, 129)[..., 1:]  # address 2 bytes past an aligned one
     transposed = randn(1, 2, 128, 40).transpose(-1, -2)  # head dim not contiguous
-    assert not launch.tma_usable(shifted, v)
-    assert not launch.tma_usable(k, transposed)
-    with launch.speedups(tma=False):
-        assert not launch.tma_usable(k, v)
+    assert not tma_usable(shifted, v)
+    assert not tma_usable(k, transposed)
+    with speedups(tma=False):
+        assert not tma_usable(k, v)
     ref = attention_fp64(q, shifted, transposed)
     out, _, _ = flash_forward(q, shifted, transposed, **BLOCKS)
     assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
@@ -356,14 +356,14 @@ def test_scale_is_used():
 
 @pytest.mark.parametrize("stable", ["off", "cross"])
 def test_base_two_moves_only_last_bits(stable):
-    """SPEEDUPS "exp2": P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
+    """the "exp2" speed-up: P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
     fp32 rounding. The offsets m (natural units either way) are the same bit for bit, L agrees
     to 1e-5, and O agrees as the kernel agrees with the emulator: bit for bit but for rare
     flips of a rounding."""
     q, k, v = qkv(2, 2, 300 if ON_GPU else 90, 64, torch.bfloat16)
     runs = {}
     for on in (False, True):
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             runs[on] = flash_forward(
                 q, k, v, causal=True, stable=stable, return_offset=True, **BLOCKS
             )
@@ -381,7 +381,7 @@ def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
     q, k, v = qkv(1, 2, 70, 32, dtype)
     outs = []
     for on in (False, True):
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             outs.append(flash_forward(q, k, v, causal=True, numerics=numerics, **BLOCKS))
     for a, b in zip(*outs):
         if a is not None:
