@@ -15,7 +15,7 @@ import kernels  # noqa: F401
 from kernels import flash_attention
 from kernels.attention.flash_bwd import flash_backward
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.options import AttentionOptions, use_explicit
+from kernels.attention.options import DELTA_SOURCES, OFFSET_RULES, AttentionOptions, use_explicit
 from kernels.attention.reference import attention_fp64, relative_error
 from kernels.env import native_bf16
 
@@ -84,11 +84,11 @@ def test_cases_cover_every_dtype_head_dim_and_delta_source():
         assert {c[2] for c in CASES if c[0] == dtype} == {False, True}
     for d in (16, 32, 64, 128):
         assert {c[2] for c in CASES if c[1] == d} == {False, True}
-    for source in ("o", "dp", "o_fp32"):
+    for source in DELTA_SOURCES:
         assert {c[2] for c in CASES if c[3] == source} == {False, True}
 
 
-@pytest.mark.parametrize("stable", ["tile", "cross"])
+@pytest.mark.parametrize("stable", OFFSET_RULES)
 def test_gradients_with_the_offset_fix(stable):
     # L = m + log ℓ is the exact log-sum-exp whatever m was, so P = exp(S − L) is unchanged
     fwd_err, errors = grads_vs_fp64(45, 32, torch.bfloat16, True, "o", stable=stable, beta=4.0)
@@ -106,7 +106,7 @@ def test_delta_from_dp_or_fp32_o_is_more_accurate():
     assert out32.dtype == torch.float32
     exact = (grad_out.double() * attention_fp64(q, k, v, True)).sum(-1)
     errors = {}
-    for source in ("o", "dp", "o_fp32"):
+    for source in DELTA_SOURCES:
         opts = AttentionOptions(causal=True, delta_source=source, **BLOCKS)
         *_, delta = flash_backward(
             q, k, v, out, grad_out, lse, opts, explicit=use_explicit(None), out_fp32=out32

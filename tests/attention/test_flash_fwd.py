@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels  # noqa: F401
 from kernels.attention import emulator as emulate, speedups, tma_usable
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.options import SUPPORTED_HEAD_DIMS
+from kernels.attention.jit import offset_update
+from kernels.attention.options import (
+    KERNEL_STABLE,
+    KERNEL_STABLE_MODES,
+    LOW_FP32,
+    OFFSET_RULES,
+    SUPPORTED_HEAD_DIMS,
+)
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
 from kernels.env import native_bf16
 from kernels.numerics.rounding import ulp_distance
@@ -172,7 +181,7 @@ def assert_close_to_emulator(out, emu_out, min_identical, paper):
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
-@pytest.mark.parametrize("stable", ["off", "tile", "cross"])
+@pytest.mark.parametrize("stable", KERNEL_STABLE_MODES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_follows_the_emulator(numerics, stable, causal):
     """Same operations, same rounding points: the outputs agree bit for bit except for rare
@@ -270,7 +279,7 @@ def test_offset_fix_pushes_max_p_bar_below_one(where):
     assert relative_error(cross, plain) < 1e-2
 
 
-@pytest.mark.parametrize("stable", ["tile", "cross"])
+@pytest.mark.parametrize("stable", OFFSET_RULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_stabilised_forward_stays_close_to_plain(stable, causal):
     q, k, v = qkv(1, 2, 53, 64, torch.bfloat16)
@@ -386,3 +395,43 @@ def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
     for a, b in zip(*outs):
         if a is not None:
             assert torch.equal(a, b), f"{dtype} {numerics}: the exp2 switch changed a bit"
+
+
+@triton.jit
+def _offset_of_one_tile(QK, M, STABLE: tl.constexpr):
+    """The offset :func:`~kernels.attention.jit.offset_update` gives a 16×16 tile of fp32
+    scores, from a row that has seen nothing yet (β = 1, ε = 0, no cap)."""
+    rows, cols = tl.arange(0, 16), tl.arange(0, 16)
+    qk = tl.load(QK + rows[:, None] * 16 + cols[None, :])
+    start = tl.full([16], float("-inf"), tl.float32)
+    m, _, _ = offset_update(
+        qk,
+        1.0,
+        start,
+        start,
+        tl.zeros([16], tl.float32),
+        1.0,
+        0.0,
+        0.0,
+        STABLE,
+        False,
+        False,
+        LOW_FP32,
+        False,
+        True,
+    )
+    tl.store(M + rows, m)
+
+
+def test_offset_update_refuses_a_rule_it_does_not_name():
+    """Every rule the kernels name compiles (off: the row maximum); any other code is refused
+    when the kernel is compiled instead of quietly taking the running-maximum path."""
+    qk = torch.randn(16, 16, device=DEVICE)
+    for name in KERNEL_STABLE_MODES:
+        m = torch.empty(16, device=DEVICE)
+        _offset_of_one_tile[(1,)](qk, m, KERNEL_STABLE[name])
+        if name == "off":
+            assert torch.equal(m, qk.max(1).values)
+    unnamed = max(KERNEL_STABLE.values()) + 1
+    with pytest.raises(Exception, match="unknown offset rule"):
+        _offset_of_one_tile[(1,)](qk, torch.empty(16, device=DEVICE), unnamed)
