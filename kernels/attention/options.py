@@ -40,7 +40,6 @@ __all__ = [
     "KERNEL_STABLE",
     "KERNEL_STABLE_MODES",
     "OFFSET_RULES",
-    "EMULATOR_ONLY_STABLE_MODES",
     "DELTA_SOURCES",
     "STABLE_OFF",
     "STABLE_TILE",
@@ -63,7 +62,6 @@ STABLE_OFF, STABLE_TILE, STABLE_CROSS = 0, 1, 2
 KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
 KERNEL_STABLE_MODES = tuple(KERNEL_STABLE)  # the rules the Triton kernels compute
 OFFSET_RULES = tuple(mode for mode in KERNEL_STABLE_MODES if mode != "off")  # they move m
-EMULATOR_ONLY_STABLE_MODES = tuple(m for m in STABLE_MODES if m not in KERNEL_STABLE)
 # where the backward pass takes δ = rowsum(dO ∘ O) from
 DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
