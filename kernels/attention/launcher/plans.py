@@ -158,9 +158,14 @@ class Launcher:
 
     def __call__(self, key, args, first):
         now = switches.CURRENT
+        key = (key, now.plan_key, tuple(a.data_ptr() % 16 == 0 for a in args[: self.aligned]))
+        self.launch_planned(key, args, first, now)
+
+    def launch_planned(self, key, args, first, now):
+        """Launch with ``key`` already a plan key (:meth:`plan_key`) and ``now`` the speed-ups
+        in force."""
         if self.scratch and now.tma and args[0].is_cuda:  # per call: Triton keeps it per thread
             ensure_scratch_allocator()
-        key = (key, now.plan_key, tuple(a.data_ptr() % 16 == 0 for a in args[: self.aligned]))
         plan = self.plans.get(key)
         if plan is None:
             how = first()
@@ -341,14 +346,18 @@ def launch_together(calls) -> None:
     (the ``parallel_compile`` speed-up). Kernels a background compile may be building for
     them are waited for first (:func:`compile_ahead_of`)."""
     tuning.wait_for_background()
-    jobs, ready = [], []
-    for made, key, args, first in calls:
-        pending, first = made.pending(key, args, first)
-        jobs += pending
-        ready.append((made, key, args, first))
-    tuning.compile_ahead(jobs)
-    for made, key, args, first in ready:
-        made(key, args, first)
+    now = switches.CURRENT
+    planned = [(made, made.plan_key(key, args), args, first) for made, key, args, first in calls]
+    if any(key not in made.plans for made, key, _, _ in planned):
+        jobs = []
+        for i, (made, key, args, first) in enumerate(planned):
+            if key not in made.plans:
+                how = first()
+                jobs += made.compile_jobs(args, how)
+                planned[i] = (made, key, args, lambda how=how: how)
+        tuning.compile_ahead(jobs)
+    for made, key, args, first in planned:
+        made.launch_planned(key, args, first, now)
 
 
 def compile_ahead_of(calls, device=None) -> None:
