@@ -3,7 +3,9 @@
 Imports point one way: this package uses :mod:`kernels.numerics` and :mod:`kernels.env`, and
 nothing in it imports from ``lab``, ``gpt2`` or ``gpu``.
 
-* :mod:`.options`    :class:`AttentionOptions` (validated once) and :func:`check_tensors`
+* :mod:`.options`    :class:`AttentionOptions` (validated once), :func:`check_tensors` and
+  :func:`~.options.checked_call` (all of a call's checks, and its rounding path); the offset
+  rules and δ sources the kernels know, listed once
 * :mod:`.jit`        Triton helpers shared by the kernels (tiles, MMAs, ``offset_update``,
   ``accumulate``)
 * :mod:`.flash_fwd`, :mod:`.flash_bwd`   the FlashAttention-2 kernels (Algorithms 1 and 2) and
