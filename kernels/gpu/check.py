@@ -46,6 +46,7 @@ TEST_FILES = [
     "tests/attention/test_flash_bwd.py",
     "tests/attention/test_autograd.py",
     "tests/attention/test_custom_op.py",  # torch.compile: no graph break, same bits
+    "tests/attention/test_call_path.py",  # q reaches the direct launch through four files
     "tests/attention/test_fixes.py",
     "tests/gpt2/test_gpt2.py",
 ]
