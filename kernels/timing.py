@@ -11,7 +11,7 @@ backward counts 3.5 times the forward. Never present an interpreter/CPU time as 
 logic whose provenance says it ran without a GPU).
 
 The implementations come from :mod:`kernels.attention.registry` (``runner(name)``); the
-speed-up switches are changed with :func:`kernels.attention.launch.speedups`.
+speed-up switches are changed with :func:`kernels.attention.speedups`.
 """
 
 from __future__ import annotations

@@ -11,25 +11,17 @@ import re
 import pytest
 
 import kernels  # noqa: F401
-from kernels.attention import launch
+from kernels.attention import OFF_VARIABLE, speedups
 
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Kernel outputs start as NaN (on a GPU too, where it is off by default for speed)."""
-    monkeypatch.setattr(launch, "POISON_OUTPUTS", True)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def speedups_restored(monkeypatch):
-    """A benchmark's ``main`` switches ``nearest_bucket`` off for its process
-    (``launch.tune_every_bucket``); a test that calls one leaves the switches as they were."""
-    saved = dict(launch.SPEEDUPS)
-    monkeypatch.delenv("LPFA_NEAREST_BUCKET", raising=False)  # restored after the test
-    yield
-    launch.SPEEDUPS.clear()
-    launch.SPEEDUPS.update(saved)
+    """Kernel outputs start as NaN (on a GPU too, where it is off by default for speed), and
+    whatever a test does to the speed-ups (a benchmark's ``main`` tunes every bucket,
+    ``tune_every_bucket``), they are as before afterwards, ``LPFA_OFF`` included."""
+    monkeypatch.delenv(OFF_VARIABLE, raising=False)  # restored after the test
+    with speedups(poison_outputs=True):
+        yield
 
 
 # A test that asserts bit identity on the CPU must hold whatever BLAS kernel NumPy (OpenBLAS)

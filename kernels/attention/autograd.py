@@ -9,30 +9,21 @@ head_dim) tensors::
     out.sum().backward()
 
 :func:`backward_pass` runs the backward kernels on their own and also returns δ (chapter 4 uses
-it). The forward kernel is :mod:`.flash_fwd`, the backward kernels :mod:`.flash_bwd`. On a GPU
-with compute capability >= 8.0 bf16 runs natively; in the CPU interpreter and on older GPUs the
-explicit-rounding path gives the same numbers (pass ``explicit=`` to force a path).
+it). The forward kernel is :mod:`.flash_fwd`, the backward kernels and the eager backward pass
+:mod:`.flash_bwd`; a new shape's first forward call has the launcher compile the backward's
+kernels ahead, in the background. On a GPU with compute capability >= 8.0 bf16 runs natively;
+in the CPU interpreter and on older GPUs the explicit-rounding path gives the same numbers (pass
+``explicit=`` to force a path).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .custom_op import Gradients, backward_gradients, flash_attention_op
-from .flash_bwd import compile_backward_ahead
-from .flash_fwd import first_launches, flash_forward
-from .launch import check_device, use_explicit
-from .options import AttentionOptions, check_tensors, options_from
-
-
-def _prepare(q, k, v, opts: AttentionOptions, explicit):
-    """The one place a call's inputs are checked; returns the rounding path. (The options
-    are checked once per options object: ``opts.kernel`` is computed on first use.)"""
-    if not torch.compiler.is_compiling():  # traced, the op checks them when it first runs
-        opts.kernel  # noqa: B018  (raises if the kernels cannot compute these options)
-    check_tensors(q, k, v)
-    check_device(q)
-    return use_explicit(explicit)
+from .custom_op import flash_attention_op
+from .flash_bwd import Gradients, backward_gradients, compile_backward_ahead
+from .flash_fwd import FORWARD, flash_forward
+from .options import AttentionOptions, checked_call
 
 
 class FlashAttention(torch.autograd.Function):
@@ -43,9 +34,9 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, opts: AttentionOptions, explicit: bool):
-        planned = first_launches()
+        planned = FORWARD.first_launches
         out, lse, _ = flash_forward(q, k, v, opts, explicit=explicit, checked=True)
-        if first_launches() != planned and any(ctx.needs_input_grad[:3]):
+        if FORWARD.first_launches != planned and any(ctx.needs_input_grad[:3]):
             # a new shape: the backward's kernels compile in the background meanwhile
             compile_backward_ahead(q, k, v, out, lse, opts, explicit=explicit)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -73,8 +64,7 @@ def flash_attention(q, k, v, opts: AttentionOptions | None = None, *, explicit=N
             >= 16; default: autotuned on a GPU, 64×64 in the interpreter).
         explicit: force the explicit-rounding path (True) or hardware bf16 (False).
     """
-    opts = options_from(options) if opts is None else opts
-    explicit = _prepare(q, k, v, opts, explicit)
+    opts, explicit = checked_call(q, k, v, opts, options, explicit)
     if torch.compiler.is_compiling():  # the custom op: torch.compile captures it whole
         return flash_attention_op(q, k, v, opts, explicit)
     return FlashAttention.apply(q, k, v, opts, explicit)
@@ -97,8 +87,7 @@ def backward_pass(
     The forward pass runs first unless ``out`` and ``lse`` are given; giving another ``out``
     (an fp32 O, or O rounded differently) is how chapter 4 measures what the rounding of O does to
     δ and the gradients."""
-    opts = options_from(options) if opts is None else opts
-    explicit = _prepare(q, k, v, opts, explicit)
+    opts, explicit = checked_call(q, k, v, opts, options, explicit)
     if (out is None) != (lse is None):
         raise ValueError("give both out and lse (from the same forward pass), or neither")
     if out is None:

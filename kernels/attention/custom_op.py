@@ -13,8 +13,10 @@ Python between them. A custom op is opaque instead. It carries two things:
 direct :class:`~kernels.attention.autograd.FlashAttention` call, which costs less host time per
 call. Both run the same kernels with the same options, so they compute the same bits.
 
-An op's arguments must be tensors or plain values, so the options travel as a string of their
-fields' values (:func:`options_key`, read back by :func:`options_of`).
+The backward op runs the eager backward pass
+(:func:`~kernels.attention.flash_bwd.backward_gradients`). An op's arguments must be tensors or
+plain values, so the options travel as a string of their fields' values (:func:`options_key`,
+read back by :func:`options_of`).
 """
 
 from __future__ import annotations
@@ -25,37 +27,9 @@ import functools
 
 import torch
 
-from .flash_bwd import flash_backward
+from .flash_bwd import backward_gradients
 from .flash_fwd import flash_forward
 from .options import AttentionOptions
-
-
-@dataclasses.dataclass
-class Gradients:
-    """What the backward kernels return, with the forward outputs they used."""
-
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    delta: torch.Tensor  # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
-    out: torch.Tensor  # the O the backward pass used
-    lse: torch.Tensor  # L = m + log ℓ of the forward pass
-
-
-def backward_gradients(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
-    """dQ, dK, dV and δ of the backward kernels (the inputs already checked)."""
-    out_fp32 = None
-    if opts.delta_source == "o_fp32":
-        # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
-        out_fp32, _, _ = flash_forward(
-            q, k, v, opts, explicit=explicit, round_out=False, checked=True
-        )
-    if d_out.dtype != q.dtype:
-        d_out = d_out.to(q.dtype)
-    dq, dk, dv, delta = flash_backward(
-        q, k, v, out, d_out, lse, opts, explicit=explicit, out_fp32=out_fp32
-    )
-    return Gradients(dq, dk, dv, delta, out, lse)
 
 
 def options_key(opts: AttentionOptions) -> str:

@@ -28,8 +28,16 @@ attention that is every pair below the diagonal, and without it every pair but t
 ends. Only the diagonal and ragged tiles pay for index comparisons, selects and bounds-checked
 loads. The tiles are visited in the same order either way, so the sums (and every rounding)
 are the same.
+
+The host side follows the kernels: :func:`backward_launches` plans the three launches (δ, dK/dV,
+dQ) without making them, :func:`flash_backward` hands them to :mod:`.launcher` in one call, and
+:func:`backward_gradients` is the eager backward pass (δ source ``"o_fp32"`` included) that
+autograd, the custom op and chapter 4 run; :func:`compile_backward_ahead` hands the same
+launches to the launcher to compile while a forward pass runs.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -37,6 +45,7 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..numerics.triton_rounding import round_low
+from .flash_fwd import flash_forward, kernel_params, new_output
 from .jit import (
     BF16,
     batch_head,
@@ -50,22 +59,19 @@ from .jit import (
     store_tile,
     to_operand,
 )
-from .launch import (
-    SPEEDUPS,
+from .launcher import (
     Launch,
-    aligned,
     autotuners,
     base_two,
     cdiv,
-    kernel_params,
+    compile_ahead_of,
+    launch_together,
     launcher,
-    new_output,
     not_specialised,
     pick_blocks,
     switches,
 )
 from .options import LOW_CODES, AttentionOptions
-from .tuning import compile_ahead, compile_in_background, wait_for_background
 
 
 @triton.jit(do_not_specialize=not_specialised("N_Q"))
@@ -289,9 +295,11 @@ _bwd_dq_tuned = _tuned(_query_tile_kernel, _WIDE_DQ)
 _bwd_dkdv_narrow = _tuned(_bwd_dkdv_kernel, _NARROW_DKDV)   # before issue 15 (ablation)
 _bwd_dq_narrow = _tuned(_query_tile_kernel, _NARROW_DQ)
 autotuners(_bwd_dkdv_tuned, _bwd_dq_tuned, _bwd_dkdv_narrow, _bwd_dq_narrow)
-_DELTA = launcher(_delta_from_o_kernel)
-_DKDV = launcher(_bwd_dkdv_kernel)
-_DQ = launcher(_query_tile_kernel)
+# the plan keys hold the alignment of the inputs the caller hands in (q, k, v, dO, L; for δ
+# from O: O and dO): the first arguments of each kernel
+_DELTA = launcher(_delta_from_o_kernel, aligned=2)
+_DKDV = launcher(_bwd_dkdv_kernel, aligned=5)
+_DQ = launcher(_query_tile_kernel, aligned=5)
 
 
 def _as_args(explicit, *tensors):
@@ -310,64 +318,52 @@ def _tile_args(qa, ka, va, da, lse, delta, grads, params, heads, n_q, n_k):
             da.stride(), grads[0].stride(), heads, n_q, n_k)
 
 
-def compute_delta(q, k, v, out, do, lse, params, *, causal, delta_source, explicit,
-                  block_m, block_n, key=None, ahead=None):
-    """δ per query row (working dtype), from O (stored or fp32) or from dP ∘ P. ``ahead``: a
-    list that receives the launch's compile jobs instead of launching (δ is left unset)."""
+def _delta_launch(q, k, v, out, do, lse, params, delta, *, causal, delta_source, explicit,
+                  block_m, block_n, key):
+    """The launch (launcher, key, args, first) that writes δ per query row into ``delta``:
+    from O (stored or fp32) or from dP ∘ P."""
     batch, heads, n_q, d = q.shape
-    if key is None:
-        key = (q.shape, k.shape[2], q.stride(), k.stride(), v.stride(), do.stride(), q.dtype,
-               q.device, explicit, aligned(q, k, v, do, lse), switches())
-    delta = new_output(lse.shape, lse.dtype, lse.device)
     qa, ka, va, da = _as_args(explicit, q, k, v, do)
     grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     tiles = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     if delta_source == "dp":
         # the query-tile kernel in its δ mode (DQ unused: it gets dO and dO's strides)
-        made, call = _DQ, (
-            ("dp", bool(causal), block_m, block_n) + key,
-            _tile_args(qa, ka, va, da, lse, delta, (da,), params, heads, n_q, k.shape[2]),
-            lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
-                                EXPLICIT=explicit, DELTA_ONLY=True,
-                                SPLIT=SPEEDUPS["causal_split"],
-                                LOG2=base_two(False, q.dtype)), grid, tiles))
-    else:
-        (oa,) = _as_args(explicit, out)
-        made, call = _DELTA, (
-            ("o", block_m, out.dtype, out.stride(), aligned(out)) + key,
+        return (_DQ, ("dp", bool(causal), block_m, block_n) + key,
+                _tile_args(qa, ka, va, da, lse, delta, (da,), params, heads, n_q, k.shape[2]),
+                lambda: Launch(dict(HEAD_DIM=d, CAUSAL=bool(causal), LOW=LOW_CODES[q.dtype],
+                                    EXPLICIT=explicit, DELTA_ONLY=True,
+                                    SPLIT=switches.CURRENT.causal_split,
+                                    LOG2=base_two(False, q.dtype)), grid, tiles))
+    (oa,) = _as_args(explicit, out)
+    return (_DELTA, ("o", block_m, out.dtype, out.stride()) + key,
             (oa, da, delta, oa.stride(), da.stride(), heads, n_q),
             lambda: Launch(dict(HEAD_DIM=d, O_LOW=LOW_CODES[out.dtype], LOW=LOW_CODES[q.dtype],
                                 EXPLICIT=explicit), grid, dict(BLOCK_M=block_m)))
-    if ahead is None:
-        made(*call)
-    else:
-        ahead += made.pending(*call)[0]
-    return delta
 
 
-def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: bool,
-                   out_fp32=None, ahead=None):
-    """dQ, dK, dV (inputs' dtype) and δ for O = attention(q, k, v) with the options ``opts``
-    (tensors already checked); ``out_fp32`` for δ source "o_fp32". ``ahead``: a list that
-    receives the compile jobs of the three launches, which then do not run (returns None)."""
-    if ahead is None:
-        wait_for_background()   # kernels compiled ahead for this call may be on their way
+def backward_launches(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: bool,
+                      out_fp32=None):
+    """The backward pass's buffers (dQ, dK, dV, δ) and its three launches (δ, dK/dV, dQ), each
+    (launcher, key, args, first), planned but not made; ``out_fp32`` for δ source
+    ``"o_fp32"``."""
     kc = opts.kernel                      # validated once per options object
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     dtype = q.dtype
-    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, dtype, q.device)
+    params = kernel_params(opts, d, dtype, q.device, cap=False)
     # everything that decides what Triton compiles and how it is launched; the gradient
-    # buffers are fresh, contiguous and aligned, so the shapes decide their strides
+    # buffers are fresh, contiguous and aligned, so the shapes decide their strides (the
+    # launcher adds the inputs' alignment and the speed-ups)
     key = (q.shape, n_k, q.stride(), k.stride(), v.stride(), do.stride(), dtype, q.device,
-           explicit, aligned(q, k, v, do, lse), switches(), kc.causal, kc.block_m, kc.block_n)
+           explicit, kc.causal, kc.block_m, kc.block_n)
     blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit, backward=True)
     pre_m, pre_n = blocks if blocks is not None else (64, 64)
     o_for_delta = out_fp32 if kc.delta_source == "o_fp32" else out
-    delta = compute_delta(q, k, v, o_for_delta, do, lse, params, causal=kc.causal,
-                          delta_source=kc.delta_source, explicit=explicit, block_m=pre_m,
-                          block_n=pre_n, key=key, ahead=ahead)
-    # fresh contiguous gradient buffers (NaN-poisoned when POISON_OUTPUTS is on)
+    delta = new_output(lse.shape, lse.dtype, lse.device)
+    delta_call = _delta_launch(q, k, v, o_for_delta, do, lse, params, delta, causal=kc.causal,
+                               delta_source=kc.delta_source, explicit=explicit, block_m=pre_m,
+                               block_n=pre_n, key=key)
+    # fresh contiguous gradient buffers (NaN-poisoned while poison_outputs is on)
     dq = new_output(q.shape, dtype, q.device)
     dk = new_output(k.shape, dtype, q.device)
     dv = new_output(v.shape, dtype, q.device)
@@ -378,42 +374,69 @@ def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: b
                                      (n_q, n_k), batch * heads, "dkdv")
     dq_first = lambda: _bwd_launch(blocks, dtype, kc.causal, d, explicit,  # noqa: E731
                                    (n_q, n_k), batch * heads, "dq")
-    if ahead is not None or key not in _DKDV.plans or key not in _DQ.plans:
-        # a new key: both kernels' configurations are compiled at once, in parallel threads
-        dkdv_jobs, dkdv_first = _DKDV.pending(key, dkdv_args, dkdv_first)
-        dq_jobs, dq_first = _DQ.pending(key, dq_args, dq_first)
-        if ahead is not None:
-            ahead += dkdv_jobs + dq_jobs
-            return None
-        compile_ahead(dkdv_jobs + dq_jobs)
-    _DKDV(key, dkdv_args, dkdv_first)
-    _DQ(key, dq_args, dq_first)
-    return dq, dk, dv, delta
+    calls = [delta_call, (_DKDV, key, dkdv_args, dkdv_first), (_DQ, key, dq_args, dq_first)]
+    return (dq, dk, dv, delta), calls
+
+
+def flash_backward(q, k, v, out, do, lse, opts: AttentionOptions, *, explicit: bool,
+                   out_fp32=None):
+    """dQ, dK, dV (inputs' dtype) and δ for O = attention(q, k, v) with the options ``opts``
+    (tensors already checked); ``out_fp32`` for δ source "o_fp32". The three launches go to
+    the launcher at once: a new shape compiles their kernels together, in parallel threads."""
+    grads, calls = backward_launches(q, k, v, out, do, lse, opts, explicit=explicit,
+                                     out_fp32=out_fp32)
+    launch_together(calls)
+    return grads
 
 
 def compile_backward_ahead(q, k, v, out, lse, opts: AttentionOptions, *, explicit: bool):
-    """Start compiling, in a background thread, the kernels the backward pass of this forward
-    call will need (its dO taken to be laid out like O, as autograd's gradient usually is),
-    so that they compile while the forward pass goes on (``SPEEDUPS["parallel_compile"]``).
-    If dO comes otherwise, the backward compiles what it needs itself."""
-    if not (SPEEDUPS["parallel_compile"] and q.is_cuda) or opts.delta_source == "o_fp32":
+    """Have the launcher compile, in a background thread, the kernels the backward pass of this
+    forward call will need (its dO taken to be laid out like O, as autograd's gradient usually
+    is), so that they compile while the forward pass goes on (``parallel_compile``). If dO comes
+    otherwise, the backward compiles what it needs itself."""
+    if not (switches.CURRENT.parallel_compile and q.is_cuda) or opts.delta_source == "o_fp32":
         return
-    jobs: list = []
-    flash_backward(q, k, v, out, out, lse, opts, explicit=explicit, ahead=jobs)
-    compile_in_background(jobs, q.device)
+    compile_ahead_of(backward_launches(q, k, v, out, out, lse, opts, explicit=explicit)[1],
+                     q.device)
+
+
+@dataclasses.dataclass
+class Gradients:
+    """What the backward kernels return, with the forward outputs they used."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    delta: torch.Tensor  # δ = rowsum(dO ∘ O) (or its stand-in), one per query row
+    out: torch.Tensor  # the O the backward pass used
+    lse: torch.Tensor  # L = m + log ℓ of the forward pass
+
+
+def backward_gradients(q, k, v, out, lse, d_out, opts, explicit) -> Gradients:
+    """The eager backward pass: dQ, dK, dV and δ of the backward kernels (inputs checked)."""
+    out_fp32 = None
+    if opts.delta_source == "o_fp32":
+        # the same forward pass again, acc/ℓ stored without rounding it to bf16/fp16
+        out_fp32, _, _ = flash_forward(q, k, v, opts, explicit=explicit, round_out=False,
+                                       checked=True)
+    if d_out.dtype != q.dtype:
+        d_out = d_out.to(q.dtype)
+    dq, dk, dv, delta = flash_backward(q, k, v, out, d_out, lse, opts, explicit=explicit,
+                                       out_fp32=out_fp32)
+    return Gradients(dq, dk, dv, delta, out, lse)
 
 
 def _bwd_launch(blocks, dtype, causal, d, explicit, lengths, programs, which) -> Launch:
     """How the dK/dV (``which="dkdv"``, one program per key tile) or the dQ kernel is
     launched the first time for a plan key; ``lengths`` = (N_Q, N_K)."""
     consts = dict(HEAD_DIM=d, CAUSAL=causal, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
-                  SPLIT=SPEEDUPS["causal_split"], LOG2=base_two(False, dtype))
+                  SPLIT=switches.CURRENT.causal_split, LOG2=base_two(False, dtype))
     if which == "dq":
         consts["DELTA_ONLY"] = False
     axis, n = ("BLOCK_N", lengths[1]) if which == "dkdv" else ("BLOCK_M", lengths[0])
     grid = lambda meta: (cdiv(n, meta[axis]), programs)  # noqa: E731
     if blocks is None:
-        wide = SPEEDUPS["wide_tuning"]
+        wide = switches.CURRENT.wide_tuning
         tuned = {("dkdv", True): _bwd_dkdv_tuned, ("dkdv", False): _bwd_dkdv_narrow,
                  ("dq", True): _bwd_dq_tuned, ("dq", False): _bwd_dq_narrow}[(which, wide)]
         return Launch(consts, grid, None, tuned, lengths=lengths)   # the lengths _TUNE_KEY holds

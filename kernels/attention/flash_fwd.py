@@ -33,18 +33,22 @@ The same source serves every machine through two compile-time switches:
     exact in fp32) and rounded with
     :func:`kernels.numerics.triton_rounding.round_low` at the same points.
 
-With ``LOG2`` (FA2 numerics, bf16/fp16, :data:`~kernels.attention.launch.SPEEDUPS` ``"exp2"``)
+With ``LOG2`` (FA2 numerics, bf16/fp16, the ``exp2`` speed-up of :mod:`.launcher`)
 the exponentials are computed in base 2, as FlashAttention's kernels do:
 P̄ = 2^(QKᵀ·(scale·log₂e) − m·log₂e), one fused multiply-add per score, where ``tl.exp`` of
 S − m would cost a multiplication more (it is 2^(x·log₂e) on a GPU). S, m, the offset rule and
 L stay in natural units.
 
-With ``MAX_FIRST`` (:data:`~kernels.attention.launch.SPEEDUPS` ``"max_first"``, the offset rule
-off) the running maximum is taken over QKᵀ and scaled once per row, max(S) = max(QKᵀ)·scale:
-rounding a product is monotone in it, so the two are equal to the bit.
+With ``MAX_FIRST`` (the ``max_first`` speed-up, the offset rule off) the running maximum is
+taken over QKᵀ and scaled once per row, max(S) = max(QKᵀ)·scale: rounding a product is monotone
+in it, so the two are equal to the bit.
 
 fp32 inputs use ieee fp32 dots and no rounding; fp64 inputs compute everything in fp64
 (``tl.dot`` accepts fp64 operands in Triton 3.6, in the interpreter and on sm_80+ GPUs).
+
+:func:`flash_forward` is the host side: it checks nothing twice, allocates the outputs
+(:func:`new_output`) and the parameters (:func:`kernel_params`, shared with the backward pass),
+and reaches :mod:`.launcher` through one call, which plans, tunes, compiles and launches.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..numerics.rounding import work_dtype
 from ..numerics.triton_rounding import round_low
 from .jit import (
     BF16,
@@ -67,26 +72,18 @@ from .jit import (
     row_block,
     store_tile,
 )
-from .launch import (
-    SPEEDUPS,
+from .launcher import (
     Launch,
-    aligned,
     autotuners,
     base_two,
     cdiv,
-    check_device,
-    ensure_scratch_allocator,
-    kernel_params,
     launcher,
-    new_output,
     not_specialised,
     pick_blocks,
     switches,
     tma_usable,
-    use_explicit,
-    work_dtype,
 )
-from .options import LOW_CODES, AttentionOptions, check_tensors, options_from
+from .options import LOW_CODES, AttentionOptions, checked_call, options_from
 
 
 @triton.jit
@@ -206,14 +203,45 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, ROW_OFFSET, PARAMS,
         tl.store(ROW_OFFSET + stat, m, mask=row_ok)
 
 
+# --- the host side's buffers ---------------------------------------------------------------
+_PARAMS_CACHE: dict = {}
+
+
+def new_output(shape, dtype, device):
+    """A buffer a kernel writes, NaN-filled while the ``poison_outputs`` switch is on (so a
+    missed write shows)."""
+    if switches.CURRENT.poison_outputs:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def kernel_params(opts: AttentionOptions, head_dim, dtype, device, cap=True) -> torch.Tensor:
+    """The scale (at this head dim), beta, eps and the offset cap (0 with ``cap=False``) of
+    ``opts`` as a tiny tensor of the working dtype of ``dtype`` inputs (fp64 stays exact for
+    fp64); the kernels read them from ``PARAMS``.
+
+    Cached per options object: building it each call would be a blocking host-to-GPU copy per
+    attention call."""
+    key = (opts, head_dim, dtype, device, cap)
+    found = _PARAMS_CACHE.get(key)
+    if found is None:
+        values = (opts.scale_for(head_dim), opts.beta, opts.eps,
+                  opts.kernel.cap_value if cap else 0.0)
+        found = torch.tensor([float(x) for x in values], dtype=work_dtype(dtype), device=device)
+        if len(_PARAMS_CACHE) > 256:
+            _PARAMS_CACHE.clear()
+        _PARAMS_CACHE[key] = found
+    return found
+
+
 # --- autotuning (CUDA, native bf16/fp16 only; the interpreter runs one fixed configuration) ---
 # A configuration is (BLOCK_M query rows, BLOCK_N keys per tile, warps, pipeline stages).
 # Larger tiles reuse each loaded K/V tile for more query rows (higher arithmetic intensity)
 # but need more registers and shared memory; more stages prefetch more K/V tiles while the
 # tensor cores work. Which is best depends on the head dim and the GPU, so Triton times them
 # once per key (sequence length, head dim and the compile-time switches) and remembers; the
-# Launcher shares the pick across a power-of-two bucket of lengths (SPEEDUPS "tune_by_bucket")
-# and lends it to an untuned bucket nearby (SPEEDUPS "nearest_bucket").
+# Launcher shares the pick across a power-of-two bucket of lengths (the "tune_by_bucket"
+# speed-up) and lends it to an untuned bucket nearby ("nearest_bucket").
 # cache_results=True: Triton 3.6 also stores each key's timings on disk, in its cache folder
 # (TRITON_CACHE_DIR, ~/.triton/cache), under a hash of the Triton version, the GPU target, the
 # kernel's source, the key and the configurations; a later process tuning the same key reads
@@ -247,19 +275,15 @@ def _tuned(pairs):
 _flash_fwd_tuned = _tuned(_WIDE)
 _flash_fwd_narrow = _tuned(_NARROW)       # the configurations before issue 15 (ablation)
 autotuners(_flash_fwd_tuned, _flash_fwd_narrow)
-_FWD = launcher(_flash_fwd_kernel)
-
-
-def first_launches() -> int:
-    """How many plan keys the forward kernel has launched for the first time in this process
-    (a call that raised it compiled, or at least planned, something new)."""
-    return _FWD.first_launches
+# the plan key holds the alignment of Q, K and V (the outputs are fresh, so aligned); the
+# kernel builds tensor descriptors (TMA) and needs scratch memory for them on the GPU
+FORWARD = launcher(_flash_fwd_kernel, aligned=3, scratch=True)
 
 
 def autotune_tiles() -> list[tuple[int, int]]:
     """The (BLOCK_M, BLOCK_N) tile shapes the GPU autotuner chooses among now (they depend on
-    ``SPEEDUPS["wide_tuning"]``), sorted; the interpreter always runs 64×64."""
-    tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
+    the ``wide_tuning`` speed-up), sorted; the interpreter always runs 64×64."""
+    tuned = _flash_fwd_tuned if switches.CURRENT.wide_tuning else _flash_fwd_narrow
     return sorted({(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tuned.configs})
 
 
@@ -274,49 +298,47 @@ def flash_forward(q, k, v, opts: AttentionOptions | None = None, *, explicit=Non
     the final offset m per row if ``return_offset`` (else None). ``checked=True``: the caller has
     already checked the tensors and resolved ``explicit`` (the autograd function does).
     """
-    opts = options_from(options) if opts is None else opts
+    if checked:
+        opts = options_from(options) if opts is None else opts
+    else:
+        opts, explicit = checked_call(q, k, v, opts, options, explicit)
     kc = opts.kernel                      # validated once per options object
-    if not checked:
-        check_tensors(q, k, v)
-        check_device(q)
-        explicit = use_explicit(explicit)
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     dtype, device = q.dtype, q.device
-    work = work_dtype(dtype)
+    params = kernel_params(opts, d, dtype, device)
+    work = params.dtype
     low_out = round_out or dtype in (torch.float32, torch.float64)
     out = new_output(q.shape, dtype if low_out else work, device)
     lse = new_output((batch, heads, n_q), work, device)
     offset = new_output(lse.shape, work, device) if return_offset else lse
-    params = kernel_params(opts.scale_for(d), opts.beta, opts.eps, dtype, device,
-                           cap=kc.cap_value)
     if explicit and dtype == torch.bfloat16:
         q, k, v = (t.view(torch.int16) for t in (q, k, v))
         oa = out.view(torch.int16) if low_out else out
     else:
         oa = out
-    if SPEEDUPS["tma"] and q.is_cuda:   # per call: Triton keeps it per thread
-        ensure_scratch_allocator()
     args = (q, k, v, oa, lse, offset, params, *q.stride(), *k.stride(), *v.stride(),
             *oa.stride(), heads, n_q, n_k)
     # everything that decides what Triton compiles and how it is launched (the output
-    # buffers are fresh, contiguous and aligned, so q's shape decides their strides)
+    # buffers are fresh, contiguous and aligned, so q's shape decides their strides; the
+    # launcher adds q, k and v's alignment and the speed-ups)
     key = (opts, q.shape, n_k, q.stride(), k.stride(), v.stride(), dtype, device, explicit,
-           low_out, return_offset, aligned(q, k, v), switches())
+           low_out, return_offset)
 
     def first():
         consts = dict(HEAD_DIM=d, CAUSAL=kc.causal, STABLE=kc.stable, CAP=kc.cap,
                       PAPER=kc.paper, LOW=LOW_CODES[dtype], EXPLICIT=explicit,
                       ROUND_OUT=bool(low_out), ELL_ROUNDED=kc.ell_rounded,
-                      STORE_OFFSET=bool(return_offset), SPLIT=SPEEDUPS["causal_split"],
+                      STORE_OFFSET=bool(return_offset),
+                      SPLIT=switches.CURRENT.causal_split,
                       TMA=tma_usable(k, v),   # decided by the key: switches, strides, alignment
                       LOG2=base_two(kc.paper, dtype),
-                      MAX_FIRST=SPEEDUPS["max_first"])
+                      MAX_FIRST=switches.CURRENT.max_first)
         blocks = pick_blocks(kc.block_m, kc.block_n, dtype, explicit)
-        tuned = _flash_fwd_tuned if SPEEDUPS["wide_tuning"] else _flash_fwd_narrow
+        tuned = _flash_fwd_tuned if switches.CURRENT.wide_tuning else _flash_fwd_narrow
         return Launch(consts, lambda meta: (cdiv(n_q, meta["BLOCK_M"]), batch * heads),
                       None if blocks is None else dict(BLOCK_M=blocks[0], BLOCK_N=blocks[1]),
                       tuned, lengths=(n_k,))     # the length _TUNE_KEY holds
 
-    _FWD(key, args, first)
+    FORWARD(key, args, first)
     return out, lse, (offset if return_offset else None)

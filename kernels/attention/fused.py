@@ -14,8 +14,9 @@ Matmuls and row reductions stay torch's own, so every sum is added in the order 
 rounding is the explicit round-to-nearest-even of :mod:`kernels.numerics.triton_rounding`
 (bit-identical to the hardware's), and ``exp`` is libdevice's ``expf``, the function torch's
 CUDA ``exp`` calls. So the fused path must give the *same bits* as the emulator:
-``python -m kernels.gpu.check_fused`` checks that on the GPU before any run relies on it, and
-``FUSED_EXP = False`` keeps torch's own ``exp`` (one more pass) should the two ever differ.
+``python -m kernels.gpu.check_fused`` checks that on the GPU before any run relies on it, the
+``fused`` speed-up (:mod:`.launcher`) switches the path off, and ``FUSED_EXP = False`` keeps
+torch's own ``exp`` (one more pass) should the two ever differ.
 On a CPU the emulator never calls these kernels (the interpreter would be slower than torch);
 the unit tests run them through the interpreter on small tensors.
 """
@@ -30,18 +31,18 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..numerics.triton_rounding import round_to_bf16
+from .launcher import switches
 
 BLOCK = 1024
-# LPFA_FUSED=0 switches the fused path off (the emulator then runs op by op, as on a CPU)
-ENABLED = os.environ.get("LPFA_FUSED", "1") != "0"
 FUSED_EXP = True  # False: the kernels stop before exp, torch.exp_ runs in place after
 # the interpreter has no libdevice: there (CPU tests only) exp is NumPy's, through tl.exp
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def usable(x: torch.Tensor, low: torch.dtype) -> bool:
-    """True where the fused kernels apply: a CUDA tensor, bf16 rounding, the path switched on."""
-    return ENABLED and x.is_cuda and low == torch.bfloat16
+    """True where the fused kernels apply: a CUDA tensor, bf16 rounding, the ``fused`` speed-up
+    on (off, the emulator runs op by op, as on a CPU)."""
+    return switches.CURRENT.fused and x.is_cuda and low == torch.bfloat16
 
 
 @triton.jit

@@ -16,11 +16,12 @@ import triton
 import triton.language as tl
 
 from ..numerics.triton_rounding import round_low
-from .options import LOW_BF16, LOW_FP16, STABLE_CROSS, STABLE_TILE
+from .options import LOW_BF16, LOW_FP16, STABLE_CROSS, STABLE_OFF, STABLE_TILE
 
 # named compile-time codes (kernels compare ``LOW == BF16``, never ``LOW == 0``)
 BF16 = tl.constexpr(LOW_BF16)
 FP16 = tl.constexpr(LOW_FP16)
+OFF = tl.constexpr(STABLE_OFF)
 TILE = tl.constexpr(STABLE_TILE)
 CROSS = tl.constexpr(STABLE_CROSS)
 LOG2E = tl.constexpr(1.4426950408889634)   # log₂ e: e^x = 2^(x·log₂e)
@@ -135,8 +136,10 @@ def offset_update(qk, scale, m, rm, rs, beta, eps, cap, STABLE: tl.constexpr,
                   EXPLICIT: tl.constexpr, MAX_FIRST: tl.constexpr):
     """The offset m_new this tile's P̄ = exp(S − m_new) uses, S = ``qk``·``scale``; also the
     raw running maximum rm and (``CROSS``) the running tie count rs. Returns
-    (m_new, rm_new, rs)."""
-    if STABLE != TILE and STABLE != CROSS and not PAPER and MAX_FIRST:
+    (m_new, rm_new, rs). A rule other than ``OFF``, ``TILE`` and ``CROSS`` does not compile."""
+    tl.static_assert(STABLE == OFF or STABLE == TILE or STABLE == CROSS,
+                     "offset_update: unknown offset rule (STABLE must be OFF, TILE or CROSS)")
+    if STABLE == OFF and not PAPER and MAX_FIRST:
         # max(S) = max(QKᵀ)·scale exactly: rounding is monotone and scale > 0, so the row's
         # maximum costs one multiplication per row instead of one per score
         rm_new = tl.maximum(rm, tl.max(qk, 1) * scale)

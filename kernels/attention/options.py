@@ -7,7 +7,8 @@ the options again. The kernels' capability check runs once per options object
 (:attr:`AttentionOptions.kernel` keeps its outcome), and keyword options given to
 ``flash_attention`` are turned into an options object once per distinct set
 (:func:`options_from`): a training step repeats neither. Tensors are checked separately, once
-per call (:func:`check_tensors`).
+per call (:func:`check_tensors`); :func:`checked_call` does all of a call's checks at once and
+picks its rounding path (:func:`use_explicit`).
 
 The codes below are the compile-time constants the Triton kernels branch on (``STABLE ==
 STABLE_CROSS`` rather than ``STABLE == 2``).
@@ -22,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..env import interpreting, native_bf16
 from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
 from .reference import default_scale
 
@@ -30,9 +32,14 @@ __all__ = [
     "KernelOptions",
     "options_from",
     "check_tensors",
+    "check_device",
+    "use_explicit",
+    "checked_call",
     "NUMERICS",
     "STABLE_MODES",
     "KERNEL_STABLE",
+    "KERNEL_STABLE_MODES",
+    "OFFSET_RULES",
     "DELTA_SOURCES",
     "STABLE_OFF",
     "STABLE_TILE",
@@ -53,6 +60,8 @@ NUMERICS = ("fa2", "paper")
 STABLE_MODES = ("off", "tile", "cross", "always", "offset")
 STABLE_OFF, STABLE_TILE, STABLE_CROSS = 0, 1, 2
 KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
+KERNEL_STABLE_MODES = tuple(KERNEL_STABLE)  # the rules the Triton kernels compute
+OFFSET_RULES = tuple(mode for mode in KERNEL_STABLE_MODES if mode != "off")  # they move m
 # where the backward pass takes δ = rowsum(dO ∘ O) from
 DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
@@ -304,3 +313,57 @@ def check_tensors(q, k, v, *, kernel: bool = True) -> None:
         )
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         raise ValueError(f"sequence lengths must be >= 1, got {q.shape[-2]} and {k.shape[-2]}")
+
+
+_NATIVE_BF16: list[bool] = []  # remembered: it queries the device, and this runs every call
+
+
+def _native_bf16() -> bool:
+    # a plain memo, not functools.lru_cache, which torch.compile warns about when it traces it
+    if not _NATIVE_BF16:
+        _NATIVE_BF16.append(native_bf16())
+    return _NATIVE_BF16[0]
+
+
+def use_explicit(explicit=None) -> bool:
+    """The rounding path: explicit iff interpreting or the GPU is older than sm_80."""
+    if explicit is None:
+        return not _native_bf16()
+    if not isinstance(explicit, bool):
+        raise TypeError(f"explicit must be None, True or False, got {explicit!r}")
+    if not explicit and not _native_bf16():
+        raise ValueError(
+            "explicit=False needs a CUDA GPU with compute capability >= 8.0 "
+            "(the interpreter and older GPUs cannot round bf16 in hardware)"
+        )
+    return explicit
+
+
+# whether the kernels run in Triton's interpreter: fixed when they are defined, at import
+INTERPRETING = interpreting()
+
+
+def check_device(q) -> None:
+    """CPU tensors need the interpreter; GPU tensors need it switched off."""
+    if q.device.type == "cuda" and INTERPRETING:
+        raise ValueError(
+            "TRITON_INTERPRET=1 is set but the tensors are on the GPU: move them "
+            "to the CPU or unset TRITON_INTERPRET before importing kernels"
+        )
+    if q.device.type == "cpu" and not INTERPRETING:
+        raise ValueError(
+            "CPU tensors need the Triton interpreter (import kernels before triton "
+            "on a machine without a GPU), or move the tensors to the GPU"
+        )
+
+
+def checked_call(q, k, v, opts: AttentionOptions | None, options: dict, explicit):
+    """The one place a kernel call's inputs are checked: its options (``opts``, or made from the
+    keyword ``options``; the kernels' capability check runs once per options object), its
+    tensors and their device. Returns the options and the rounding path."""
+    opts = options_from(options) if opts is None else opts
+    if not torch.compiler.is_compiling():  # traced, the op checks them when it first runs
+        opts.kernel  # noqa: B018  (raises if the kernels cannot compute these options)
+    check_tensors(q, k, v)
+    check_device(q)
+    return opts, use_explicit(explicit)

@@ -140,12 +140,12 @@ def autotuned_tiles(ns, device) -> dict:
     one head)."""
     if device != "cuda":
         return {}
-    from ..attention import flash_attention, flash_fwd, launch
+    from ..attention import flash_attention, flash_fwd, speedups
 
     picked = {}
     for n in ns:
         q, k, v = (torch.randn(1, 1, n, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
-        with launch.speedups(tune_by_bucket=False):  # the pick for exactly this N
+        with speedups(tune_by_bucket=False):  # the pick for exactly this N
             flash_attention(q, k, v)
         torch.cuda.synchronize()
         best = getattr(flash_fwd._flash_fwd_tuned, "best_config", None)
@@ -223,9 +223,8 @@ def main(argv=None):
             help=f"time limit of the {key} stage (default {value})",
         )
     args = parser.parse_args(argv)
-    from ..attention import launch
+    from ..attention import tune_every_bucket
 
-    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
@@ -235,23 +234,24 @@ def main(argv=None):
     command = "python -m kernels.golden.gpu" + (" " + " ".join(argv) if argv else "")
     stages = args.only or STAGES
     begin = time.time()
-    for stage in stages:
-        start = time.time()
-        if stage == "precision":
-            data = precision_stage(sizes, device)
-        elif stage == "seqlen":
-            data = seqlen_stage(sizes, device, args.minutes_seqlen)
-        elif stage == "tiles":
-            data = tiles_stage(sizes, device, args.minutes_tiles)
-        else:
-            data = training_stage(
-                sizes, args.small, device, args.minutes_golden, args.minutes_failure
+    with tune_every_bucket():  # each timed shape runs the configuration tuned for it
+        for stage in stages:
+            start = time.time()
+            if stage == "precision":
+                data = precision_stage(sizes, device)
+            elif stage == "seqlen":
+                data = seqlen_stage(sizes, device, args.minutes_seqlen)
+            elif stage == "tiles":
+                data = tiles_stage(sizes, device, args.minutes_tiles)
+            else:
+                data = training_stage(
+                    sizes, args.small, device, args.minutes_golden, args.minutes_failure
+                )
+            data.update(
+                device=device, seconds=time.time() - start, small=args.small, formats=list(FORMATS)
             )
-        data.update(
-            device=device, seconds=time.time() - start, small=args.small, formats=list(FORMATS)
-        )
-        path = results.save(f"golden_{stage}", data, command, out_dir)
-        print(f"{stage}: {time.time() - start:.0f} s -> {path}", flush=True)
+            path = results.save(f"golden_{stage}", data, command, out_dir)
+            print(f"{stage}: {time.time() - start:.0f} s -> {path}", flush=True)
     print(f"all stages: {time.time() - begin:.0f} s", flush=True)
 
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-from ..attention import fused
+from ..attention import OFF_VARIABLE, fused, off_in_children, speedups
 from ..attention.emulator import EmulatedAttention
 from .attention import parse_spec
 from .plans import VARIANTS
@@ -34,12 +33,8 @@ from .profile import sharing, steps_per_s, trainer_for
 
 
 def _with_fused(on: bool, fn, *args):
-    saved = fused.ENABLED
-    fused.ENABLED = on
-    try:
+    with speedups(fused=on):
         return fn(*args)
-    finally:
-        fused.ENABLED = saved
 
 
 def check_exp(n: int = 1 << 24) -> dict:
@@ -151,7 +146,8 @@ def main(argv=None):
         ways["fused + CUDA graph"] = (True, True)
     data["steps_per_s"] = {way: speed("U", f, g, args.steps) for way, (f, g) in ways.items()}
     print("steps/s alone:", {k: round(v, 1) for k, v in data["steps_per_s"].items()}, flush=True)
-    os.environ["LPFA_FUSED"] = str(int(fused_ok))  # the sharing runs' processes
+    if not fused_ok:
+        off_in_children("fused")  # the sharing runs' processes
     data["sharing_fast"] = [
         sharing(int(k), args.steps, fast=graph_ok) for k in args.share.split(",") if k
     ]
@@ -168,7 +164,8 @@ def main(argv=None):
     )
     # what the training calls that follow may use, for a shell to `source`
     (out / "fast.env").write_text(
-        f"export LPFA_FUSED={int(fused_ok)}\nFAST={'--fast' if graph_ok else ''}\n"
+        ("" if fused_ok else f"export {OFF_VARIABLE}=${{{OFF_VARIABLE}:+${OFF_VARIABLE},}}fused\n")
+        + f"FAST={'--fast' if graph_ok else ''}\n"
     )
     print(
         f"fused kernels: {'same bits' if fused_ok else 'NOT used'}; CUDA graph: "

@@ -223,14 +223,10 @@ def hf_stage(sizes, device) -> dict:
 
     order = BatchOrder.draw(len(corpus.train), steps, sizes["hf_batch"], n, seed=123)
     curves, seconds = {}, {}
-    from ..attention import launch
+    from ..attention import speedups
 
-    wide = launch.SPEEDUPS["wide_tuning"]
-    launch.SPEEDUPS["wide_tuning"] = False  # a short autotuning: the 5-minute budget
-    try:
+    with speedups(wide_tuning=False):  # a short autotuning: the 5-minute budget
         _train_hf(sizes, device, name, corpus, order, curves, seconds)
-    finally:
-        launch.SPEEDUPS["wide_tuning"] = wide
     verdict = within_noise(curves, sizes["hf_width"], sizes["seeds"])
     return {
         "implementation": name,

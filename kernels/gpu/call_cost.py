@@ -11,12 +11,12 @@
    host µs to issue a call, the wall µs per call of a stream of calls, the GPU µs of its
    kernels, and whether the replay's output and gradients equal the eager call's bit for bit.
 3. ``specialisation``: Triton compiles separate kernels for a length divisible by 16 (see
-   :data:`kernels.attention.launch.SPECIALISE_LENGTHS`). The first calls of 1. and the speed of
-   the book's kernel at two shapes (forward, forward + backward), in this process (lengths
-   specialised, the default) and in a child process started with
-   ``LPFA_SPECIALISE_LENGTHS=0`` (one kernel for every length) and its own empty Triton cache.
+   the ``specialise_lengths`` field of :class:`kernels.attention.Speedups`). The first calls of
+   1. and the speed of the book's kernel at two shapes (forward, forward + backward), in this
+   process (lengths specialised, the default) and in a child process started with
+   ``LPFA_OFF=specialise_lengths`` (one kernel for every length) and its own empty Triton cache.
 4. ``tma``: the forward at chapter 10's five shapes (bf16, causal) with K and V read through
-   pointers, through tensor descriptors (TMA) where :func:`kernels.attention.launch.tma_usable`
+   pointers, through tensor descriptors (TMA) where :func:`kernels.attention.tma_usable`
    allows by default (head dim 128), and through descriptors at every head dim
    (``tma_narrow``); SDPA cuDNN's forward and forward + backward beside the book's, the
    targets' yardstick (issue 28: forward >= 0.8x cuDNN, forward + backward >= 0.7x).
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from kernels import results, timing
-from kernels.attention import launch
+from kernels.attention import OFF_VARIABLE, clear_plans, speedups, tune_every_bucket
 from kernels.attention.registry import label, runner
 from kernels.env import run_module_json
 from kernels.gpu import first_call
@@ -135,7 +135,7 @@ def tma_rows(shapes=FIVE_SHAPES, log=print) -> list[dict]:
         cases += [(label("triton"), "triton", "TMA at D = 128", "fwd+bwd")]
         cases += [(label("sdpa-cudnn"), "sdpa-cudnn", None, mode) for mode in timing.MODES]
         for name, impl, loads, mode in cases:
-            with launch.speedups(**LOADS.get(loads, {})):
+            with speedups(**LOADS.get(loads, {})):
                 attn = runner(impl, causal=True)
                 row = timing.speed_row(
                     name, attn, tensors, shape, "bf16", True, mode, warmup=10, rep=50
@@ -153,10 +153,11 @@ def tma_rows(shapes=FIVE_SHAPES, log=print) -> list[dict]:
 
 def unspecialised_child() -> dict:
     """:func:`first_call.first_calls` and :func:`speed_rows` in a child process whose kernels
-    do not specialise on the lengths (``LPFA_SPECIALISE_LENGTHS=0``), with an empty Triton
+    do not specialise on the lengths (``LPFA_OFF=specialise_lengths``), with an empty Triton
     cache of its own (nothing compiled or tuned by this process is reused)."""
+    off = ",".join(filter(None, [os.environ.get(OFF_VARIABLE, ""), "specialise_lengths"]))
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, LPFA_SPECIALISE_LENGTHS="0", TRITON_CACHE_DIR=cache)
+        env = dict(os.environ, TRITON_CACHE_DIR=cache, **{OFF_VARIABLE: off})
         report, log = run_module_json(
             "kernels.gpu.call_cost", "--child", env=env, what="the unspecialised child", timeout=420
         )
@@ -169,9 +170,9 @@ def _child():
         print("[lengths not specialised]", *parts, file=sys.stderr, flush=True)
 
     first = first_call.first_calls(log=log)
-    launch.clear_plans()
-    launch.tune_every_bucket()
-    print(json.dumps(dict(first_call=first, speed=speed_rows(log=log))))
+    clear_plans()
+    with tune_every_bucket():
+        print(json.dumps(dict(first_call=first, speed=speed_rows(log=log))))
 
 
 def main(argv=None):
@@ -186,15 +187,15 @@ def main(argv=None):
     if args.child:
         return _child()
     first = first_call.first_calls()
-    launch.clear_plans()  # the host rows tune their own bucket, as chapter 10's benchmark does
-    launch.tune_every_bucket()
-    data = dict(first_call=first, host=host_rows(), speedups=dict(launch.SPEEDUPS))
-    data["tma"] = tma_rows()
-    results.save("call_cost", data, COMMAND, directory=args.out)  # kept if the child fails
-    data["specialisation"] = dict(
-        specialised=dict(speed=speed_rows()),  # its first calls: first_call above
-        not_specialised=unspecialised_child(),
-    )
+    clear_plans()  # the host rows tune their own bucket, as chapter 10's benchmark does
+    with tune_every_bucket() as now:
+        data = dict(first_call=first, host=host_rows(), speedups=now.as_dict())
+        data["tma"] = tma_rows()
+        results.save("call_cost", data, COMMAND, directory=args.out)  # kept if the child fails
+        data["specialisation"] = dict(
+            specialised=dict(speed=speed_rows()),  # its first calls: first_call above
+            not_specialised=unspecialised_child(),
+        )
     path = results.save("call_cost", data, COMMAND, directory=args.out)
     print(f"wrote {path}")
 

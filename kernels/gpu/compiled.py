@@ -49,8 +49,10 @@ def unfused_multiply_adds(ptx: str) -> int:
 def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
     import torch
 
-    from ..attention.launch import SPEEDUPS, base_two
+    from ..attention import current_speedups
     from ..attention.options import LOW_CODES, STABLE_OFF
+
+    now = current_speedups()
 
     common = dict(
         HEAD_DIM=head_dim,
@@ -58,7 +60,7 @@ def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
         LOW=LOW_CODES[torch.bfloat16],
         EXPLICIT=False,
         SPLIT=split,
-        LOG2=base_two(False, torch.bfloat16),
+        LOG2=now.exp2,  # FA2 numerics, bf16: base two exactly when exp2 is on
     )
     if kernel == "forward":
         return dict(
@@ -70,7 +72,7 @@ def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
             ELL_ROUNDED=False,
             STORE_OFFSET=False,
             TMA=False,
-            MAX_FIRST=SPEEDUPS["max_first"],
+            MAX_FIRST=now.max_first,
             BLOCK_M=128,
             BLOCK_N=64,
         )
@@ -81,7 +83,7 @@ def _constexprs(kernel: str, split: bool, head_dim: int) -> dict:
 
 def compile_ptx(kernel: str, split: bool, head_dim: int = 64) -> str:
     """The PTX of one of :data:`KERNELS` (bf16, causal, FA2 numerics, rule off, the switches
-    of :data:`kernels.attention.launch.SPEEDUPS`) for an sm_90 GPU, 4 warps, 3 stages. Needs
+    of :func:`kernels.attention.current_speedups`) for an sm_90 GPU, 4 warps, 3 stages. Needs
     Triton's compiler: a process without ``TRITON_INTERPRET=1`` (see :func:`census`)."""
     import triton
     from triton.backends.compiler import GPUTarget

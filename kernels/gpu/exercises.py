@@ -133,7 +133,7 @@ def _bit_changes_expected(gen=None, rng=None, draws: int = 1) -> set:
     switched off, on one large draw."""
     import torch
 
-    from ..attention import flash_attention, launch
+    from ..attention import flash_attention, speedups
     from ..timing import on_gpu
 
     gen = gen or ck.fresh_generator()
@@ -142,7 +142,7 @@ def _bit_changes_expected(gen=None, rng=None, draws: int = 1) -> set:
     tiles = dict(block_m=64, block_n=32)
 
     def run(**switches):
-        with launch.speedups(**switches):
+        with speedups(**switches):
             return flash_attention(q, k, v, causal=True, **tiles)
 
     changed = set()

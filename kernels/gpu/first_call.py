@@ -2,10 +2,10 @@
 
 Triton's autotuner keys on the exact lengths, so without help every new N re-times every
 configuration of the three autotuned kernels (forward, dK/dV, dQ): 16-39 s forward + backward
-on an H100. With :data:`kernels.attention.launch.SPEEDUPS` ``"tune_by_bucket"`` only the first
-length of a power-of-two bucket is tuned; a later one only compiles, and not even that when it
-has the same specialisation as one already compiled (no length here is a multiple of 16, like
-the warm-up's, so each kernel is the one compiled already).
+on an H100. With the ``tune_by_bucket`` speed-up (:class:`kernels.attention.Speedups`) only
+the first length of a power-of-two bucket is tuned; a later one only compiles, and not even
+that when it has the same specialisation as one already compiled (no length here is a multiple
+of 16, like the warm-up's, so each kernel is the one compiled already).
 
 :func:`first_calls`: in one process, one warm-up length of the bucket (tuned: every
 configuration compiled and timed), then three new lengths of that bucket with the switch on
@@ -38,7 +38,14 @@ import torch
 from triton import knobs
 
 from kernels import timing
-from kernels.attention import flash_attention, launch, tuning
+from kernels.attention import (
+    clear_plans,
+    flash_attention,
+    forget_compiled,
+    n_bucket,
+    speedups,
+    stored_table,
+)
 
 SHAPE = (1, 4, 64)  # (B, H, D)
 WARM_UP = 1000  # tunes bucket 1024
@@ -72,38 +79,38 @@ def first_calls(
     off, then each ``nearest`` length's in its new bucket, then each ``stored`` family's (see
     the module docstring). Every plan and tuned bucket of the process is forgotten first, so
     the warm-up tunes."""
-    report = dict(shape=list(shape), dtype="bf16", causal=True, bucket=launch.n_bucket(warm_up))
-    if any(launch.n_bucket(n) != report["bucket"] for ns in lengths.values() for n in ns):
+    report = dict(shape=list(shape), dtype="bf16", causal=True, bucket=n_bucket(warm_up))
+    if any(n_bucket(n) != report["bucket"] for ns in lengths.values() for n in ns):
         raise ValueError(f"every length must share the warm-up's bucket {report['bucket']}")
-    if any(launch.n_bucket(n) == report["bucket"] for n in nearest):
+    if any(n_bucket(n) == report["bucket"] for n in nearest):
         raise ValueError(f"the nearest lengths must lie outside bucket {report['bucket']}")
-    launch.clear_plans()
+    clear_plans()
     with (
         tempfile.TemporaryDirectory() as folder,
         knobs.cache.scope(),
-        launch.speedups(stored_tuning=False),
+        speedups(stored_tuning=False),
     ):
         knobs.cache.dir = folder
-        with launch.speedups(tune_by_bucket=True, nearest_bucket=False):
+        with speedups(tune_by_bucket=True, nearest_bucket=False):
             report["warm_up"] = dict(n=warm_up, seconds=first_call_seconds(warm_up, shape, device))
         log(f"first call N={warm_up} (tunes the bucket): {report['warm_up']['seconds']:.2f} s")
         with (
             _as_if_new_process(),
-            launch.speedups(tune_by_bucket=True, nearest_bucket=False, parallel_compile=False),
+            speedups(tune_by_bucket=True, nearest_bucket=False, parallel_compile=False),
         ):
             seconds = first_call_seconds(warm_up, shape, device)
         report["warm_up_serial"] = dict(n=warm_up, seconds=seconds)
         log(f"the same, compiling one configuration at a time: {seconds:.2f} s")
         for switch in ("on", "off"):
-            with launch.speedups(tune_by_bucket=switch == "on", nearest_bucket=False):
+            with speedups(tune_by_bucket=switch == "on", nearest_bucket=False):
                 report[switch] = [
                     dict(n=n, seconds=first_call_seconds(n, shape, device)) for n in lengths[switch]
                 ]
             shown = ", ".join(f"N={r['n']} {r['seconds']:.2f} s" for r in report[switch])
             log(f"first call, tune_by_bucket {switch}: {shown}")
-        with launch.speedups(tune_by_bucket=True, nearest_bucket=True):
+        with speedups(tune_by_bucket=True, nearest_bucket=True):
             report["nearest"] = [
-                dict(n=n, bucket=launch.n_bucket(n), seconds=first_call_seconds(n, shape, device))
+                dict(n=n, bucket=n_bucket(n), seconds=first_call_seconds(n, shape, device))
                 for n in nearest
             ]
         shown = ", ".join(
@@ -114,13 +121,13 @@ def first_calls(
         for parallel in (True, False):
             with _as_if_new_process():
                 for dtype, causal, n, d in stored:
-                    with launch.speedups(
+                    with speedups(
                         tune_by_bucket=True,
                         nearest_bucket=True,
                         stored_tuning=True,
                         parallel_compile=parallel,
                     ):
-                        table = tuning.stored_table(torch.device(device))
+                        table = stored_table(torch.device(device))
                         seconds = first_call_seconds(
                             n, (shape[0], shape[1], d), device, dtype, causal
                         )
@@ -150,8 +157,8 @@ def first_calls(
 def _as_if_new_process():
     """Inside: no plan, no tuned bucket, no compiled kernel in memory and an empty Triton
     cache folder, so every first call compiles (and tunes) as in a fresh process."""
-    launch.clear_plans()
-    launch.forget_compiled()
+    clear_plans()
+    forget_compiled()
     with tempfile.TemporaryDirectory() as folder, knobs.cache.scope():
         knobs.cache.dir = folder
         yield

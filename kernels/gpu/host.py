@@ -41,20 +41,20 @@ def launches_stubbed():
     output buffers are not NaN-filled (that is a test aid, not part of a call)."""
     from triton.runtime import interpreter, jit
 
-    from ..attention import launch
+    from ..attention import speedups
 
-    saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS)
+    saved = (interpreter.InterpretedFunction.run, jit.JITFunction.run)
 
     def no_op(self, *args, grid, warmup, **kwargs):
         return None
 
     interpreter.InterpretedFunction.run = no_op
     jit.JITFunction.run = no_op
-    launch.POISON_OUTPUTS = False
     try:
-        yield
+        with speedups(poison_outputs=False):
+            yield
     finally:
-        (interpreter.InterpretedFunction.run, jit.JITFunction.run, launch.POISON_OUTPUTS) = saved
+        (interpreter.InterpretedFunction.run, jit.JITFunction.run) = saved
 
 
 @contextlib.contextmanager
@@ -67,7 +67,7 @@ def triton_launch_simulated():
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime import autotuner, driver, jit
 
-    from ..attention import launch
+    from ..attention import options, speedups
 
     class Driver:  # what JITFunction.run asks the driver
         def get_current_device(self):
@@ -93,9 +93,8 @@ def triton_launch_simulated():
         (jit.JITFunction, "_do_compile"),
         (autotuner.Autotuner, "_bench"),
         (driver, "_active"),
-        (launch, "_native_bf16"),
-        (launch, "check_device"),
-        (launch, "POISON_OUTPUTS"),
+        (options, "_native_bf16"),
+        (options, "check_device"),
         (autotuner.Autotuner, "check_disk_cache"),
     ]
     saved = [getattr(owner, name) for owner, name in patched]
@@ -103,14 +102,14 @@ def triton_launch_simulated():
     autotuner.Autotuner._bench = lambda self, *args, config, **meta: [1.0, 1.0, 1.0]
     autotuner.Autotuner.check_disk_cache = lambda self, key, configs, bench: bench()
     driver.set_active(Driver())
-    launch._native_bf16 = lambda: True  # take the native path (no explicit rounding)
-    launch.check_device = lambda q: None  # CPU tensors, as if on the GPU
-    launch.POISON_OUTPUTS = False
+    options._native_bf16 = lambda: True  # take the native path (no explicit rounding)
+    options.check_device = lambda q: None  # CPU tensors, as if on the GPU
     modules = _modules_holding(saved[4])
     for module in modules:
-        module.check_device = launch.check_device
+        module.check_device = options.check_device
     try:
-        yield
+        with speedups(poison_outputs=False):
+            yield
     finally:
         for (owner, name), value in zip(patched, saved):
             setattr(owner, name, value)
@@ -147,11 +146,11 @@ def _identity_function():
     return Identity
 
 
-def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dict:
+def _measure(mode, shape, causal, calls, repeats, options, switches=None) -> dict:
     import torch
 
     from .. import timing
-    from ..attention import flash_attention, launch
+    from ..attention import flash_attention, plans_made, speedups
 
     batch, heads, n, d = shape
     # fp16 in stub mode: on the CPU's explicit path bf16 tensors are re-viewed as int16 for
@@ -175,7 +174,7 @@ def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dic
 
     rows = {}
     patch = launches_stubbed() if mode == "stub" else triton_launch_simulated()
-    with launch.speedups(**(speedups or {})), patch:
+    with speedups(**(switches or {})), patch:
         for name, fn in (
             ("forward", forward),
             ("forward+backward", forward_backward),
@@ -183,7 +182,7 @@ def _measure(mode, shape, causal, calls, repeats, options, speedups=None) -> dic
         ):
             median, best = timing.host_us_per_call(fn, calls, repeats)
             rows[name] = dict(median_us=median, best_us=best)
-        plans = [plan for made in launch._LAUNCHERS for plan in made.plans.values()]
+        plans = plans_made()
     rows["backward (difference)"] = {
         stat: rows["forward+backward"][stat] - rows["forward"][stat]
         for stat in ("median_us", "best_us")
@@ -199,7 +198,7 @@ def host_cost(
     """µs per call (median and best of ``repeats`` runs of ``calls`` calls) of the host work
     of ``flash_attention``, forward and forward + backward, with the GPU taken out (see the
     module docstring for the two ``mode`` values). ``speedups``: changes to
-    :data:`kernels.attention.launch.SPEEDUPS` for this measurement (``direct_launch=False``:
+    :class:`kernels.attention.Speedups` for this measurement (``direct_launch=False``:
     every call through Triton's usual launch path, as before the plans were cached)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -13,7 +13,7 @@ What it measures (chapter 10 plots it), in this order, each section saved as soo
    not, forward and forward + backward, for SDPA flash, SDPA cuDNN, SDPA memory-efficient
    and the book's kernel with the offset rule off and with the cross-tile rule.
 4. ``perf_ablation.json``: the book's kernel with its speed-ups switched on one at a time
-   (``kernels.attention.launch.SPEEDUPS``).
+   (``kernels.attention.speedups``).
 
 FLOPs (:func:`kernels.timing.attention_flops`): the forward pass does 4·B·H·N²·D (two matmuls of
 2·N²·D per head), half of that when causal; forward + backward counts 3.5 times the forward.
@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from kernels import results, timing
-from kernels.attention import launch
+from kernels.attention import speedups, tune_every_bucket, tuned_entries
 from kernels.attention.registry import get, group, label, runner
 from kernels.gpu.precompile import DTYPES, NO_GPU, compile_jobs, grads, precompile
 from kernels.gpu.records import PEAK_TFLOPS  # dense bf16 matmul, H100/H200
@@ -133,7 +133,7 @@ def host_profile(small):
         name = label(impl)
         for mode in ("fwd", "fwd+bwd"):
             switches = {} if direct is None else dict(direct_launch=direct)
-            with launch.speedups(**switches):
+            with speedups(**switches):
                 call = timing.step(runner(impl, causal=True), *tensors, mode)
                 for _ in range(3):
                     call()  # compile, autotune, plans
@@ -195,9 +195,9 @@ def checks(small):
             q, k, v, grad = timing.inputs(shape, torch.bfloat16, device)
             opts = dict(causal=causal, **tiles)
             base = grads(q, k, v, grad, **opts)
-            with launch.speedups(direct_launch=False):
+            with speedups(direct_launch=False):
                 usual = grads(q, k, v, grad, **opts)
-            with launch.speedups(causal_split=False):
+            with speedups(causal_split=False):
                 masked = grads(q, k, v, grad, **opts)
             strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
             strided = grads(strided_q, k, v, grad, **opts)
@@ -323,7 +323,7 @@ def ablation(small, budget):
             break
         tensors = timing.inputs(shape, torch.bfloat16, device)
         for step_label, switches in ABLATION_STEPS:
-            with launch.speedups(**switches):
+            with speedups(**switches):
                 for mode in ("fwd", "fwd+bwd"):
                     row = timing.speed_row(
                         label(BOOK),
@@ -344,6 +344,7 @@ def ablation(small, budget):
 
 
 # --- main -----------------------------------------------------------------------------
+@tune_every_bucket()  # each timed shape runs the configuration tuned for it
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -360,7 +361,6 @@ def main(argv=None):
         help="parallel compile processes (0: compile on demand)",
     )
     args = parser.parse_args(argv)
-    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     if not args.small and not on_gpu():
         raise SystemExit(
             "kernels.gpu.perf needs a CUDA GPU (or --small for a CPU test of its logic)"
@@ -418,8 +418,8 @@ def main(argv=None):
             save("perf_speed", dict(rows=rows, skipped_groups=skipped))
         save("perf_speed", dict(rows=rows, skipped_groups=skipped))
         # what the autotuner chose for every bucket it tuned: the stored picks a later
-        # process on the same GPU model starts from (launch.SPEEDUPS "stored_tuning")
-        save("perf_tuning", dict(entries=launch.tuned_entries()))
+        # process on the same GPU model starts from (the "stored_tuning" speed-up)
+        save("perf_tuning", dict(entries=tuned_entries()))
         save(
             "perf_ablation",
             dict(steps=[label for label, _ in ABLATION_STEPS], rows=ablation(args.small, budget)),

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from kernels.attention import flash_attention, launch
+from kernels.attention import current_speedups, flash_attention, speedups
 from kernels.env import REPO_ROOT
 from kernels.timing import inputs, on_gpu
 
@@ -47,7 +47,7 @@ def compile_jobs(ablation_steps):
     # (direct_launch only changes how a compiled kernel is started)
 
     def variant(switches):
-        merged = {**launch.SPEEDUPS, **switches}
+        merged = {**current_speedups().as_dict(), **switches}
         return frozenset((k, v) for k, v in merged.items() if k != "direct_launch")
 
     compiled = {variant({})}  # the defaults, compiled above
@@ -67,12 +67,12 @@ def run_job(job):
         for causal in (True, False):
             q, k, v, grad = inputs((2, 3, 1000, 64), torch.bfloat16, "cuda")
             for split in (True, False):
-                with launch.speedups(causal_split=split):
+                with speedups(causal_split=split):
                     grads(q, k, v, grad, causal=causal, block_m=64, block_n=32)
         torch.cuda.synchronize()
         return
     q, k, v, grad = inputs((1, 2, 128, job["d"]), DTYPES[job["dtype"]], "cuda")
-    with launch.speedups(**job["switches"]):
+    with speedups(**job["switches"]):
         for stable in job["stable"]:
             grads(q, k, v, grad, causal=job["causal"], stable=stable)
     torch.cuda.synchronize()

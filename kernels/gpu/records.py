@@ -11,7 +11,7 @@ format. The implementations' labels come from :mod:`kernels.attention.registry`.
 from __future__ import annotations
 
 from .. import results
-from ..attention.launch import TMA_MIN_HEAD_DIM
+from ..attention import TMA_MIN_HEAD_DIM
 from ..attention.registry import FLASH_BENCH, group, label
 
 PEAK_TFLOPS = 790.0  # dense bf16 matmul on an H100/H200: the ceiling of every speed
@@ -104,7 +104,7 @@ def first_call_times(first: dict) -> list[tuple[str, float]]:
     return bars
 
 
-# the ways call_cost times the forward's loads (its "tma" rows): the SPEEDUPS switches of each
+# the ways call_cost times the forward's loads (its "tma" rows): the speed-ups of each
 LOADS = {
     "pointers": dict(tma=False, tma_narrow=False),
     "TMA at D = 128": dict(tma=True, tma_narrow=False),
@@ -114,7 +114,7 @@ LOADS = {
 
 def reads_descriptors(loads: str, d: int, min_head_dim=TMA_MIN_HEAD_DIM) -> bool:
     """Whether the forward read K and V through descriptors with the switches ``LOADS[loads]``
-    at head dim ``d`` (as :func:`kernels.attention.launch.tma_usable` decides)."""
+    at head dim ``d`` (as :func:`kernels.attention.tma_usable` decides)."""
     switches = LOADS[loads]
     return switches["tma"] and (d >= min_head_dim or switches["tma_narrow"])
 

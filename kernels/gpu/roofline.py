@@ -82,7 +82,7 @@ def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
 # --- exp2: what folding log2(e) into the scale changes ------------------------------------
 def p_bar(s, scale, fold: bool):
     """P̄ = exp(S·scale − m) in fp32 (``fold=False``: ``tl.exp`` of the shifted score), or as
-    the kernels compute it with SPEEDUPS "exp2" (``fold=True``): 2^(S·(scale·log₂e) − m·log₂e)
+    the kernels compute it with the "exp2" speed-up (``fold=True``): 2^(S·(scale·log₂e) − m·log₂e)
     with the argument from one fused multiply-add (one rounding, emulated in fp64) and m, the
     row maximum, in natural units."""
     import torch

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import results
-from ..attention import backward_pass, flash_attention, launch, registry
+from ..attention import backward_pass, flash_attention, registry, tune_every_bucket
 from ..attention.registry import BIAS_SOURCES
 from ..numerics.rounding import round_to_dtype
 from . import gpu as sweep_gpu
@@ -147,13 +147,13 @@ def fix_speed() -> list[dict]:
     return rows
 
 
+@tune_every_bucket()  # each timed shape runs the configuration tuned for it
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes on the CPU (a test)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default results/)")
     parser.add_argument("--speed-only", action="store_true", help="only the timings (GPU)")
     args = parser.parse_args(argv)
-    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out_dir = Path(args.out) if args.out else None
     command = "python -m kernels.lab.fixes_gpu" + (" --small" if args.small else "")

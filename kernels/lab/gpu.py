@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import lab, results
-from ..attention import launch, registry
+from ..attention import registry, tune_every_bucket
 
 
 def _triton_available(device, small) -> tuple[bool, str]:
@@ -42,12 +42,12 @@ def _triton_available(device, small) -> tuple[bool, str]:
     return True, "ran" + (" (Triton interpreter)" if device != "cuda" else " (native)")
 
 
+@tune_every_bucket()  # each timed shape runs the configuration tuned for it
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny grid (CPU test)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default results/)")
     args = parser.parse_args(argv)
-    launch.tune_every_bucket()  # each timed shape runs the configuration tuned for it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     impls = list(lab.SWEEP_IMPLS)
     ran = {"emulator": True}

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import kernels  # noqa: F401
 from kernels import flash_attention
+from kernels.attention.options import KERNEL_STABLE_MODES
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
 from kernels.env import native_bf16
 
@@ -39,7 +40,7 @@ def test_bf16_error_is_like_standard_attention():
     assert ours < 1e-2 and ours < 2 * standard, (ours, standard)
 
 
-@pytest.mark.parametrize("stable", [False, True, "off", "tile", "cross"])
+@pytest.mark.parametrize("stable", [False, True, *KERNEL_STABLE_MODES])
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
 def test_options_are_accepted(stable, numerics):
     q, k, v = qkv(n=20, d=16, dtype=torch.bfloat16, batch=1, heads=1)

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from kernels.attention.emulator import flash_forward
+from kernels.attention.options import KERNEL_STABLE_MODES
 from kernels.attention.reference import attention_fp64, relative_error as rel_err
 from kernels.numerics.rounding import round_mantissa, round_mantissa_stochastic, round_to_dtype
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
-@pytest.mark.parametrize("stable", ["off", "tile", "cross"])
+@pytest.mark.parametrize("stable", KERNEL_STABLE_MODES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_close_to_fp64(numerics, stable, causal):
     q, k, v = (torch.randn(2, 3, 77, 32) for _ in range(3))

@@ -15,8 +15,7 @@ import kernels  # noqa: F401
 from kernels import flash_attention
 from kernels.attention.flash_bwd import flash_backward
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.launch import use_explicit
-from kernels.attention.options import AttentionOptions
+from kernels.attention.options import DELTA_SOURCES, OFFSET_RULES, AttentionOptions, use_explicit
 from kernels.attention.reference import attention_fp64, relative_error
 from kernels.env import native_bf16
 
@@ -85,11 +84,11 @@ def test_cases_cover_every_dtype_head_dim_and_delta_source():
         assert {c[2] for c in CASES if c[0] == dtype} == {False, True}
     for d in (16, 32, 64, 128):
         assert {c[2] for c in CASES if c[1] == d} == {False, True}
-    for source in ("o", "dp", "o_fp32"):
+    for source in DELTA_SOURCES:
         assert {c[2] for c in CASES if c[3] == source} == {False, True}
 
 
-@pytest.mark.parametrize("stable", ["tile", "cross"])
+@pytest.mark.parametrize("stable", OFFSET_RULES)
 def test_gradients_with_the_offset_fix(stable):
     # L = m + log ℓ is the exact log-sum-exp whatever m was, so P = exp(S − L) is unchanged
     fwd_err, errors = grads_vs_fp64(45, 32, torch.bfloat16, True, "o", stable=stable, beta=4.0)
@@ -107,7 +106,7 @@ def test_delta_from_dp_or_fp32_o_is_more_accurate():
     assert out32.dtype == torch.float32
     exact = (grad_out.double() * attention_fp64(q, k, v, True)).sum(-1)
     errors = {}
-    for source in ("o", "dp", "o_fp32"):
+    for source in DELTA_SOURCES:
         opts = AttentionOptions(causal=True, delta_source=source, **BLOCKS)
         *_, delta = flash_backward(
             q, k, v, out, grad_out, lse, opts, explicit=use_explicit(None), out_fp32=out32
@@ -139,9 +138,9 @@ def test_strided_inputs_and_gradients():
 
 
 def test_base_two_backward_moves_only_last_bits():
-    """SPEEDUPS "exp2" in the backward kernels: P = 2^(S·log₂e − L·log₂e) instead of e^(S − L).
+    """The "exp2" speed-up in the backward kernels: P = 2^(S·log₂e − L·log₂e) instead of e^(S − L).
     The gradients agree to a few bf16 ulps and are as close to fp64 either way."""
-    from kernels.attention import launch
+    from kernels.attention import speedups
 
     q, k, v = (leaf(1, 2, 197 if ON_GPU else 45, 64, dtype=torch.bfloat16) for _ in range(3))
     grad_out = torch.randn_like(q)
@@ -150,7 +149,7 @@ def test_base_two_backward_moves_only_last_bits():
     got = {}
     for on in (False, True):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             out = flash_attention(*leaves, causal=True, **BLOCKS)
             out.backward(grad_out)
         got[on] = [t.grad for t in leaves]

@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels  # noqa: F401
-from kernels.attention import emulator as emulate, launch
+from kernels.attention import emulator as emulate, speedups, tma_usable
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.options import SUPPORTED_HEAD_DIMS
+from kernels.attention.jit import offset_update
+from kernels.attention.options import (
+    KERNEL_STABLE,
+    KERNEL_STABLE_MODES,
+    LOW_FP32,
+    OFFSET_RULES,
+    SUPPORTED_HEAD_DIMS,
+)
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
 from kernels.env import native_bf16
 from kernels.numerics.rounding import ulp_distance
@@ -172,7 +181,7 @@ def assert_close_to_emulator(out, emu_out, min_identical, paper):
 
 
 @pytest.mark.parametrize("numerics", ["fa2", "paper"])
-@pytest.mark.parametrize("stable", ["off", "tile", "cross"])
+@pytest.mark.parametrize("stable", KERNEL_STABLE_MODES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_follows_the_emulator(numerics, stable, causal):
     """Same operations, same rounding points: the outputs agree bit for bit except for rare
@@ -270,7 +279,7 @@ def test_offset_fix_pushes_max_p_bar_below_one(where):
     assert relative_error(cross, plain) < 1e-2
 
 
-@pytest.mark.parametrize("stable", ["tile", "cross"])
+@pytest.mark.parametrize("stable", OFFSET_RULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_stabilised_forward_stays_close_to_plain(stable, causal):
     q, k, v = qkv(1, 2, 53, 64, torch.bfloat16)
@@ -317,13 +326,13 @@ def test_descriptor_loads_equal_pointer_loads(dtype):
     mask, more keys than queries, both offset rules."""
     n_q, n_k = 45 + int(torch.randint(0, 20, ())), 70 + int(torch.randint(0, 20, ()))
     q, k, v = qkv(2, 3, n_q, 32, dtype, n_k=n_k)
-    with launch.speedups(tma_narrow=True):  # head dim 32: descriptors only when asked
-        assert launch.tma_usable(k, v) == TMA_HERE
-    assert not launch.tma_usable(k, v)
+    with speedups(tma_narrow=True):  # head dim 32: descriptors only when asked
+        assert tma_usable(k, v) == TMA_HERE
+    assert not tma_usable(k, v)
     for causal, stable in ((True, "cross"), (False, "tile"), (True, None)):
         runs = []
         for tma in (True, False):
-            with launch.speedups(tma=tma, tma_narrow=tma):
+            with speedups(tma=tma, tma_narrow=tma):
                 runs.append(flash_forward(q, k, v, causal=causal, stable=stable, **BLOCKS))
         (o_tma, lse_tma, _), (o_ptr, lse_ptr, _) = runs
         assert not o_tma.isnan().any()
@@ -335,13 +344,13 @@ def test_descriptors_only_where_the_layout_allows():
     """TMA needs unit stride along the head dim and 16-byte aligned strides and addresses;
     tensors that break a rule take the pointer path (and still give the right answer)."""
     q, k, v = qkv(1, 2, 40, 128, torch.bfloat16)
-    assert launch.tma_usable(k, v) == TMA_HERE  # head dim 128: descriptors by default
+    assert tma_usable(k, v) == TMA_HERE  # head dim 128: descriptors by default
     shifted = randn(1, 2, 40, 129)[..., 1:]  # address 2 bytes past an aligned one
     transposed = randn(1, 2, 128, 40).transpose(-1, -2)  # head dim not contiguous
-    assert not launch.tma_usable(shifted, v)
-    assert not launch.tma_usable(k, transposed)
-    with launch.speedups(tma=False):
-        assert not launch.tma_usable(k, v)
+    assert not tma_usable(shifted, v)
+    assert not tma_usable(k, transposed)
+    with speedups(tma=False):
+        assert not tma_usable(k, v)
     ref = attention_fp64(q, shifted, transposed)
     out, _, _ = flash_forward(q, shifted, transposed, **BLOCKS)
     assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
@@ -356,14 +365,14 @@ def test_scale_is_used():
 
 @pytest.mark.parametrize("stable", ["off", "cross"])
 def test_base_two_moves_only_last_bits(stable):
-    """SPEEDUPS "exp2": P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
+    """the "exp2" speed-up: P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
     fp32 rounding. The offsets m (natural units either way) are the same bit for bit, L agrees
     to 1e-5, and O agrees as the kernel agrees with the emulator: bit for bit but for rare
     flips of a rounding."""
     q, k, v = qkv(2, 2, 300 if ON_GPU else 90, 64, torch.bfloat16)
     runs = {}
     for on in (False, True):
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             runs[on] = flash_forward(
                 q, k, v, causal=True, stable=stable, return_offset=True, **BLOCKS
             )
@@ -381,8 +390,48 @@ def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
     q, k, v = qkv(1, 2, 70, 32, dtype)
     outs = []
     for on in (False, True):
-        with launch.speedups(exp2=on):
+        with speedups(exp2=on):
             outs.append(flash_forward(q, k, v, causal=True, numerics=numerics, **BLOCKS))
     for a, b in zip(*outs):
         if a is not None:
             assert torch.equal(a, b), f"{dtype} {numerics}: the exp2 switch changed a bit"
+
+
+@triton.jit
+def _offset_of_one_tile(QK, M, STABLE: tl.constexpr):
+    """The offset :func:`~kernels.attention.jit.offset_update` gives a 16×16 tile of fp32
+    scores, from a row that has seen nothing yet (β = 1, ε = 0, no cap)."""
+    rows, cols = tl.arange(0, 16), tl.arange(0, 16)
+    qk = tl.load(QK + rows[:, None] * 16 + cols[None, :])
+    start = tl.full([16], float("-inf"), tl.float32)
+    m, _, _ = offset_update(
+        qk,
+        1.0,
+        start,
+        start,
+        tl.zeros([16], tl.float32),
+        1.0,
+        0.0,
+        0.0,
+        STABLE,
+        False,
+        False,
+        LOW_FP32,
+        False,
+        True,
+    )
+    tl.store(M + rows, m)
+
+
+def test_offset_update_refuses_a_rule_it_does_not_name():
+    """Every rule the kernels name compiles (off: the row maximum); any other code is refused
+    when the kernel is compiled instead of quietly taking the running-maximum path."""
+    qk = torch.randn(16, 16, device=DEVICE)
+    for name in KERNEL_STABLE_MODES:
+        m = torch.empty(16, device=DEVICE)
+        _offset_of_one_tile[(1,)](qk, m, KERNEL_STABLE[name])
+        if name == "off":
+            assert torch.equal(m, qk.max(1).values)
+    unnamed = max(KERNEL_STABLE.values()) + 1
+    with pytest.raises(Exception, match="unknown offset rule"):
+        _offset_of_one_tile[(1,)](qk, torch.empty(16, device=DEVICE), unnamed)

@@ -1,4 +1,4 @@
-"""The host side of a call (kernels.attention.launch, options): what is cached, and that
+"""The host side of a call (kernels.attention.launcher, options): what is cached, and that
 caching and the speed-ups change no number.
 
 * keyword options become one validated AttentionOptions per distinct set; bad ones still fail
@@ -15,7 +15,10 @@ caching and the speed-ups change no number.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
 import random
 
 import pytest
@@ -24,8 +27,9 @@ import triton
 
 import kernels  # noqa: F401
 from kernels import flash_attention
-from kernels.attention import launch, tuning
-from kernels.attention.options import AttentionOptions, options_from
+from kernels.attention import speedups
+from kernels.attention.launcher import plans as launching, tuning
+from kernels.attention.options import DELTA_SOURCES, AttentionOptions, options_from
 from kernels.env import native_bf16
 
 ON_GPU = native_bf16()
@@ -94,11 +98,18 @@ class FakeTuned(FakeKernel):
 
 
 @pytest.fixture
-def on_cuda(monkeypatch):
+def switch():
+    """``switch(name=value, ...)``: the speed-ups changed until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(speedups(**changes))
+
+
+@pytest.fixture
+def on_cuda(monkeypatch, switch):
     """The Launcher as on a CUDA machine (the interpreter off), all speed-ups on."""
-    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(launching, "interpreting", lambda: False)
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
-    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
+    switch(direct_launch=True)
 
 
 FIXED_BLOCKS = (("BLOCK_M", 32), ("BLOCK_N", 16))
@@ -109,7 +120,7 @@ def how(counter, blocks=FIXED_BLOCKS, tuned=None, **options):
 
     def first():
         counter.append(1)
-        return launch.Launch(
+        return launching.Launch(
             dict(A=7), lambda meta: (100 // meta["BLOCK_M"], 3), blocks, tuned, **options
         )
 
@@ -118,7 +129,7 @@ def how(counter, blocks=FIXED_BLOCKS, tuned=None, **options):
 
 def test_first_call_goes_through_triton_then_launches_directly(on_cuda):
     kernel = FakeKernel()
-    made, firsts = launch.Launcher(kernel), []
+    made, firsts = launching.Launcher(kernel), []
     made("key", ("x", "y", 100), how(firsts, num_stages=1))
     assert kernel.calls == [
         ((3, 3), ("x", "y", 100), dict(A=7, BLOCK_M=32, BLOCK_N=16, num_stages=1))
@@ -137,29 +148,29 @@ def test_first_call_goes_through_triton_then_launches_directly(on_cuda):
 
 def test_autotuned_plans_keep_the_chosen_configuration(on_cuda):
     tuned = FakeTuned()
-    made, firsts = launch.Launcher(FakeKernel()), []
+    made, firsts = launching.Launcher(FakeKernel()), []
     made("key", ("x", "y", 100), how(firsts, blocks=None, tuned=tuned))
     made("key", ("x", "y", 100), how(firsts, blocks=None, tuned=tuned))
-    plan = made.plans["key"]
+    plan = made.plans[made.plan_key("key", ("x", "y", 100))]
     assert plan.grid == (100 // 128, 3)
     assert plan.kwargs == dict(A=7, BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     assert tuned.compiled.launched == [((0, 3, 1), ("x", "y", 100, 7, 128, 64))]
 
 
-def test_without_direct_launch_every_call_is_a_first_call(on_cuda, monkeypatch):
-    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", False)
+def test_without_direct_launch_every_call_is_a_first_call(on_cuda, monkeypatch, switch):
+    switch(direct_launch=False)
     kernel = FakeKernel()
-    made, firsts = launch.Launcher(kernel), []
+    made, firsts = launching.Launcher(kernel), []
     for _ in range(3):
         made("key", ("x", "y", 100), how(firsts))
     assert len(kernel.calls) == 3 and len(firsts) == 3 and made.plans == {}
 
 
-def test_interpreter_plans_launch_through_triton(monkeypatch):
-    monkeypatch.setattr(launch, "interpreting", lambda: True)
-    monkeypatch.setitem(launch.SPEEDUPS, "direct_launch", True)
+def test_interpreter_plans_launch_through_triton(monkeypatch, switch):
+    monkeypatch.setattr(launching, "interpreting", lambda: True)
+    switch(direct_launch=True)
     kernel = FakeKernel()
-    made, firsts = launch.Launcher(kernel), []
+    made, firsts = launching.Launcher(kernel), []
     for _ in range(3):
         made("key", ("x", "y", 100), how(firsts))
     assert len(firsts) == 1 and len(kernel.calls) == 3
@@ -169,28 +180,30 @@ def test_interpreter_plans_launch_through_triton(monkeypatch):
 
 def test_a_launch_that_returns_nothing_usable_falls_back(on_cuda):
     kernel = FakeKernel(compiled=object())  # no __getitem__: no direct launcher
-    made, firsts = launch.Launcher(kernel), []
+    made, firsts = launching.Launcher(kernel), []
     made("key", ("x", "y", 100), how(firsts))
     made("key", ("x", "y", 100), how(firsts))
-    assert made.plans["key"].runner is None and len(kernel.calls) == 2
+    assert (
+        made.plans[made.plan_key("key", ("x", "y", 100))].runner is None and len(kernel.calls) == 2
+    )
 
 
 def test_clear_plans_forgets_every_plan():
     q = torch.randn(1, 1, 20, 16, device=DEVICE)
     flash_attention(q, q, q, block_m=16, block_n=16)
-    assert any(made.plans for made in launch._LAUNCHERS)
-    launch.clear_plans()
-    assert not any(made.plans for made in launch._LAUNCHERS)
+    assert any(made.plans for made in launching._LAUNCHERS)
+    launching.clear_plans()
+    assert not any(made.plans for made in launching._LAUNCHERS)
 
 
 # --- tuning by bucket ------------------------------------------------------------------------
 def test_n_bucket_rounds_up_to_a_power_of_two_from_128():
     rng = random.Random(28)
     for n in [1, 127, 128, 129, 1000, 1024, 1025, *(rng.randrange(1, 1 << 22) for _ in range(500))]:
-        bucket = launch.n_bucket(n)
-        assert bucket & (bucket - 1) == 0 and bucket >= max(n, launch.MIN_BUCKET), n
-        assert bucket == launch.MIN_BUCKET or bucket // 2 < n, n  # the smallest such
-    assert [launch.n_bucket(n) for n in (1, 128, 129, 1000, 1024, 1025)] == [
+        bucket = launching.n_bucket(n)
+        assert bucket & (bucket - 1) == 0 and bucket >= max(n, launching.MIN_BUCKET), n
+        assert bucket == launching.MIN_BUCKET or bucket // 2 < n, n  # the smallest such
+    assert [launching.n_bucket(n) for n in (1, 128, 129, 1000, 1024, 1025)] == [
         128,
         128,
         256,
@@ -216,8 +229,8 @@ def call_tuned(made, tuned, n, dtype=torch.bfloat16, a=7):
     """One call of ``made`` at sequence length ``n`` (plan key: n, dtype, a) whose first
     launch autotunes with ``tuned``, bucketed by (n, n)."""
     x = torch.zeros(1, dtype=dtype)
-    first = lambda: launch.Launch(
-        dict(A=a), lambda meta: (launch.cdiv(n, meta["BLOCK_M"]), 3), None, tuned, lengths=(n, n)
+    first = lambda: launching.Launch(
+        dict(A=a), lambda meta: (launching.cdiv(n, meta["BLOCK_M"]), 3), None, tuned, lengths=(n, n)
     )
     made((n, dtype, a), (x, "y", n), first)
 
@@ -226,16 +239,16 @@ def lengths_of(calls):
     return [args[2] for _, args, _ in calls]
 
 
-def test_only_the_first_length_of_a_bucket_autotunes(on_cuda, monkeypatch):
-    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)  # each bucket tuned for itself
+def test_only_the_first_length_of_a_bucket_autotunes(on_cuda, monkeypatch, switch):
+    switch(nearest_bucket=False)  # each bucket tuned for itself
     tuned, kernel = BucketTuned(), FakeKernel()
-    made = launch.Launcher(kernel)
+    made = launching.Launcher(kernel)
     for n in (1000, 1010, 1020, 1024):  # one bucket: 1024
         call_tuned(made, tuned, n)
     assert lengths_of(tuned.calls) == [1000]  # (a) the first autotunes
     # (b) the others launch (compile) once with its configuration, not through the autotuner
     assert [(grid, args[1:], kwargs) for grid, args, kwargs in kernel.calls] == [
-        ((launch.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1010, 1020, 1024)
+        ((launching.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1010, 1020, 1024)
     ]
     call_tuned(made, tuned, 1010)  # a known key: launched directly, nothing new
     assert len(tuned.calls) == 1 and len(kernel.calls) == 3
@@ -248,16 +261,16 @@ def test_only_the_first_length_of_a_bucket_autotunes(on_cuda, monkeypatch):
     assert len(made.buckets) == 4
 
 
-def test_a_new_bucket_borrows_the_nearest_tuned_configuration(on_cuda, monkeypatch):
-    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", True)
+def test_a_new_bucket_borrows_the_nearest_tuned_configuration(on_cuda, monkeypatch, switch):
+    switch(nearest_bucket=True)
     tuned, kernel = BucketTuned(), FakeKernel()
-    made = launch.Launcher(kernel)
+    made = launching.Launcher(kernel)
     call_tuned(made, tuned, 1000)  # tunes bucket 1024
     for n in (1500, 3000, 300):  # buckets 2048, 4096 and 512: one or two powers of two away
         call_tuned(made, tuned, n)
     assert lengths_of(tuned.calls) == [1000]
     assert [(grid, args[1:], kwargs) for grid, args, kwargs in kernel.calls] == [
-        ((launch.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1500, 3000, 300)
+        ((launching.cdiv(n, 128), 3), ("y", n), TUNED_KWARGS) for n in (1500, 3000, 300)
     ]
     assert len(made.buckets) == 1  # a borrowed pick is not stored as the bucket's own
     other = triton.Config(dict(BLOCK_M=64, BLOCK_N=64), num_warps=4, num_stages=3)
@@ -271,21 +284,21 @@ def test_a_new_bucket_borrows_the_nearest_tuned_configuration(on_cuda, monkeypat
     assert made.nearest(bucket_of(made, tuned, 12000)) is other
     assert made.nearest(bucket_of(made, tuned, 400)) is not other
     assert made.nearest(bucket_of(made, tuned, 40000)) is None  # 65536: too far from 8192
-    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
+    switch(nearest_bucket=False)
     assert made.nearest(bucket_of(made, tuned, 12000)) is None
 
 
 def bucket_of(made, tuned, n, a=7):
     """The bucket key ``call_tuned`` gives length ``n``."""
-    how = launch.Launch(dict(A=a), lambda meta: (1, 1), None, tuned, lengths=(n, n))
+    how = launching.Launch(dict(A=a), lambda meta: (1, 1), None, tuned, lengths=(n, n))
     return made.bucket((torch.zeros(1, dtype=torch.bfloat16), "y", n), how)
 
 
-@pytest.mark.parametrize("switch", ["tune_by_bucket", "direct_launch"])
-def test_without_bucket_tuning_every_new_length_autotunes(on_cuda, monkeypatch, switch):
-    monkeypatch.setitem(launch.SPEEDUPS, switch, False)  # (d) either switch off: as before
+@pytest.mark.parametrize("name", ["tune_by_bucket", "direct_launch"])
+def test_without_bucket_tuning_every_new_length_autotunes(on_cuda, monkeypatch, switch, name):
+    switch(**{name: False})  # (d) either switch off: as before
     tuned, kernel = BucketTuned(), FakeKernel()
-    made = launch.Launcher(kernel)
+    made = launching.Launcher(kernel)
     for n in (1000, 1010, 1020):
         call_tuned(made, tuned, n)
     assert lengths_of(tuned.calls) == [1000, 1010, 1020]
@@ -293,13 +306,13 @@ def test_without_bucket_tuning_every_new_length_autotunes(on_cuda, monkeypatch, 
 
 
 def test_clear_plans_forgets_the_buckets(on_cuda, monkeypatch):
-    monkeypatch.setattr(launch, "_LAUNCHERS", [])
+    monkeypatch.setattr(launching, "_LAUNCHERS", [])
     tuned = BucketTuned()
-    made = launch.launcher(FakeKernel())
+    made = launching.launcher(FakeKernel())
     call_tuned(made, tuned, 1000)
     call_tuned(made, tuned, 1010)
     assert lengths_of(tuned.calls) == [1000] and made.buckets
-    launch.clear_plans()  # (e)
+    launching.clear_plans()  # (e)
     assert made.buckets == {} and made.plans == {}
     call_tuned(made, tuned, 1020)
     assert lengths_of(tuned.calls) == [1000, 1020]
@@ -323,7 +336,7 @@ SPLIT_CASES = [
         for c, n, o in SPLIT_CASES
     ],
 )
-def test_causal_split_changes_no_bit(causal, n, options, monkeypatch):
+def test_causal_split_changes_no_bit(causal, n, options, monkeypatch, switch):
     """Unmasked tiles visit the same keys in the same order as masked ones: every output and
     gradient is bit-identical with the split on and off."""
     gen = torch.Generator(device=DEVICE).manual_seed(n)
@@ -332,7 +345,7 @@ def test_causal_split_changes_no_bit(causal, n, options, monkeypatch):
     )
     got = {}
     for split in (True, False):
-        monkeypatch.setitem(launch.SPEEDUPS, "causal_split", split)
+        switch(causal_split=split)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         out = flash_attention(*leaves, causal=causal, **options)
         got[split] = [out.detach(), *torch.autograd.grad(out, leaves, grad)]
@@ -366,24 +379,24 @@ def test_host_cost_harness_runs_and_launches_directly():
         host_cost("gpu")
 
 
-def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch):
+def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch, switch):
     """What one process tuned (``tuned_entries``), stored as JSON and read back (``table_of``),
     spares a later process the tuning: a family it never tuned compiles the stored pick of the
     nearest lengths; another family, or the switch off, tunes as before."""
-    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
-    tuned, made = BucketTuned(), launch.Launcher(FakeKernel())
+    switch(nearest_bucket=False)
+    tuned, made = BucketTuned(), launching.Launcher(FakeKernel())
     picks = {}
     for n, (bm, warps) in zip((1000, 4000), ((128, 8), (64, 4))):  # buckets 1024 and 4096
         tuned.best_config = triton.Config(dict(BLOCK_M=bm, BLOCK_N=64), num_warps=warps)
         call_tuned(made, tuned, n)
         picks[n] = dict(A=7, BLOCK_M=bm, BLOCK_N=64, num_warps=warps)
-    monkeypatch.setattr(launch, "_LAUNCHERS", [made])
-    entries = json.loads(json.dumps(launch.tuned_entries()))
+    monkeypatch.setattr(launching, "_LAUNCHERS", [made])
+    entries = json.loads(json.dumps(launching.tuned_entries()))
     assert [e["lengths"] for e in entries] == [[1024, 1024], [4096, 4096]]
     monkeypatch.setattr(tuning, "stored_table", lambda device: tuning.table_of(entries))
 
     later_tuned, kernel = BucketTuned(), FakeKernel()
-    later = launch.Launcher(kernel)
+    later = launching.Launcher(kernel)
     n_near_1024 = random.randint(300, 1500)  # 512, 1024 or 2048: nearest to 1024
     n_near_4096 = random.randint(3000, 40000)  # 4096 .. 65536: nearest to 4096
     for n in (n_near_1024, n_near_4096):
@@ -392,7 +405,7 @@ def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch):
     for (_, _, kwargs), want in zip(kernel.calls, (picks[1000], picks[4000])):
         assert {k: kwargs[k] for k in want} == want
     call_tuned(later, later_tuned, 1500, dtype=torch.float16)  # a family never stored: tuned
-    monkeypatch.setitem(launch.SPEEDUPS, "stored_tuning", False)
+    switch(stored_tuning=False)
     call_tuned(later, later_tuned, 2500)  # the switch off: tuned
     assert lengths_of(later_tuned.calls) == [1500, 2500]
 
@@ -453,7 +466,9 @@ class WarmKernel(FakeKernel):
         self.warmed.append((grid, args, kwargs, threading.get_ident()))
 
 
-def test_compile_ahead_warms_every_job_and_leaves_failures_to_the_launch(on_cuda, monkeypatch):
+def test_compile_ahead_warms_every_job_and_leaves_failures_to_the_launch(
+    on_cuda, monkeypatch, switch
+):
     kernel = WarmKernel(fail=32)
     blocks = random.sample([16, 32, 64, 128, 256], 4)
     jobs = [(kernel, ("x", i), (i, 1), dict(BLOCK_M=bm)) for i, bm in enumerate(blocks)]
@@ -462,30 +477,30 @@ def test_compile_ahead_warms_every_job_and_leaves_failures_to_the_launch(on_cuda
     assert [w[:3] for w in kernel.warmed] == want
     kernel.warmed.clear()
     tuning.compile_ahead(jobs[:1])  # one job: its launch compiles it, no threads
-    monkeypatch.setitem(launch.SPEEDUPS, "parallel_compile", False)
+    switch(parallel_compile=False)
     tuning.compile_ahead(jobs)
     assert kernel.warmed == []
 
 
-def test_a_first_launch_compiles_its_choices_ahead(on_cuda, monkeypatch):
+def test_a_first_launch_compiles_its_choices_ahead(on_cuda, monkeypatch, switch):
     """An autotuned first launch hands every choice left after pruning to ``compile_ahead``;
     one with a known configuration or fixed tiles hands one; a known key none."""
     handed = []
     monkeypatch.setattr(tuning, "compile_ahead", lambda jobs: handed.append(jobs))
-    monkeypatch.setitem(launch.SPEEDUPS, "nearest_bucket", False)
-    monkeypatch.setitem(launch.SPEEDUPS, "stored_tuning", False)
+    switch(nearest_bucket=False)
+    switch(stored_tuning=False)
     tuned, kernel = BucketTuned(), FakeKernel()
     sizes = random.sample([16, 32, 64, 128], 3)
     tuned.configs = [triton.Config(dict(BLOCK_M=m, BLOCK_N=64), num_warps=4) for m in sizes]
     tuned.early_config_prune = lambda configs, named, **consts: [
         c for c in configs if c.kwargs["BLOCK_M"] != sizes[0]
     ]
-    made = launch.Launcher(kernel)
+    made = launching.Launcher(kernel)
     call_tuned(made, tuned, 1000)
     (jobs,) = handed
     assert [kw["BLOCK_M"] for _, _, _, kw in jobs] == sizes[1:]
     assert all(
-        kw["A"] == 7 and grid == (launch.cdiv(1000, kw["BLOCK_M"]), 3) for _, _, grid, kw in jobs
+        kw["A"] == 7 and grid == (launching.cdiv(1000, kw["BLOCK_M"]), 3) for _, _, grid, kw in jobs
     )
     call_tuned(made, tuned, 1000)  # a known key
     call_tuned(made, tuned, 1010)  # the tuned bucket's configuration
@@ -503,17 +518,18 @@ def test_forget_compiled_empties_kernels_and_autotuners(monkeypatch):
 
     kernel = FakeKernel()
     kernel.device_caches = {0: "compiled"}
-    monkeypatch.setattr(launch, "_LAUNCHERS", [launch.Launcher(kernel)])
-    monkeypatch.setattr(launch, "_AUTOTUNERS", [Tuner()])
-    launch.forget_compiled()
+    monkeypatch.setattr(launching, "_LAUNCHERS", [launching.Launcher(kernel)])
+    monkeypatch.setattr(launching, "_AUTOTUNERS", [Tuner()])
+    launching.forget_compiled()
     assert kernel.device_caches == {} and Tuner.cache == {}
 
 
-@pytest.mark.parametrize("delta_source", ["o", "dp"])
+# every δ source but "o_fp32", whose backward runs a second forward pass and is not compiled ahead
+@pytest.mark.parametrize("delta_source", [s for s in DELTA_SOURCES if s != "o_fp32"])
 def test_the_backward_compiled_ahead_is_the_backward_that_runs(delta_source):
-    """``flash_backward(..., ahead=jobs)`` (what the forward compiles in the background on a
-    GPU) lists the very launches the backward then makes: same kernels, grids and compile-time
-    arguments, for a dO laid out like O."""
+    """The launches :func:`backward_launches` plans for a dO laid out like O (what the forward
+    has the launcher compile in the background on a GPU) are the very launches the backward
+    then makes: same kernels, grids and compile-time arguments; planning launches nothing."""
     from kernels.attention import flash_bwd
     from kernels.attention.flash_fwd import flash_forward
 
@@ -524,18 +540,18 @@ def test_the_backward_compiled_ahead_is_the_backward_that_runs(delta_source):
     launchers = (flash_bwd._DELTA, flash_bwd._DKDV, flash_bwd._DQ)
     for made in launchers:
         made.plans.clear()
-    jobs = []
-    assert flash_bwd.flash_backward(q, k, v, out, out, lse, opts, explicit=True, ahead=jobs) is None
+    _, calls = flash_bwd.backward_launches(q, k, v, out, out, lse, opts, explicit=True)
+    jobs = [job for made, key, args, first in calls for job in made.pending(key, args, first)[0]]
     assert all(not made.plans for made in launchers)  # nothing launched
     kernels_listed = [kernel for kernel, _, _, _ in jobs]
     first = flash_bwd._query_tile_kernel if delta_source == "dp" else flash_bwd._delta_from_o_kernel
     assert kernels_listed == [first, flash_bwd._bwd_dkdv_kernel, flash_bwd._query_tile_kernel]
     flash_bwd.flash_backward(q, k, v, out, do, lse, opts, explicit=True)
-    plans = [(p.grid, p.kwargs) for made in launchers for p in made.plans.values()]
-    assert sorted(map(repr, plans)) == sorted(repr((grid, kw)) for _, _, grid, kw in jobs)
+    made_plans = [(p.grid, p.kwargs) for made in launchers for p in made.plans.values()]
+    assert sorted(map(repr, made_plans)) == sorted(repr((grid, kw)) for _, _, grid, kw in jobs)
 
 
-def test_background_compiles_finish_before_a_backward_waits_past_them(on_cuda, monkeypatch):
+def test_background_compiles_finish_before_a_backward_waits_past_them(on_cuda, monkeypatch, switch):
     """``compile_in_background`` warms its jobs in another thread, even a single one;
     ``wait_for_background`` returns only when it is done; switched off, nothing runs."""
     import threading
@@ -555,6 +571,35 @@ def test_background_compiles_finish_before_a_backward_waits_past_them(on_cuda, m
     tuning.wait_for_background()
     assert [w[:3] for w in kernel.warmed] == [(g, a, kw) for _, a, g, kw in jobs]
     assert kernel.warmed[0][3] != threading.get_ident() and not tuning._BACKGROUND
-    monkeypatch.setitem(launch.SPEEDUPS, "parallel_compile", False)
+    switch(parallel_compile=False)
     tuning.compile_in_background(jobs)
     assert not tuning._BACKGROUND and len(kernel.warmed) == 1
+
+
+# --- the speed-ups: one value, one environment variable ---------------------------------------
+def test_lpfa_off_names_the_speedups_a_process_starts_without(monkeypatch):
+    """``LPFA_OFF`` is a comma list of speed-ups; an unknown name is refused, not ignored."""
+    from kernels.attention import OFF_VARIABLE, Speedups
+    from kernels.attention.launcher import switches
+
+    assert switches.switched_off(" exp2, fused ,") == {"exp2", "fused"}
+    with pytest.raises(ValueError, match="unknown speed-up"):
+        switches.switched_off("exp2,warp_drive")
+    monkeypatch.setenv(OFF_VARIABLE, "exp2,specialise_lengths")
+    started = switches._from_environment()
+    assert not started.exp2 and not started.specialise_lengths
+    assert started.plan_key == Speedups(exp2=False).plan_key  # what compiles: exp2 off
+
+
+def test_tune_every_bucket_holds_inside_its_block_and_for_the_processes_it_starts(monkeypatch):
+    from kernels.attention import OFF_VARIABLE, current_speedups, tune_every_bucket
+
+    monkeypatch.setenv(OFF_VARIABLE, "fused")
+    before = current_speedups()
+    with tune_every_bucket() as now:
+        assert now is current_speedups()
+        assert not now.nearest_bucket and not now.stored_tuning
+        assert os.environ[OFF_VARIABLE] == "nearest_bucket,stored_tuning,fused"
+    assert current_speedups() is before and os.environ[OFF_VARIABLE] == "fused"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.exp2 = False  # changed only through speedups(...)

@@ -67,8 +67,8 @@ def test_run_is_the_function_it_names():
 
 
 def test_one_place_for_backends_and_switches():
-    """SDPA's backends are mapped only here, and the speed-up switches are changed and
-    restored only through speedups() (kernels/attention/speedups.py, also launch.speedups)."""
+    """SDPA's backends are mapped only here, and the speed-ups are changed and restored only
+    through speedups() (kernels/attention/launcher/switches.py, kernels.attention.speedups)."""
     from pathlib import Path
 
     package = Path(kernels.__file__).parent
@@ -76,8 +76,9 @@ def test_one_place_for_backends_and_switches():
         text = path.read_text(encoding="utf-8")
         if path.name != "registry.py":
             assert "SDPBackend" not in text, f"{path}: name SDPA backends in the registry"
-        if path.name != "speedups.py":
-            assert "SPEEDUPS.update" not in text, f"{path}: use launch.speedups(...)"
+        assert "SPEEDUPS" not in text, f"{path}: use kernels.attention.speedups(...)"
+        if path.name != "switches.py":
+            assert "CURRENT =" not in text, f"{path}: use kernels.attention.speedups(...)"
 
 
 def test_stored_spellings_and_figure_labels_come_from_the_registry():

@@ -8,6 +8,7 @@ import torch
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.attention import AttentionOptions
+from kernels.attention.options import DELTA_SOURCES
 from kernels.env import interpreting
 from kernels.gpt2 import (
     GPT,
@@ -136,7 +137,7 @@ def test_models_with_different_attention_agree():
     assert torch.allclose(a(idx)[0], b(idx)[0], atol=1e-4)
 
 
-@pytest.mark.parametrize("delta", ["o", "dp", "o_fp32"])
+@pytest.mark.parametrize("delta", DELTA_SOURCES)
 @pytest.mark.parametrize("stable", ["off", "cross"])
 def test_paper_function_gradients_match_fp64_autograd(delta, stable):
     """In fp64 nothing is rounded, so Algorithm 2 must reproduce autograd of softmax attention."""
@@ -156,7 +157,7 @@ def test_paper_function_bf16_gradients_close_to_fp64():
     d_out = torch.randn(q.shape).bfloat16().float()
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     grads_ref = torch.autograd.grad(exact_attention(q64, k64, v64), (q64, k64, v64), d_out.double())
-    for delta in ("o", "dp", "o_fp32"):
+    for delta in DELTA_SOURCES:
         out = EmulatedAttention.apply(q, k, v, paper_opts(delta, "off"))
         assert out.dtype == torch.float32
         grads = torch.autograd.grad(out, (q, k, v), d_out)
@@ -173,7 +174,7 @@ def test_delta_sources_differ_only_through_o():
         d: torch.autograd.grad(EmulatedAttention.apply(q, k, v, paper_opts(d, "off")), (q,), d_out)[
             0
         ]
-        for d in ("o", "dp", "o_fp32")
+        for d in DELTA_SOURCES
     }
     close = (g["dp"] - g["o_fp32"]).abs().max()
     far = (g["dp"] - g["o"]).abs().max()

@@ -10,7 +10,8 @@ import pytest
 from triton import knobs
 
 import kernels  # noqa: F401
-from kernels.attention import launch
+from kernels.attention import current_speedups, speedups
+from kernels.attention.launcher import not_specialised
 from kernels.env import native_bf16
 from kernels.gpu import first_call
 
@@ -23,13 +24,14 @@ def test_first_calls_reports_each_new_length_with_the_switch_on_and_off(monkeypa
 
     def seconds(n, shape, device, dtype="bf16", causal=True):
         keys = ("tune_by_bucket", "nearest_bucket", "parallel_compile")
-        switches = tuple(launch.SPEEDUPS[k] for k in keys)
-        folders.append((n, knobs.cache.dir, switches, launch.SPEEDUPS["stored_tuning"]))
+        now = current_speedups()
+        switches = tuple(getattr(now, k) for k in keys)
+        folders.append((n, knobs.cache.dir, switches, now.stored_tuning))
         return timed(n, shape, device, dtype, causal)
 
     monkeypatch.setattr(first_call, "first_call_seconds", seconds)
-    before, nearest = knobs.cache.dir, launch.SPEEDUPS["nearest_bucket"]
-    kept = launch.SPEEDUPS["stored_tuning"]
+    before, nearest = knobs.cache.dir, current_speedups().nearest_bucket
+    kept = current_speedups().stored_tuning
     stored = (("fp16", True, 40, 16), ("bf16", False, 50, 32))
     report = first_call.first_calls(
         20,
@@ -75,8 +77,9 @@ def test_first_calls_reports_each_new_length_with_the_switch_on_and_off(monkeypa
     assert fresh[0] != before and fresh[1] not in (before, fresh[0])
     assert set(fresh[2:6]) == {fresh[0]} and fresh[6] == fresh[7] != fresh[8] == fresh[9]
     assert fresh[6] not in (before, fresh[0], fresh[1])
-    assert knobs.cache.dir == before and launch.SPEEDUPS["tune_by_bucket"] is True
-    assert launch.SPEEDUPS["nearest_bucket"] is nearest and launch.SPEEDUPS["stored_tuning"] is kept
+    now = current_speedups()
+    assert knobs.cache.dir == before and now.tune_by_bucket is True
+    assert now.nearest_bucket is nearest and now.stored_tuning is kept
 
 
 def test_first_calls_refuses_lengths_of_another_bucket():
@@ -260,14 +263,14 @@ def test_tma_figure_draws_every_timing():
     _legible(fig)
 
 
-def test_length_specialisation_switch(monkeypatch):
+def test_length_specialisation_switch():
     """Triton may specialise on the lengths by default; with the switch off every kernel lists
     them as not specialised (the head count never is)."""
-    assert launch.not_specialised("N_Q", "N_K") == (
-        ["H"] if launch.SPECIALISE_LENGTHS else ["H", "N_Q", "N_K"]
+    assert not_specialised("N_Q", "N_K") == (
+        ["H"] if current_speedups().specialise_lengths else ["H", "N_Q", "N_K"]
     )
-    monkeypatch.setattr(launch, "SPECIALISE_LENGTHS", False)
-    assert launch.not_specialised("N_Q") == ["H", "N_Q"]
+    with speedups(specialise_lengths=False):
+        assert not_specialised("N_Q") == ["H", "N_Q"]
 
 
 def test_tma_summary_and_repeat_spread(capsys):

@@ -1,11 +1,11 @@
-"""The Python side of a kernel launch, shared by the forward and backward passes.
+"""Launching a kernel with as little host work per call as possible: :class:`Launcher`.
 
-Which rounding path runs (:func:`use_explicit`), the output buffers (NaN-poisoned when
-:data:`POISON_OUTPUTS` is on, so an unwritten entry shows), the scalar parameters
-(:func:`kernel_params`, cached), the tile sizes (:func:`pick_blocks`) and :class:`Launcher`,
-which launches one kernel with as little host work per call as possible. The speed-up switches
-(:data:`SPEEDUPS`, :func:`speedups`) live in :mod:`.speedups` and are reached from here too;
-parallel compiles and the stored autotuning picks in :mod:`.tuning`.
+A kernel module makes one :class:`Launcher` per ``@triton.jit`` kernel (:func:`launcher`) and
+reaches it through one call per launch, ``launcher(key, args, first)``; what that call decides
+the first time a key is seen (grid, tile sizes, compile-time values, the autotuner's pick) is
+its *plan*. :func:`launch_together` launches several kernels whose new configurations compile
+at once, :func:`compile_ahead_of` compiles a later call's kernels in the background, and
+:func:`pick_blocks` says which tile sizes a launch uses when the caller names none.
 
 Why the host work matters: at the GPT-2 shape (B8 H12 N1024 D64) the forward kernel runs for
 ~60 µs and the three backward kernels for ~200 µs on an H100. A Python wrapper that spends
@@ -14,65 +14,35 @@ follows the CPU. So everything that depends only on shapes, strides, dtypes and 
 worked out once per *plan key* and cached:
 
 * the grid, the constexpr values and (autotuned kernels) the chosen configuration;
-* (autotuned kernels, :data:`SPEEDUPS` ``"tune_by_bucket"``) that configuration once more per
+* (autotuned kernels, the ``tune_by_bucket`` speed-up) that configuration once more per
   *bucket*: the same compile-time values with the sequence lengths rounded up to a power of two
   (:func:`n_bucket`), so a new length in a tuned bucket only compiles, it is not tuned again;
-* on a CUDA GPU, the compiled kernel itself: later calls launch it directly
-  (:data:`SPEEDUPS` ``"direct_launch"``) instead of going through Triton's autotuner and
-  argument binder, which re-derive the same specialisation on every call.
+* on a CUDA GPU, the compiled kernel itself: later calls launch it directly (``direct_launch``)
+  instead of going through Triton's autotuner and argument binder, which re-derive the same
+  specialisation on every call.
 
 The plan key must hold everything that decides what Triton compiles: dtypes, every integer
 argument (sizes and strides, exactly) and whether each tensor's address is 16-byte aligned.
-The callers (:mod:`.flash_fwd`, :mod:`.flash_bwd`) build it from their inputs.
+The callers (:mod:`..flash_fwd`, :mod:`..backward`) build it from their inputs; the launcher
+adds the speed-ups in force (:attr:`Speedups.plan_key`) and the alignment of the first
+``aligned`` arguments (the tensors whose layout the caller does not choose).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 from triton.runtime import _allocation  # no public getter for the allocator in Triton 3.6
 
-from ..env import interpreting, native_bf16
-from ..numerics.rounding import work_dtype
-from . import tuning
-from .speedups import (  # noqa: F401  (the switches, also reached as launch.SPEEDUPS)
-    SPEEDUPS,
-    TMA_MIN_HEAD_DIM,
-    base_two,
-    speedups,
-    switches,
-    tma_usable,
-    tune_every_bucket,
-)
+from ...env import interpreting
+from . import switches, tuning
 
 INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter (the
 # emulator's default block_n is 64 too)
 
-# Fill outputs with NaN before each launch so a missed write shows (the tests turn it on; on a
-# GPU it costs an extra memset per output, so it is off there by default).
-POISON_OUTPUTS = interpreting()
-
-# Triton compiles one kernel per *specialisation* of the integer arguments: whether each is 1
-# and whether it is divisible by 16. The head count H only splits the grid, so it is never
-# specialised (one compile for every head count). The sequence lengths are, by default: a
-# length divisible by 16 gets kernels of its own (a compile of seconds on its first call, as
-# kernels.gpu.first_call shows), Triton's default; the H100 records show no speed difference
-# beyond their noise. LPFA_SPECIALISE_LENGTHS=0, read when the kernels are defined, compiles
-# one kernel for every length; kernels.gpu.call_cost measures both, in two processes.
-SPECIALISE_LENGTHS = os.environ.get("LPFA_SPECIALISE_LENGTHS", "1") != "0"
-
-
-def not_specialised(*lengths: str) -> list[str]:
-    """The ``do_not_specialize`` list of a kernel whose length arguments are ``lengths``."""
-    return ["H"] + ([] if SPECIALISE_LENGTHS else list(lengths))
-
-
 NEAREST_STEPS = 2  # how far (in powers of two of each length) a borrowed configuration may come
 
 
-_PARAMS_CACHE: dict = {}
 _MAX_PLANS = 1024  # per launcher; a full cache is emptied, never trimmed
 # The smallest bucket: every length up to the largest tile (128) shares one, so short
 # sequences are tuned once, not once per power of two
@@ -83,63 +53,6 @@ def n_bucket(n: int) -> int:
     """The tuning bucket of a sequence length: ``n`` rounded up to a power of two, at least
     :data:`MIN_BUCKET` (1000 -> 1024, 1025 -> 2048, 1 -> 128)."""
     return max(MIN_BUCKET, 1 << (int(n) - 1).bit_length())
-
-
-_NATIVE_BF16: list[bool] = []  # remembered: it queries the device, and this runs every call
-
-
-def _native_bf16() -> bool:
-    # a plain memo, not functools.lru_cache, which torch.compile warns about when it traces it
-    if not _NATIVE_BF16:
-        _NATIVE_BF16.append(native_bf16())
-    return _NATIVE_BF16[0]
-
-
-def use_explicit(explicit=None) -> bool:
-    """The rounding path: explicit iff interpreting or the GPU is older than sm_80."""
-    if explicit is None:
-        return not _native_bf16()
-    if not isinstance(explicit, bool):
-        raise TypeError(f"explicit must be None, True or False, got {explicit!r}")
-    if not explicit and not _native_bf16():
-        raise ValueError(
-            "explicit=False needs a CUDA GPU with compute capability >= 8.0 "
-            "(the interpreter and older GPUs cannot round bf16 in hardware)"
-        )
-    return explicit
-
-
-def check_device(q) -> None:
-    """CPU tensors need the interpreter; GPU tensors need it switched off."""
-    if q.device.type == "cuda" and interpreting():
-        raise ValueError(
-            "TRITON_INTERPRET=1 is set but the tensors are on the GPU: move them "
-            "to the CPU or unset TRITON_INTERPRET before importing kernels"
-        )
-    if q.device.type == "cpu" and not interpreting():
-        raise ValueError(
-            "CPU tensors need the Triton interpreter (import kernels before triton "
-            "on a machine without a GPU), or move the tensors to the GPU"
-        )
-
-
-def new_output(shape, dtype, device):
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def kernel_params(scale, beta, eps, dtype, device, cap=0.0) -> torch.Tensor:
-    """scale, beta, eps and the offset cap as a tiny tensor of the working dtype (fp64 stays
-    exact for fp64).
-
-    Cached: building it each call would be a blocking host-to-GPU copy per attention call."""
-    key = (float(scale), float(beta), float(eps), float(cap), work_dtype(dtype), str(device))
-    if key not in _PARAMS_CACHE:
-        if len(_PARAMS_CACHE) > 256:
-            _PARAMS_CACHE.clear()
-        _PARAMS_CACHE[key] = torch.tensor(key[:4], dtype=key[4], device=device)
-    return _PARAMS_CACHE[key]
 
 
 def pick_blocks(block_m, block_n, dtype, explicit, backward=False):
@@ -183,12 +96,6 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def aligned(*tensors) -> tuple:
-    """Whether each tensor's address is a multiple of 16 bytes: Triton compiles a different
-    kernel (vectorised loads) for aligned pointers, so this belongs in every plan key."""
-    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
-
-
 class _Plan:
     """What one plan key decides: the grid, the keyword arguments of a normal launch, and on
     CUDA the compiled kernel's launcher with the constexpr values it expects after ``args``."""
@@ -214,8 +121,9 @@ class Launcher:
 
     ``launcher(key, args, first)``:
 
-    * ``key``: hashable; equal keys must mean equal dtypes, integer arguments, pointer
-      alignment, constexprs and tile choice (see the module docstring);
+    * ``key``: hashable; equal keys must mean equal dtypes, integer arguments, constexprs and
+      tile choice (see the module docstring); the launcher adds the alignment of the first
+      ``aligned`` arguments and the speed-ups in force (:meth:`plan_key`);
     * ``args``: the kernel's non-constexpr arguments, in order;
     * ``first()``: a :class:`Launch`, called only for a new key: the constexpr keyword
       arguments except the tile sizes, ``grid_of(meta)`` (the grid for a dict of tile sizes),
@@ -224,22 +132,40 @@ class Launcher:
       (``lengths``, a tuple of ints) and launch options (``num_stages``).
 
     The first call of a key launches through Triton as usual (compiling, autotuning) and, with
-    ``SPEEDUPS["direct_launch"]``, remembers the outcome: later calls reuse it, and on CUDA
-    launch the compiled kernel directly. With ``SPEEDUPS["tune_by_bucket"]`` an autotuned
-    configuration is also remembered per bucket (:meth:`bucket`): the first call of a new key
-    in a tuned bucket launches with it instead of autotuning, and with
-    ``SPEEDUPS["nearest_bucket"]`` so does the first call of a new bucket near a tuned one
-    (:meth:`nearest`).
+    ``direct_launch``, remembers the outcome: later calls reuse it, and on CUDA launch the
+    compiled kernel directly. With ``tune_by_bucket`` an autotuned configuration is also
+    remembered per bucket (:meth:`bucket`): the first call of a new key in a tuned bucket
+    launches with it instead of autotuning, and with ``nearest_bucket`` so does the first call
+    of a new bucket near a tuned one (:meth:`nearest`). ``scratch``: the kernel may build
+    tensor descriptors on the GPU (``tma``), so every CUDA launch makes sure Triton has an
+    allocator for them (:func:`ensure_scratch_allocator`).
     """
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, aligned: int = 0, scratch: bool = False):
         self.kernel = kernel
+        self.aligned, self.scratch = aligned, scratch
         self.first_launches = 0  # how many keys it has launched for the first time
         self.name = getattr(kernel, "__name__", type(kernel).__name__)
         self.plans: dict = {}
         self.buckets: dict = {}  # bucket -> the triton.Config tuned for its first key
 
+    def plan_key(self, key, args) -> tuple:
+        """The caller's key, the speed-ups that decide what compiles, and whether each of the
+        first ``aligned`` arguments sits at a multiple of 16 bytes (Triton compiles another
+        kernel, with vectorised loads, for aligned pointers)."""
+        aligned = tuple(a.data_ptr() % 16 == 0 for a in args[: self.aligned])
+        return (key, switches.CURRENT.plan_key, aligned)
+
     def __call__(self, key, args, first):
+        now = switches.CURRENT
+        key = (key, now.plan_key, tuple(a.data_ptr() % 16 == 0 for a in args[: self.aligned]))
+        self.launch_planned(key, args, first, now)
+
+    def launch_planned(self, key, args, first, now):
+        """Launch with ``key`` already a plan key (:meth:`plan_key`) and ``now`` the speed-ups
+        in force."""
+        if self.scratch and now.tma and args[0].is_cuda:  # per call: Triton keeps it per thread
+            ensure_scratch_allocator()
         plan = self.plans.get(key)
         if plan is None:
             how = first()
@@ -257,7 +183,9 @@ class Launcher:
         is tuned, as before, also whenever ``direct_launch`` is off): the autotuner, the
         compile-time values, the tensors' dtypes and the sequence lengths rounded up by
         :func:`n_bucket`."""
-        if how.lengths is None or not (SPEEDUPS["tune_by_bucket"] and SPEEDUPS["direct_launch"]):
+        if how.lengths is None or not (
+            switches.CURRENT.tune_by_bucket and switches.CURRENT.direct_launch
+        ):
             return None
         dtypes = tuple(str(a.dtype) for a in args if hasattr(a, "dtype"))
         lengths = tuple(n_bucket(n) for n in how.lengths)
@@ -267,7 +195,7 @@ class Launcher:
         """The configuration tuned for the bucket of ``bucket``'s family (same autotuner,
         compile-time values and dtypes) whose lengths are nearest (fewest powers of two away,
         at most :data:`NEAREST_STEPS` for each length; the first tuned wins a tie), or None."""
-        if bucket is None or not SPEEDUPS["nearest_bucket"]:
+        if bucket is None or not switches.CURRENT.nearest_bucket:
             return None
         tuned = [(b[3], config) for b, config in self.buckets.items() if b[:3] == bucket[:3]]
         return _closest(bucket[3], tuned, NEAREST_STEPS)
@@ -277,7 +205,7 @@ class Launcher:
         family (same kernel, autotuner choices, compile-time values and dtypes) at the
         nearest lengths (fewest powers of two away, any number), if it ran on this GPU's
         model (:func:`stored_table`); else None."""
-        if bucket is None or not SPEEDUPS["stored_tuning"]:
+        if bucket is None or not switches.CURRENT.stored_tuning:
             return None
         family = (self.name, tuning.choices_id(bucket[0]), bucket[1], bucket[2])
         return _closest(bucket[3], tuning.stored_table(device).get(family, ()))
@@ -336,8 +264,8 @@ class Launcher:
     def pending(self, key, args, first):
         """The compile jobs of this call's first launch (none for a known key), and a ``first``
         that returns the same :class:`Launch` without building it again: a caller about to
-        launch several new kernels compiles all of them at once (:func:`compile_ahead`)."""
-        if key in self.plans:
+        launch several new kernels compiles all of them at once (:func:`launch_together`)."""
+        if self.plan_key(key, args) in self.plans:
             return [], first
         how = first()
         return self.compile_jobs(args, how), lambda: how
@@ -363,7 +291,7 @@ class Launcher:
             kwargs = {**how.consts, **how.blocks, **how.options}
             grid = how.grid_of(how.blocks)
             compiled = self.kernel[grid](*args, **kwargs)
-        if not SPEEDUPS["direct_launch"]:
+        if not switches.CURRENT.direct_launch:
             return  # as before: every call goes through Triton's launch path
         if len(self.plans) >= _MAX_PLANS:
             self.plans.clear()
@@ -405,11 +333,45 @@ def _closest(lengths, candidates, max_steps=None):
 _LAUNCHERS: list = []
 
 
-def launcher(kernel) -> Launcher:
+def launcher(kernel, aligned: int = 0, scratch: bool = False) -> Launcher:
     """A :class:`Launcher` for ``kernel``, registered so :func:`clear_plans` reaches it."""
-    made = Launcher(kernel)
+    made = Launcher(kernel, aligned, scratch)
     _LAUNCHERS.append(made)
     return made
+
+
+def launch_together(calls) -> None:
+    """Make these launches, each ``(launcher, key, args, first)``, in order; the
+    configurations of those with a new key compile first, all at once, in parallel threads
+    (the ``parallel_compile`` speed-up). Kernels a background compile may be building for
+    them are waited for first (:func:`compile_ahead_of`)."""
+    tuning.wait_for_background()
+    now = switches.CURRENT
+    planned = [(made, made.plan_key(key, args), args, first) for made, key, args, first in calls]
+    if any(key not in made.plans for made, key, _, _ in planned):
+        jobs = []
+        for i, (made, key, args, first) in enumerate(planned):
+            if key not in made.plans:
+                how = first()
+                jobs += made.compile_jobs(args, how)
+                planned[i] = (made, key, args, lambda how=how: how)
+        tuning.compile_ahead(jobs)
+    for made, key, args, first in planned:
+        made.launch_planned(key, args, first, now)
+
+
+def compile_ahead_of(calls, device=None) -> None:
+    """Compile, in a background thread, what these launches (as in :func:`launch_together`)
+    would compile, so that they find it compiled when they come."""
+    jobs = []
+    for made, key, args, first in calls:
+        jobs += made.pending(key, args, first)[0]
+    tuning.compile_in_background(jobs, device)
+
+
+def plans_made() -> list:
+    """Every launcher's plans (what each plan key decided), for the host-cost measurements."""
+    return [plan for made in _LAUNCHERS for plan in made.plans.values()]
 
 
 def tuned_entries() -> list[dict]:

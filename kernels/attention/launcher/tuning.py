@@ -5,7 +5,7 @@
   (the forward pass compiling the backward's kernels), :func:`wait_for_background` waits.
 * :func:`stored_table` reads the configurations the GPU benchmark's autotuner chose
   (``results/perf_tuning.json``, written by :mod:`kernels.gpu.perf`), which a launcher uses for a
-  family it has never tuned (:data:`~kernels.attention.speedups.SPEEDUPS` ``"stored_tuning"``).
+  family it has never tuned (the ``stored_tuning`` speed-up).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import triton
 from triton.runtime import _async_compile  # whether an AsyncCompileMode is active
 
-from ..env import RESULTS_DIR, interpreting
-from .speedups import SPEEDUPS
+from ...env import RESULTS_DIR, interpreting
+from . import switches
 
 MAX_COMPILE_THREADS = 16
 _BACKGROUND: list = []  # threads compiling ahead (compile_in_background)
@@ -30,11 +30,11 @@ _BACKGROUND: list = []  # threads compiling ahead (compile_in_background)
 def compile_ahead(jobs, minimum=2) -> None:
     """Compile these kernels (:meth:`Launcher.compile_jobs`) in parallel threads, where the
     launches that follow would compile them one after the other; they then find them compiled
-    (:data:`SPEEDUPS` ``"parallel_compile"``; CUDA only, two jobs or more). Triton's compiler
+    (the ``parallel_compile`` speed-up; CUDA only, two jobs or more). Triton's compiler
     spends its time in C++ passes and in ptxas, neither holding Python's lock, so threads
     overlap: on an H100 host, 36 kernels compiled in 78 s one after the other and in 13 s on
     12 threads. A job that fails here is left for its launch, which raises the error itself."""
-    if len(jobs) < minimum or not SPEEDUPS["parallel_compile"] or interpreting():
+    if len(jobs) < minimum or not switches.CURRENT.parallel_compile or interpreting():
         return
     if _async_compile.active_mode.get() is not None:  # the program compiles asynchronously
         return
@@ -71,7 +71,7 @@ def compile_in_background(jobs, device=None) -> None:
     """:func:`compile_ahead` in a thread of its own, so the caller goes on (the forward pass
     compiles the backward's kernels this way while it runs itself); a launch that would
     compile the same kernels first waits for it (:func:`wait_for_background`)."""
-    if not jobs or not SPEEDUPS["parallel_compile"] or interpreting():
+    if not jobs or not switches.CURRENT.parallel_compile or interpreting():
         return
 
     def run():
