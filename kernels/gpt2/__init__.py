@@ -7,7 +7,9 @@ bit-identically, DDP via torchrun), diagnostics.py (what is watched), plans.py (
 named plans of runs), search.py (many runs at once, dealt over the visible GPUs, resumed across
 calls), report.py (reading stored runs and the chapter's figures), screen.py (the testbed
 screen's table: whose control stays healthy), testbed.py (the second testbed's arms: survival
-and per-head ‖W_Q‖), exercises.py (the chapter's exercise checks).
+and per-head ‖W_Q‖), chapter_tables.py and chapter_fixes.py (the chapter's printed tables and
+glued numbers, sections 2–6 and 7–8), chapter_figures.py (its small figures of a few runs),
+exercises.py (the chapter's exercise checks).
 """
 
 from ..attention.emulator import EmulatedAttention
