@@ -1,4 +1,5 @@
-"""Every page (chapters, intro, instructor pages) at most 2,500 words of prose (issue 45), counted by kernels.tools.prose: the
+"""Every page (chapters, intro, instructor pages) at most 2,500 words of prose, counted by
+kernels.tools.prose: the
 markdown a reader reads on the page, exercises included, without code, math, markup or the
 solutions folded into a dropdown."""
 
