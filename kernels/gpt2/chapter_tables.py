@@ -91,7 +91,10 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     )
     print("step at which the failing run's tie share and its ‖W_Q‖ left the control's,")
     print("step of the explosion; lead: steps from the ties leaving to ‖W_Q‖ leaving")
-    print(show.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
+    real = deps.failing.str.startswith(("bf16-", "tb-"))
+    for title, rows in (("amplified", show[~real]), ("long, real BF16", show[real])):
+        print(f"\n{title}:")
+        print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
     for ratio in (1.05, 1.2):
         rules = {"rows_tied_bf16": (ratio, 5), "wq": (1.25, 1)}
         alt = report.departure_table(paired, pairs, rules=rules).dropna(subset=["wq"])

@@ -95,8 +95,8 @@ def kaplan_meier(endings) -> tuple[np.ndarray, np.ndarray]:
 
 
 def survival_table(runs: dict, arms: str = ARMS):
-    """One row per arm with a stored run: seeds, explosions, the steps they exploded at and the
-    steps the others were last seen alive (censored)."""
+    """One row per arm with a stored run: seeds, explosions, and each seed's last step, marked
+    '×' where it exploded (the others were last seen alive there: censored)."""
     import pandas as pd
 
     rows = []
@@ -104,15 +104,13 @@ def survival_table(runs: dict, arms: str = ARMS):
         endings = arm_endings(runs, arm)
         if not endings:
             continue
-        boom = [step for _, step, exploded in endings if exploded]
-        alive = [step for _, step, exploded in endings if not exploded]
+        steps = [f"{step:,}{'×' if exploded else ''}" for _, step, exploded in endings]
         rows.append(
             {
-                "arm": VARIANT_NAMES[arm],
+                "arm": ARM_WORDS[arm],
                 "seeds": len(endings),
-                "exploded": len(boom),
-                "exploded at": ", ".join(f"{s:,}" for s in boom) or "—",
-                "alive at (censored)": ", ".join(f"{s:,}" for s in alive) or "—",
+                "exploded": sum(exploded for _, _, exploded in endings),
+                "last step (× exploded)": " ".join(steps),
             }
         )
     return pd.DataFrame(rows)
@@ -183,7 +181,7 @@ def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
             ax.tick_params(labelsize=FONT)
             if exploded:
                 ax.axvline(step / 1000, color="k", ls=":", lw=1.2)
-        axes[0, col].set_title(VARIANT_NAMES[arm].split(" (")[0], fontsize=FONT + 1)
+        axes[0, col].set_title(legend_name(arm).split(" (")[0], fontsize=FONT + 1)
         axes[1, col].set_xlabel("step (thousands)", fontsize=FONT + 1)
     axes[0, 0].set_ylabel("layer 0: ‖W_Q‖₂ per head", fontsize=FONT + 1)
     axes[1, 0].set_ylabel("largest head's ‖W_Q‖₂", fontsize=FONT + 1)
@@ -261,7 +259,15 @@ def pair_label(name: str, run: dict) -> str:
     return f"{ARM_WORDS[arm]}, seed {seed[1:]}, lr 5e-4"
 
 
-ARM_WORDS = {"W": "FA2 numerics (Triton)", "A": "SDPA flash", "U": "failing path", "F": "control"}
+ARM_WORDS = {
+    "W": "FA2 numerics (Triton)",
+    "A": "SDPA flash",
+    "U": "all-BF16 path",
+    "F": "control",
+    "P": "δ from rowsum(dP∘P)",
+    "Z": "released fix",
+    "S": "offset rule, no clamp",
+}
 
 
 def departure_numbers(deps) -> dict:
@@ -283,9 +289,14 @@ def departure_numbers(deps) -> dict:
     }
 
 
+def legend_name(arm: str) -> str:
+    """An arm's name in a legend: the chapter's, with SDPA named by the kernel it runs here."""
+    return "SDPA flash (torch)" if arm == "A" else VARIANT_NAMES[arm]
+
+
 def testbed_colours() -> dict:
-    """Each arm's colour, keyed by its name in words (the legends' labels)."""
-    return {VARIANT_NAMES[arm]: VARIANT_COLOURS[arm] for arm in ARMS}
+    """Each arm's colour, keyed by its name in a legend (:func:`legend_name`)."""
+    return {legend_name(arm): VARIANT_COLOURS[arm] for arm in ARMS}
 
 
 def plot_survival_panels(fig, runs: dict):
@@ -294,8 +305,8 @@ def plot_survival_panels(fig, runs: dict):
     the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
-    here = {VARIANT_NAMES[a]: arm_endings(runs, a) for a in "FAWU" if arm_endings(runs, a)}
-    first = {VARIANT_NAMES[a]: e for a, e in first_testbed_endings("FZPU").items()}
+    here = {legend_name(a): arm_endings(runs, a) for a in "FAWU" if arm_endings(runs, a)}
+    first = {legend_name(a): e for a, e in first_testbed_endings("FZPU").items()}
     plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")
     plot_survival(axes[1], first, colours, "first testbed (lr 1e-3)")
     axes[1].set_ylabel("")

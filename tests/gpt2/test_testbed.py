@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernels.gpt2 import report, testbed
+from kernels.gpt2 import testbed
 from kernels.gpt2.plans import plan
 
 LAYERS, HEADS = 4, 4
@@ -94,9 +94,10 @@ def test_runs_repeats_and_the_screens_runs_are_gathered(tmp_path):
     assert testbed.runaway_begins(runs["W-s1"][0]) == begin
     assert testbed.runaway_begins(runs["F-s1"][0]) is None
     table = testbed.survival_table(runs).set_index("arm")
-    fa2 = table.loc[report.VARIANT_NAMES["W"]]
+    fa2 = table.loc[testbed.ARM_WORDS["W"]]
     assert (fa2.seeds, fa2.exploded) == (1, 1)
-    assert table.loc[report.VARIANT_NAMES["F"], "alive at (censored)"] == "32,000"
+    assert fa2["last step (× exploded)"] == f"{step:,}×"
+    assert table.loc[testbed.ARM_WORDS["F"], "last step (× exploded)"] == "32,000"
     numbers = testbed.testbed_numbers(runs)
     assert numbers["g7_tb_F_runs"] == 3 and numbers["g7_tb_F_begin_lo"] == begin + 400
     assert numbers["g7_tb_W_boom"] == 1 and numbers["g7_tb_U_boom"] == 0
