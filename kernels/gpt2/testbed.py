@@ -190,6 +190,17 @@ def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
     return axes
 
 
+def print_runaway_starts(numbers: dict, arms: str = "UWAF") -> None:
+    """One line per arm: from which step layer 0's largest |S| reached :data:`LIMIT`, over how
+    many runs (from :func:`testbed_numbers`)."""
+    for arm in arms:
+        lo, hi = numbers[f"g7_tb_{arm}_begin_lo"], numbers[f"g7_tb_{arm}_begin_hi"]
+        reached, count = numbers[f"g7_tb_{arm}_reached"], numbers[f"g7_tb_{arm}_runs"]
+        span = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+        runs = f"{reached} of {count} run{'s' if count > 1 else ''}"
+        print(f"{ARM_WORDS[arm]:22s} layer 0's |S| ≥ {LIMIT:.0f} from step {span} ({runs})")
+
+
 def repeat_gap(first: dict, second: dict, step: int, width: int = 500) -> float:
     """|mean loss of ``first`` − of ``second``| over steps [step − width, step + width)."""
     gaps = []
@@ -215,6 +226,7 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_boom_hi"] = max(boom) if boom else 0
         numbers[f"g7_tb_{arm}_alive_lo"] = min(alive) if alive else 0
         numbers[f"g7_tb_{arm}_runs"] = sum(len(runs[key]) for key in runs if key[0] == arm)
+        numbers[f"g7_tb_{arm}_reached"] = len(begins)  # runs whose layer 0 reached LIMIT
         numbers[f"g7_tb_{arm}_begin_lo"] = min(begins) if begins else 0
         numbers[f"g7_tb_{arm}_begin_hi"] = max(begins) if begins else 0
     for arm in "AF":  # the largest layer-0 |S| and last ‖W_Q‖ of the arms that did not explode

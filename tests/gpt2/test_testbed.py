@@ -100,6 +100,7 @@ def test_runs_repeats_and_the_screens_runs_are_gathered(tmp_path):
     assert table.loc[testbed.ARM_WORDS["F"], "last step (× exploded)"] == "32,000"
     numbers = testbed.testbed_numbers(runs)
     assert numbers["g7_tb_F_runs"] == 3 and numbers["g7_tb_F_begin_lo"] == begin + 400
+    assert numbers["g7_tb_F_reached"] == 1 and numbers["g7_tb_W_reached"] == 1
     assert numbers["g7_tb_W_boom"] == 1 and numbers["g7_tb_U_boom"] == 0
     # a screen run trained otherwise is refused, not silently counted
     screen_u["config"]["lr"] = 1e-3
