@@ -10,12 +10,11 @@ launch must happen.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from . import checking as ck
 from .env import interpreting
+from .reduction_guard import triton_only
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,45 +70,6 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 # Exercise 2.2
 # ----------------------------------------------------------------------------------------------
-_REDUCTIONS = [
-    (owner, name)
-    for owner in (torch, torch.Tensor)
-    for name in ("amax", "max", "aminmax", "sort", "topk", "argmax", "cummax", "kthvalue", "msort")
-]
-
-
-@contextlib.contextmanager
-def _triton_only(launches: list):
-    """Within the block, PyTorch's reductions raise and every Triton launch is recorded."""
-    from triton.runtime.jit import KernelInterface
-
-    def refuse(name):
-        def reduction(*args, **kwargs):
-            raise RuntimeError(
-                f"torch {name} is switched off in this exercise: compute the "
-                "maxima in your Triton kernel"
-            )
-
-        return reduction
-
-    original_getitem = KernelInterface.__getitem__
-
-    def getitem(self, grid):
-        launches.append((getattr(self, "__name__", "kernel"), grid))
-        return original_getitem(self, grid)
-
-    saved = [(owner, name, getattr(owner, name)) for owner, name in _REDUCTIONS]
-    try:
-        for owner, name, _ in saved:
-            setattr(owner, name, refuse(name))
-        KernelInterface.__getitem__ = getitem
-        yield
-    finally:
-        KernelInterface.__getitem__ = original_getitem
-        for owner, name, fn in saved:
-            setattr(owner, name, fn)
-
-
 def _negative_rows(n_rows, n_cols, gen, device):
     """Every entry in (-11, -1): a lane that reads 0 instead of -inf wins the maximum."""
     return (-torch.rand(n_rows, n_cols, generator=gen) * 10 - 1).to(device)
@@ -148,7 +108,7 @@ def check_row_max(fn, thorough: bool = False, device=None) -> None:
     for kind, x in cases:
         want = x.amax(dim=1)
         launches: list = []
-        with _triton_only(launches):
+        with triton_only(launches):
             got = ck.call(fn, "row_max", x)
         launches += getattr(fn, "remote_launches", [])  # the grader's worker counted them
         if not launches:

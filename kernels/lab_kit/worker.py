@@ -3,10 +3,11 @@
 The grader (:mod:`.isolate`) starts it as a script, ``python -I worker.py <fd>``: ``-I`` keeps
 the script's folder, the user's site-packages and ``PYTHON*`` variables off its path, so the
 folder that holds the book's package is not on it, and an import of ``kernels`` (installed or
-not) fails: a finder placed first on ``sys.meta_path`` refuses it. The script loads three files
+not) fails: a finder placed first on ``sys.meta_path`` refuses it. The script loads four files
 by their paths, as modules of their own, never through the package (so ``kernels`` is not in
 ``sys.modules``): :mod:`.codec` (values as plain data), :mod:`.sandbox` (the isolation a worker
-enters) and ``kernels/env.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
+enters), ``kernels/reduction_guard.py`` (exercise 2.2's guard, the check's own) and
+``kernels/env.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
 its fixes, as the notebooks have them; it holds no check and no answer).
 It then runs the import statements of the chapters' cells once (``LAB_PRELOAD``), so that no
 worker repeats a slow import.
@@ -21,7 +22,6 @@ crossing as plain data. The checks and the references stay in the grader's proce
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import io
@@ -34,9 +34,6 @@ import sys
 from multiprocessing.connection import Connection
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# what chapter 2's check switches off in PyTorch while the student's row maximum runs (the
-# same list as kernels.triton_exercises._REDUCTIONS; a test compares them)
-REDUCTIONS = ("amax", "max", "aminmax", "sort", "topk", "argmax", "cummax", "kthvalue", "msort")
 
 
 class NoBook:
@@ -65,39 +62,6 @@ class Constants:
             object.__setattr__(self, name, value)
 
 
-@contextlib.contextmanager
-def triton_only(launches: list):
-    """Within the block PyTorch's reductions raise and every Triton launch is counted."""
-    import torch
-    from triton.runtime.jit import KernelInterface
-
-    def refuse(name):
-        def reduction(*args, **kwargs):
-            raise RuntimeError(
-                f"torch {name} is switched off in this exercise: compute the maxima in your "
-                "Triton kernel"
-            )
-
-        return reduction
-
-    original = KernelInterface.__getitem__
-
-    def getitem(self, grid):
-        launches.append(1)
-        return original(self, grid)
-
-    saved = [(o, n, getattr(o, n)) for o in (torch, torch.Tensor) for n in REDUCTIONS]
-    try:
-        for owner, name, _ in saved:
-            setattr(owner, name, refuse(name))
-        KernelInterface.__getitem__ = getitem
-        yield
-    finally:
-        KernelInterface.__getitem__ = original
-        for owner, name, fn in saved:
-            setattr(owner, name, fn)
-
-
 def _run(source: str, namespace: dict, name: str) -> None:
     linecache.cache[name] = (len(source), None, source.splitlines(True), name)
     exec(compile(source, name, "exec"), namespace)
@@ -107,7 +71,7 @@ def _send(conn, message) -> None:
     conn.send_bytes(json.dumps(message).encode())
 
 
-def serve(conn, codec, sandbox) -> None:
+def serve(conn, codec, sandbox, guard) -> None:
     """One worker: read the job, enter the sandbox, run the answer, answer calls."""
     job = json.loads(conn.recv_bytes().decode())
     sys.stdout = sys.stderr = io.StringIO()  # the answer's prints go nowhere
@@ -146,7 +110,7 @@ def serve(conn, codec, sandbox) -> None:
         launches: list = []
         try:
             if job["guard"] == "triton":
-                with triton_only(launches):
+                with guard.triton_only(launches):
                     out = value(*args, **kwargs)
             else:
                 out = value(*args, **kwargs)
@@ -161,6 +125,7 @@ def main(fd: int) -> None:
     codec = load("lab_codec", os.path.join(HERE, "codec.py"))
     sandbox = load("lab_sandbox", os.path.join(HERE, "sandbox.py"))
     load("lab_triton_env", os.path.join(os.path.dirname(HERE), "env.py")).configure_triton()
+    guard = load("lab_reduction_guard", os.path.join(os.path.dirname(HERE), "reduction_guard.py"))
     for statement in os.environ.get("LAB_PRELOAD", "").splitlines():
         try:
             exec(statement, {})
@@ -181,7 +146,7 @@ def main(fd: int) -> None:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                serve(Connection(fds[0]), codec, sandbox)
+                serve(Connection(fds[0]), codec, sandbox, guard)
             except BaseException:  # noqa: BLE001
                 code = 1
             os._exit(code)
