@@ -23,10 +23,19 @@ from ..results import RESULTS_DIR, load
 from .plans import plan
 from .report import outcome
 from .runs import FONT, VARIANT_COLOURS, VARIANT_NAMES, monitor_series, parse_name
+from .screen import MAX_LOGIT_LIMIT as LIMIT  # |S| at or above it: the runaway has begun
 
 ARMS = "UWAFPZS"  # the testbed's arms, in the order tables and legends list them
+ARM_WORDS = {
+    "W": "FA2 numerics (Triton)",
+    "A": "SDPA flash",
+    "U": "all-BF16 path",
+    "F": "control",
+    "P": "δ from rowsum(dP∘P)",
+    "Z": "released fix",
+    "S": "offset rule, no clamp",
+}
 SCREEN_RUNS = {"sb-lr5e-4-U-s1": "U-s1", "sb-lr5e-4-F-s1": "F-s1"}  # the screen's testbed runs
-LIMIT = 100.0  # a layer's largest |S| at or above this: the runaway has begun (the screen's rule)
 UNTRAINED_KEYS = ("steps", "monitor_every", "checkpoint_every")  # how long, how often watched
 
 
@@ -201,16 +210,6 @@ def print_runaway_starts(numbers: dict, arms: str = "UWAF") -> None:
         print(f"{ARM_WORDS[arm]:22s} layer 0's |S| ≥ {LIMIT:.0f} from step {span} ({runs})")
 
 
-def repeat_gap(first: dict, second: dict, step: int, width: int = 500) -> float:
-    """|mean loss of ``first`` − of ``second``| over steps [step − width, step + width)."""
-    gaps = []
-    for run in (first, second):
-        steps = np.asarray(run["history"]["step"])
-        loss = np.asarray(run["history"]["loss"], dtype=float)
-        gaps.append(loss[(steps >= step - width) & (steps < step + width)].mean())
-    return float(abs(gaps[0] - gaps[1]))
-
-
 def testbed_numbers(runs: dict) -> dict:
     """The numbers chapter 7's testbed section states, under their glue names."""
     numbers = {}
@@ -229,18 +228,10 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_reached"] = len(begins)  # runs whose layer 0 reached LIMIT
         numbers[f"g7_tb_{arm}_begin_lo"] = min(begins) if begins else 0
         numbers[f"g7_tb_{arm}_begin_hi"] = max(begins) if begins else 0
-    for arm in "AF":  # the largest layer-0 |S| and last ‖W_Q‖ of the arms that did not explode
+    for arm in "AF":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]
-        norms = [float(monitor_series(r, "wq", 0)[1][-1]) for r in longest]
         numbers[f"g7_tb_{arm}_logit"] = max(logits, default=0.0)
-        numbers[f"g7_tb_{arm}_wq"] = max(norms, default=0.0)
-    repeated = [runs[key] for key in sorted(runs) if key[0] == "F" and len(runs[key]) > 1]
-    # the control's first repeat against its first run (runs this short: compared at their end)
-    first, again = (repeated[0][0], repeated[0][1]) if repeated else (None, None)
-    at = min(40_000, again["summary"]["steps_done"] - 500) if again else None
-    numbers["g7_tb_repeat_gap"] = repeat_gap(first, again, at) if again else float("nan")
-    numbers["g7_tb_repeat_at"] = at or 0
     return numbers
 
 
@@ -269,17 +260,6 @@ def pair_label(name: str, run: dict) -> str:
     if config != "tb":
         return run_label(name, run, schedule=True)
     return f"{ARM_WORDS[arm]}, seed {seed[1:]}, lr 5e-4"
-
-
-ARM_WORDS = {
-    "W": "FA2 numerics (Triton)",
-    "A": "SDPA flash",
-    "U": "all-BF16 path",
-    "F": "control",
-    "P": "δ from rowsum(dP∘P)",
-    "Z": "released fix",
-    "S": "offset rule, no clamp",
-}
 
 
 def departure_numbers(deps) -> dict:
@@ -317,7 +297,8 @@ def plot_survival_panels(fig, runs: dict):
     the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
-    here = {legend_name(a): arm_endings(runs, a) for a in "FAWU" if arm_endings(runs, a)}
+    here = {legend_name(a): arm_endings(runs, a) for a in "FAWU"}
+    here = {label: endings for label, endings in here.items() if endings}
     first = {legend_name(a): e for a, e in first_testbed_endings("FZPU").items()}
     plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")
     plot_survival(axes[1], first, colours, "first testbed (lr 1e-3)")
