@@ -49,6 +49,12 @@ def same_training(run: dict, planned: dict) -> bool:
     )
 
 
+def stored_names(directory=None) -> list[str]:
+    """The names :func:`.runs.load_search` opens the testbed's result files by ('testbed_U')."""
+    files = sorted(Path(directory or RESULTS_DIR).glob("gpt2_testbed*.json"))
+    return [path.stem.removeprefix("gpt2_") for path in files]
+
+
 def testbed_runs(directory=None) -> dict:
     """Every stored run of the testbed as {'W-s1': [run, ...]}: the longest first, then its
     repeats. The screen's two runs of this configuration count (its U and F in seed 1, cut at
@@ -199,10 +205,14 @@ def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
     return axes
 
 
-def print_runaway_starts(numbers: dict, arms: str = "UWAF") -> None:
-    """One line per arm: from which step layer 0's largest |S| reached :data:`LIMIT`, over how
-    many runs (from :func:`testbed_numbers`)."""
+def print_runaway_starts(numbers: dict, arms: str = "UWAFPZ") -> None:
+    """One line per arm with a stored run: from which step layer 0's largest |S| reached
+    :data:`LIMIT`, over how many runs (from :func:`testbed_numbers`)."""
     for arm in arms:
+        if not numbers[f"g7_tb_{arm}_reached"]:
+            if numbers[f"g7_tb_{arm}_runs"]:
+                print(f"{ARM_WORDS[arm]:22s} layer 0's |S| < {LIMIT:.0f} throughout")
+            continue
         lo, hi = numbers[f"g7_tb_{arm}_begin_lo"], numbers[f"g7_tb_{arm}_begin_hi"]
         reached, count = numbers[f"g7_tb_{arm}_reached"], numbers[f"g7_tb_{arm}_runs"]
         span = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
@@ -213,7 +223,7 @@ def print_runaway_starts(numbers: dict, arms: str = "UWAF") -> None:
 def testbed_numbers(runs: dict) -> dict:
     """The numbers chapter 7's testbed section states, under their glue names."""
     numbers = {}
-    for arm in "UWAF":
+    for arm in ARMS:
         endings = arm_endings(runs, arm)
         boom = [step for _, step, exploded in endings if exploded]
         alive = [step for _, step, exploded in endings if not exploded]

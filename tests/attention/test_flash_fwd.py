@@ -398,7 +398,7 @@ def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
 
 
 @triton.jit
-def _offset_of_one_tile(QK, M, STABLE: tl.constexpr):
+def _offset_of_one_tile(QK, M, STABLE: tl.constexpr, LOW: tl.constexpr):
     """The offset :func:`~kernels.attention.jit.offset_update` gives a 16×16 tile of fp32
     scores, from a row that has seen nothing yet (β = 1, ε = 0, no cap)."""
     rows, cols = tl.arange(0, 16), tl.arange(0, 16)
@@ -416,7 +416,7 @@ def _offset_of_one_tile(QK, M, STABLE: tl.constexpr):
         STABLE,
         False,
         False,
-        LOW_FP32,
+        LOW,
         False,
         True,
     )
@@ -429,9 +429,9 @@ def test_offset_update_refuses_a_rule_it_does_not_name():
     qk = torch.randn(16, 16, device=DEVICE)
     for name in KERNEL_STABLE_MODES:
         m = torch.empty(16, device=DEVICE)
-        _offset_of_one_tile[(1,)](qk, m, KERNEL_STABLE[name])
+        _offset_of_one_tile[(1,)](qk, m, KERNEL_STABLE[name], LOW_FP32)
         if name == "off":
             assert torch.equal(m, qk.max(1).values)
     unnamed = max(KERNEL_STABLE.values()) + 1
     with pytest.raises(Exception, match="unknown offset rule"):
-        _offset_of_one_tile[(1,)](qk, torch.empty(16, device=DEVICE), unnamed)
+        _offset_of_one_tile[(1,)](qk, torch.empty(16, device=DEVICE), unnamed, LOW_FP32)
