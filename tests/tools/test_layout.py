@@ -1,5 +1,5 @@
-"""The shape of ``kernels/`` (issue 23): no import cycle between files, at most five layers of
-subpackages, no module over 450 lines.
+"""The shape of ``kernels/``: no import cycle between files, at most five layers of subpackages,
+no chain of imports inside one package longer than nine files, no module over 450 lines.
 
 A *file* imports another when any ``import`` in it (at the top or inside a function) names the
 other's module; ``from .. import results`` names ``kernels/results.py``, ``import kernels`` names
@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kernels"
 MAX_LAYERS = 5
+MAX_DEPTH = 9  # files in the longest chain of imports inside one package (folder)
 MAX_LINES = 450
 
 
@@ -138,6 +139,38 @@ def test_at_most_five_layers():
     assert max(found.values()) <= MAX_LAYERS, f"{max(found.values())} layers:\n{drawn}"
 
 
+def longest_chain(graph: dict) -> list:
+    """The longest path of an acyclic ``graph`` (a file, a file it imports, ...)."""
+    longest: dict = {}
+
+    def chain(node):
+        if node not in longest:
+            below = max((chain(t) for t in graph.get(node, ())), key=len, default=[])
+            longest[node] = [node] + below
+        return longest[node]
+
+    return max((chain(node) for node in graph), key=len, default=[])
+
+
+def package_chains() -> dict[str, list[Path]]:
+    """Per package (a folder of ``kernels/``), its longest chain of imports among its own files."""
+    inside: dict[Path, dict] = {}
+    for path, targets in file_graph().items():
+        folder = inside.setdefault(path.parent, {})
+        folder[path] = {t for t in targets if t.parent == path.parent}
+    return {_short(folder): longest_chain(graph) for folder, graph in inside.items()}
+
+
+def test_no_package_imports_deeper_than_nine_files():
+    """A reader following one call inside a package should not cross more than nine files."""
+    deep = {
+        folder: " -> ".join(p.name for p in chain)
+        for folder, chain in package_chains().items()
+        if len(chain) > MAX_DEPTH
+    }
+    assert not deep, f"chains of imports over {MAX_DEPTH} files inside one package: {deep}"
+
+
 def test_no_module_over_450_lines():
     long = {
         _short(path): n
@@ -154,6 +187,9 @@ def test_the_graph_is_read():
     assert PACKAGE / "results.py" in graph[PACKAGE / "gpu" / "perf.py"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert layers({"a": {"b"}, "b": set()}) == {"a": 2, "b": 1}
+    assert longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": set()}) == ["a", "b", "c"]
+    chains = package_chains()
+    assert len(chains["kernels/attention"]) >= 4  # autograd -> flash_fwd -> jit -> options at least
 
 
 def test_the_package_docstring_draws_the_layers_as_they_are():
