@@ -273,7 +273,7 @@ def _tuned(pairs):
 
 
 _flash_fwd_tuned = _tuned(_WIDE)
-_flash_fwd_narrow = _tuned(_NARROW)       # the configurations before issue 15 (ablation)
+_flash_fwd_narrow = _tuned(_NARROW)       # the first, narrower configurations (ablation)
 autotuners(_flash_fwd_tuned, _flash_fwd_narrow)
 # the plan key holds the alignment of Q, K and V (the outputs are fresh, so aligned); the
 # kernel builds tensor descriptors (TMA) and needs scratch memory for them on the GPU
