@@ -41,8 +41,9 @@ GRADES = [
     "duplicates",
     "isolation",
 ]
-EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
-EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
+# ``exercise`` is the exercise's ``:label:`` (its key); ``number`` ("2.2") is for display
+EXERCISES = ["student", "assignment", "exercise", "number", "score", "max_score", "message"]
+EXPLANATIONS = ["student", "assignment", "exercise", "number", "max_score", "explanation"]
 
 
 def student_files(folder: Path) -> list[tuple[Path, bytes, float]]:
@@ -204,7 +205,8 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     per_exercise.append(
                         {
                             **base,
-                            "exercise": r.name,
+                            "exercise": r.label,
+                            "number": r.number,
                             "score": r.score,
                             "max_score": r.max_score,
                             "message": r.message,
@@ -214,7 +216,8 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                         explained.append(
                             {
                                 **base,
-                                "exercise": r.name,
+                                "exercise": r.label,
+                                "number": r.number,
                                 "max_score": notebook.EXPLAIN_POINTS,
                                 "explanation": r.explanation,
                             }

@@ -120,11 +120,11 @@ n_per_binade = 2**7
 """
     hog = "blob = bytearray(64 << 30)\nn_per_binade = 2**7"
     stop = "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nn_per_binade = 2**7"
-    _put(subs / "mallory" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": attack}))
+    _put(subs / "mallory" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": attack}))
     _put(later, _nb(kit, solved=False))
     _put(subs / "nina" / "01_bf16_bits.ipynb", _nb(kit))  # honest, after mallory
-    _put(subs / "oscar" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": hog}))
-    _put(subs / "paula" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": stop}))
+    _put(subs / "oscar" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": hog}))
+    _put(subs / "paula" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": stop}))
     before = {p: open(p, "rb").read() for p in (later, source)}
     monkeypatch.setattr(isolate, "START_TIMEOUT", 8.0)
     started = time.monotonic()
