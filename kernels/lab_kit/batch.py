@@ -1,5 +1,4 @@
-"""Grading a folder of submissions (issue 43, items B and C): what is found, what is graded,
-what is merged.
+"""Grading a folder of submissions: what is found, what is graded, what is merged.
 
 * **Found**: every ``*.ipynb`` under a student's folder, nested folders included (an LMS
   export's ``alice/submission/03.ipynb``); ``.ipynb_checkpoints`` and hidden folders are

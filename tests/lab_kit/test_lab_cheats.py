@@ -1,4 +1,4 @@
-"""Issue 43's cheat list, re-run against the current grader's scan (one rule, shared with the
+"""The review's cheat list, re-run against the current grader's scan (one rule, shared with the
 notebook's checks: :func:`kernels.checking.scan`).
 
 ``CHEATS`` is the stored table: each row is a cheat of the review (or a close variant), the
@@ -125,7 +125,7 @@ CHEATS = [
         "np.loadtxt",
     ),
     ("torch reads the file", "ch3-merge", f"text = torch.from_file({SOURCE!r})", "torch.from_file"),
-    # libraries doing the work of 2.2
+    # libraries doing the work of ch2-rowmax
     (
         "no-op Triton launch + argsort",
         "ch2-rowmax",
@@ -165,7 +165,7 @@ CHEATS = [
         "k.fn",
     ),
     ("a unique-sort", "ch2-rowmax", "def row_max(x):\n    return x.unique()[-1]", "x.unique"),
-    # 1.2, 5.2, 8.2
+    # ex-bf16-round-bits, ex-sources-midpoint, ex-golden-w1
     (
         "ml_dtypes by string",
         "ex-bf16-round-bits",

@@ -219,7 +219,7 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         assert scores[("reference", chapter)] == full
         assert scores[("tamper", chapter)] == full  # checks and tests restored
         assert scores[("blank", chapter)] == 0.0
-    assert scores[("truncates", "ch01")] == 1.0  # 1.1 right; 1.2 wrong
+    assert scores[("truncates", "ch01")] == 1.0  # ex-bf16-count right; ex-bf16-round-bits wrong
     assert scores[("honest", "ch03")] == FULL["ch03"]
     for chapter in ("ch01", "ch02", "ch03"):
         assert scores[("stripped", chapter)] == FULL[chapter]
@@ -231,7 +231,8 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         for grade_id in answers:
             name = notebook.label_of(grade_id[: -len("-answer")])
             assert float(per[(student, name)]["score"]) == 0.0, (student, name)
-    # every other exercise of the cheating students is blank: the stub in 3.1 gave 3.2 nothing
+    # every other exercise of the cheating students is blank: the stub in ch3-merge gave
+    # ch3-bytes nothing
     assert scores[("cheat", "ch03")] == 0.0 and scores[("cheat", "ch01")] == 0.0
     assert "`import ml_dtypes`" in per[("cheat2", "ex-bf16-round-bits")]["message"]
     assert "`torch.aminmax`" in per[("cheat", "ch2-rowmax")]["message"]
@@ -367,7 +368,7 @@ def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
 
 
 def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutions, tmp_path):
-    """Issue 43's reach-arounds, with the scan switched off: the worker never imported the book
+    """The review's reach-arounds, with the scan switched off: the worker never imported the book
     and cannot (pkgutil, pydoc and a walk up the stack find no reference), and where the machine
     allows it, the autograder's solutions are not on any path it can read."""
     from kernels.lab_kit import batch, sandbox

@@ -1,4 +1,4 @@
-"""Issue 43, item A: honest habits are scored right. An answer that opens with the imports a
+"""Honest habits are scored right. An answer that opens with the imports a
 student types out of habit (``import torch``, ``import numpy as np``, ``import math``), and
 uses Python's ``max`` for a block size, scores full marks (the book's 54 autograded points,
 every chapter); the calls that do an exercise's work are still refused."""

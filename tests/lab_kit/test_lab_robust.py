@@ -1,6 +1,6 @@
-"""Issue 43, items B and C, on chapter 1: a class graded as a reviewer graded it. Broken and
-oddly filed notebooks, duplicates, wrong notebooks and late batches (B); answers that reach for
-the grades, their later notebooks, the autograder, the workers, the clock or the memory (C)."""
+"""On chapter 1: a class graded as a reviewer graded it. Broken and oddly filed notebooks,
+duplicates, wrong notebooks and late batches; answers that reach for the grades, their later
+notebooks, the autograder, the workers, the clock or the memory."""
 
 from __future__ import annotations
 
@@ -135,10 +135,10 @@ n_per_binade = 2**7
     assert not (kit / "backdoor.py").exists()
     scores = {r["student"]: r["score"] for r in rows}
     assert scores["nina"] == 6.0  # the killed server cost the honest student nothing
-    assert scores["oscar"] == 5.0 and scores["paula"] == 5.0  # 1.1 alone lost
+    assert scores["oscar"] == 5.0 and scores["paula"] == 5.0  # ex-bf16-count alone lost
     by = {r["student"]: r for r in _rows(out_csv)}
     assert set(by) >= {"mallory", "nina", "oscar", "paula"} and "1000" not in out_csv.read_text()
     assert by["nina"]["isolation"].startswith("worker:")
     msg = {(r["student"], r["exercise"]): r["message"] for r in _rows(kit / "exercises.csv")}
-    assert "time budget" in msg[("paula", "1.1")]
-    assert "MemoryError" in msg[("oscar", "1.1")]
+    assert "time budget" in msg[("paula", "ex-bf16-count")]
+    assert "MemoryError" in msg[("oscar", "ex-bf16-count")]
