@@ -163,7 +163,7 @@ def correct(text: str) -> None:
 # in a process of its own (:mod:`kernels.lab_kit.isolate`), so patching changes no score.
 
 # modules an answer never needs, and names that reach around the language (one rule for the
-# notebook's checks and the grader; issue 43 re-ran the review's cheats against it)
+# notebook's checks and the grader)
 GENERIC_MODULES = set(
     "kernels importlib sys os posix subprocess builtins inspect gc ctypes pickle marshal runpy "
     "multiprocessing threading _thread concurrent asyncio signal socket shutil pathlib types "
@@ -218,20 +218,20 @@ def _rule(why, modules=(), names=(), attributes=()):
     return Rule(why, frozenset(modules), frozenset(names), frozenset(attributes))
 
 
-FORBIDDEN = {
-    "1.2": _rule(
+FORBIDDEN = {  # keyed by the exercise's ``:label:``, never by its number
+    "ex-bf16-round-bits": _rule(
         "the exercise asks for integer operations only",
         modules={"ml_dtypes", "numpy", "torch", "struct", "array", "math", "jax", "tensorflow"},
         names={"np", "torch", "float", "ml_dtypes"},
     ),
-    "2.2": _rule(
+    "ch2-rowmax": _rule(
         "the maxima must come from your Triton kernel",
         modules={"numpy", "scipy", "functools"},
         names={"max", "sorted", "np", "reduce"},
         attributes=_REDUCTIONS,
     ),
-    "3.1": _rule("the exercise asks you to derive the merge", modules={"scipy"}),
-    "3.2": _rule(
+    "ch3-merge": _rule("the exercise asks you to derive the merge", modules={"scipy"}),
+    "ch3-bytes": _rule(
         "the exercise asks for a prediction, not a measurement",
         modules={"tracemalloc", "resource", "psutil"},
         attributes={
@@ -241,19 +241,19 @@ FORBIDDEN = {
             "max_memory_allocated",
         },
     ),
-    "4.1": _rule(
+    "ch4-dk": _rule(
         "the exercise asks you to derive the gap",
         attributes={"backward", "grad", "autograd", "vjp", "jacobian", "functional"},
     ),
-    "5.2": _rule(
+    "ex-sources-midpoint": _rule(
         "the exercise asks you to predict the error, not to round",
         modules={"ml_dtypes", "torch", "jax"},
         names={"torch"},
         attributes={"bfloat16", "round_to", "round_to_dtype"},
     ),
-    "6.3": _rule("the exercise asks you to write the rule", attributes={"offset_rule"}),
-    "7.3": _rule("the exercise asks you to write the walk", attributes={"departure"}),
-    "8.2": _rule(
+    "ex-fixes-offset": _rule("the exercise asks you to write the rule", attributes={"offset_rule"}),
+    "ex-gpt2-logit": _rule("the exercise asks you to write the walk", attributes={"departure"}),
+    "ex-golden-w1": _rule(
         "the exercise asks for the distance without SciPy",
         modules={"scipy", "ot", "sklearn", "statsmodels", "torch"},
         names={"wasserstein_distance"},
@@ -326,10 +326,10 @@ def _named(text: str, rule, in_jit: bool) -> bool:
 
 def scan(source: str, exercise: str, module_names=SETUP_MODULES, package_names=()) -> None:
     """Raise :class:`Forbidden` naming the first forbidden thing in ``source`` (the answer of
-    ``exercise``, such as ``"2.2"``), as written. ``module_names``: the names the chapter binds to
-    modules, as a dict (``{"np": "numpy"}``) or names (their modules from
-    :data:`SETUP_MODULES`); ``package_names``: the names the chapter's earlier cells bind to the
-    book's package (``report``, ``tiling``), which answers may not use.
+    the exercise labelled ``exercise``, such as ``"ch2-rowmax"``), as written. ``module_names``:
+    the names the chapter binds to modules, as a dict (``{"np": "numpy"}``) or names (their
+    modules from :data:`SETUP_MODULES`); ``package_names``: the names the chapter's earlier cells
+    bind to the book's package (``report``, ``tiling``), which answers may not use.
 
     One rule for the notebook's checks (:func:`forbid`) and the grader: an import of a module
     under the name the chapter already gives it (``import numpy as np``) is no rebinding; a
@@ -353,7 +353,7 @@ def scan(source: str, exercise: str, module_names=SETUP_MODULES, package_names=(
 
     def refuse(node, what, reason):
         where = f"line {node.lineno}: " if hasattr(node, "lineno") else ""
-        raise Forbidden(f"{where}`{what}` is not allowed in Exercise {exercise}: {reason}")
+        raise Forbidden(f"{where}`{what}` is not allowed in exercise {exercise}: {reason}")
 
     def forbidden_module(name: str) -> bool:
         return name.split(".")[0] in rule.modules
@@ -428,9 +428,9 @@ def scan(source: str, exercise: str, module_names=SETUP_MODULES, package_names=(
 
 def forbid(fn, exercise: str) -> None:
     """Fail (:class:`~kernels.checking.WrongAnswer`), naming the call, if the source of the
-    reader's ``fn`` does what Exercise ``exercise`` forbids. Only where Python can find the
-    source (a function written in a notebook cell or a file); a lambda is scanned alone, not
-    the line around it. The grader scans every answer's cells itself."""
+    reader's ``fn`` does what the exercise labelled ``exercise`` forbids. Only where Python can
+    find the source (a function written in a notebook cell or a file); a lambda is scanned alone,
+    not the line around it. The grader scans every answer's cells itself."""
     try:
         source = textwrap.dedent(inspect.getsource(fn))
         tree = ast.parse(source)

@@ -1,5 +1,6 @@
-"""Exercise 2.2's guard: while a student's row maximum runs, PyTorch's own reductions raise and
-every Triton launch is recorded, so the maxima must come from the student's kernel.
+"""The guard of exercise ``ch2-rowmax`` (A row maximum in Triton): while a student's row maximum
+runs, PyTorch's own reductions raise and every Triton launch is recorded, so the maxima must come
+from the student's kernel.
 
 One module for both places that run the answer: the chapter's check
 (:mod:`kernels.triton_exercises`) imports it, and the grader's worker

@@ -1,7 +1,7 @@
 """Checks of chapter 2's exercises (rules: :mod:`kernels.checking`).
 
-* Exercise 2.1 :func:`check_launch_grid`  programs and masked lanes of a 1-D launch
-* Exercise 2.2 :func:`check_row_max`      a Triton kernel for the maximum of each row
+* ``ch2-grid`` :func:`check_launch_grid`: programs and masked lanes of a 1-D launch
+* ``ch2-rowmax`` :func:`check_row_max`: a Triton kernel for the maximum of each row
 
 The row-maximum check makes sure a Triton kernel does the work: while the reader's function
 runs, PyTorch's reductions (``amax``, ``max``, ``sort``, ...) raise, and at least one Triton
@@ -18,7 +18,7 @@ from .reduction_guard import triton_only
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 2.1
+# Exercise ``ch2-grid``: Programs and masked lanes
 # ----------------------------------------------------------------------------------------------
 def _launch_grid_expected(n: int, block: int) -> tuple[int, int]:
     programs = -(-n // block)
@@ -26,11 +26,12 @@ def _launch_grid_expected(n: int, block: int) -> tuple[int, int]:
 
 
 def check_launch_grid(fn, thorough: bool = False) -> None:
-    """Exercise 2.1: ``fn(n, block) -> (programs, masked_lanes)`` for ``vector_add``'s launch.
+    """Exercise ``ch2-grid``: ``fn(n, block) -> (programs, masked_lanes)`` for ``vector_add``'s
+    launch.
 
     Fresh (n, block) pairs: n a multiple of block, n below block, and n anywhere."""
     ck.need_function(fn, "launch_grid")
-    ck.forbid(fn, "2.1")
+    ck.forbid(fn, "ch2-grid")
     rng = ck.fresh_rng()
     count = 300 if thorough else 30
     blocks = 2 ** rng.integers(4, 11, count)  # 16 ... 1024
@@ -68,7 +69,7 @@ def check_launch_grid(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 2.2
+# Exercise ``ch2-rowmax``: A row maximum in Triton
 # ----------------------------------------------------------------------------------------------
 def _negative_rows(n_rows, n_cols, gen, device):
     """Every entry in (-11, -1): a lane that reads 0 instead of -inf wins the maximum."""
@@ -86,14 +87,14 @@ def _rows_with_larger_neighbours(n_rows, n_cols, gen, device):
 
 
 def check_row_max(fn, thorough: bool = False, device=None) -> None:
-    """Exercise 2.2: ``fn(x) -> (rows,)`` holds the maximum of each row of the 2-D fp32 ``x``,
-    computed by a Triton kernel (one program per row).
+    """Exercise ``ch2-rowmax``: ``fn(x) -> (rows,)`` holds the maximum of each row of the 2-D fp32
+    ``x``, computed by a Triton kernel (one program per row).
 
     Fresh rows of lengths that are not powers of two, all negative; and rows whose next element
     in memory is larger than all of theirs. ``thorough`` (the grader's hidden test) adds more
     and longer rows and a single column."""
     ck.need_function(fn, "row_max")
-    ck.forbid(fn, "2.2")
+    ck.forbid(fn, "ch2-rowmax")
     device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     lengths = [int(n) for n in rng.integers(3, 200, 6 if thorough else 3)]

@@ -1,10 +1,10 @@
 """Checks of the exercises of chapters 3 and 4 (rules: :mod:`kernels.checking`).
 
-* Exercise 3.1 :func:`check_merge`        combine two halves' (O, L) without overflow
-* Exercise 3.2 :func:`check_peak_bytes`   predict naive attention's peak memory
-* Exercise 3.3 :func:`check_key_tiles`    how many key tiles a causal query tile visits
-* Exercise 4.1 :func:`check_dk_gap`       the analogue of Eq. (1) for dK
-* Exercise 4.2 :func:`check_changed`      which gradients change when only δ changes
+* ``ch3-merge`` :func:`check_merge`: combine two halves' (O, L) without overflow
+* ``ch3-bytes`` :func:`check_peak_bytes`: predict naive attention's peak memory
+* ``ch3-causal-tiles`` :func:`check_key_tiles`: how many key tiles a causal query tile visits
+* ``ch4-dk`` :func:`check_dk_gap`: the analogue of Eq. (1) for dK
+* ``ch4-which`` :func:`check_changed`: which gradients change when only δ changes
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _is_int(x) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.1
+# Exercise ``ch3-merge``: Merge two halves
 # ----------------------------------------------------------------------------------------------
 def _merge_case(gen, rng):
     """Two halves of a fresh attention problem, as the split-key programs return them, with
@@ -50,10 +50,11 @@ def _merge_case(gen, rng):
 
 
 def check_merge(fn, thorough: bool = False) -> None:
-    """Exercise 3.1: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial results of
-    the online softmax over disjoint halves of the keys. Fresh problems whose L reach ±3,000."""
+    """Exercise ``ch3-merge``: ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)`` combines two partial
+    results of the online softmax over disjoint halves of the keys. Fresh problems whose L reach
+    ±3,000."""
     ck.need_function(fn, "merge")
-    ck.forbid(fn, "3.1")
+    ck.forbid(fn, "ch3-merge")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     trials = 8 if thorough else 2
     for _ in range(trials):
@@ -93,15 +94,15 @@ def check_merge(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.2
+# Exercise ``ch3-bytes``: Predict the memory
 # ----------------------------------------------------------------------------------------------
 def check_peak_bytes(fn, thorough: bool = False) -> None:
-    """Exercise 3.2: ``fn(b, h, n, d, itemsize) -> bytes`` predicts the peak bytes
+    """Exercise ``ch3-bytes``: ``fn(b, h, n, d, itemsize) -> bytes`` predicts the peak bytes
     ``tiling.peak_live_bytes`` measures for ``reference.standard_attention``, within 15%.
 
     Fresh shapes with n at least 8 d (the regime where attention's memory matters)."""
     ck.need_function(fn, "peak_bytes")
-    ck.forbid(fn, "3.2")
+    ck.forbid(fn, "ch3-bytes")
     rng = ck.fresh_rng()
     trials = 6 if thorough else 3
     for _ in range(trials):
@@ -128,7 +129,7 @@ def check_peak_bytes(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.3
+# Exercise ``ch3-causal-tiles``: Key tiles of a causal query tile
 # ----------------------------------------------------------------------------------------------
 def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
     """Key tiles query tile ``i`` visits in the causal forward kernel (N_Q = N_K = n)."""
@@ -137,10 +138,11 @@ def _key_tiles_expected(i: int, block_m: int, block_n: int, n: int) -> int:
 
 
 def check_key_tiles(fn, thorough: bool = False) -> None:
-    """Exercise 3.3: ``fn(i, block_m, block_n, n) -> tiles``, the number of key tiles the causal
-    forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and lengths."""
+    """Exercise ``ch3-causal-tiles``: ``fn(i, block_m, block_n, n) -> tiles``, the number of key
+    tiles the causal forward kernel loads for query tile ``i`` (both stages). Fresh tile sizes and
+    lengths."""
     ck.need_function(fn, "key_tiles")
-    ck.forbid(fn, "3.3")
+    ck.forbid(fn, "ch3-causal-tiles")
     rng = ck.fresh_rng()
     trials = 400 if thorough else 40
     for trial in range(trials):
@@ -177,19 +179,19 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 4.1
+# Exercise ``ch4-dk``: Eq. (1) for dK
 # ----------------------------------------------------------------------------------------------
 def _dk_gap_expected(p, q, delta_lp, delta_hp, alpha):
     return alpha * p.transpose(-1, -2) @ ((delta_lp - delta_hp).unsqueeze(-1) * q)
 
 
 def check_dk_gap(fn, thorough: bool = False) -> None:
-    """Exercise 4.1: ``fn(p, q, delta_lp, delta_hp, alpha) -> dK_hp - dK_lp`` (fp64).
+    """Exercise ``ch4-dk``: ``fn(p, q, delta_lp, delta_hp, alpha) -> dK_hp - dK_lp`` (fp64).
 
     Fresh P (rows: queries, columns: keys, fewer keys than queries so that a transpose cannot be
     missed), Q, two δ's and α."""
     ck.need_function(fn, "dk_gap")
-    ck.forbid(fn, "4.1")
+    ck.forbid(fn, "ch4-dk")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     trials = 6 if thorough else 2
     for _ in range(trials):
@@ -235,7 +237,7 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 4.2
+# Exercise ``ch4-which``: Which gradients does δ touch?
 # ----------------------------------------------------------------------------------------------
 GRADIENTS = ("dQ", "dK", "dV")
 
@@ -253,8 +255,9 @@ def _changed_expected(gen=None) -> set[str]:
 
 
 def check_changed(answer) -> None:
-    """Exercise 4.2: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that change
-    when only δ changes. The check runs the kernels twice on fresh inputs and compares bits."""
+    """Exercise ``ch4-which``: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that
+    change when only δ changes. The check runs the kernels twice on fresh inputs and compares
+    bits."""
     given = ck.need_names(answer, "changed", GRADIENTS, '{"dQ"}')
     want = _changed_expected()
     if given == want:

@@ -18,8 +18,8 @@ TILES = 32
 
 
 def check_growths(answer, tiles: int = TILES) -> None:
-    """Exercise 1: the expected number of running-maximum growths after the first of
-    ``tiles`` key tiles, for i.i.d. scores."""
+    """Exercise ``ex-golden-growths``: the expected number of running-maximum growths after the
+    first of ``tiles`` key tiles, for i.i.d. scores."""
     need(answer, "growths", "a number")
     _check(
         isinstance(answer, (int, float, np.integer, np.floating)) and not isinstance(answer, bool),
@@ -47,13 +47,13 @@ def check_growths(answer, tiles: int = TILES) -> None:
 
 
 def check_w1(fn, thorough: bool = False) -> None:
-    """Exercise 2: ``fn(a, b)`` returns the Wasserstein distance between the empirical
-    distributions of two equally long 1-D arrays (``thorough``: more, longer and shifted
+    """Exercise ``ex-golden-w1``: ``fn(a, b)`` returns the Wasserstein distance between the
+    empirical distributions of two equally long 1-D arrays (``thorough``: more, longer and shifted
     pairs)."""
     from scipy.stats import wasserstein_distance
 
     need_function(fn, "w1")
-    forbid(fn, "8.2")
+    forbid(fn, "ex-golden-w1")
     rng = fresh_rng()
     cases = 20 if thorough else 3
     for _ in range(cases):

@@ -1,8 +1,8 @@
 """Checks of the GPT-2 chapter's exercises (rules: :mod:`kernels.checking`).
 
-* Exercise 7.1 :func:`check_minutes`    how long our model needs to see the paper's tokens
-* Exercise 7.2 :func:`check_tie_counts` two ways of counting repeated maxima in a row
-* Exercise 7.3 :func:`check_departure`  the step from which one series leaves another for good
+* ``ex-gpt2-tokens`` :func:`check_minutes`: how long our model needs to see the paper's tokens
+* ``ex-gpt2-ties`` :func:`check_tie_counts`: two ways of counting repeated maxima in a row
+* ``ex-gpt2-logit`` :func:`check_departure`: the step from which one series leaves another for good
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ def _number(x, name: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 7.1
+# Exercise ``ex-gpt2-tokens``: Tokens against time
 # ----------------------------------------------------------------------------------------------
 def _minutes_expected(steps_per_s: float) -> float:
     return PAPER_TOKENS / OUR_TOKENS_PER_STEP / steps_per_s / 60
 
 
 def check_minutes(fn, thorough: bool = False) -> None:
-    """Exercise 7.1: ``fn(steps_per_s) -> minutes`` our model needs to see as many tokens as the
-    paper's did before it failed, within 1%, for fresh speeds."""
+    """Exercise ``ex-gpt2-tokens``: ``fn(steps_per_s) -> minutes`` our model needs to see as many
+    tokens as the paper's did before it failed, within 1%, for fresh speeds."""
     need_function(fn, "minutes")
-    forbid(fn, "7.1")
+    forbid(fn, "ex-gpt2-tokens")
     speeds = fresh_rng().uniform(5.0, 200.0, 100 if thorough else 10)
     for speed in speeds.tolist():
         got = _number(call(fn, "minutes", speed), "minutes")
@@ -53,7 +53,7 @@ def check_minutes(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 7.2
+# Exercise ``ex-gpt2-ties``: Two tie counts
 # ----------------------------------------------------------------------------------------------
 def _tie_counts(row) -> tuple[int, int]:
     """(entries with P̄ = exp(S − max S) == 1.0 in bf16, entries exactly equal to the maximum)."""
@@ -83,11 +83,11 @@ def _tie_rows(gen, rng, n: int):
 
 
 def check_tie_counts(fn, thorough: bool = False) -> None:
-    """Exercise 7.2: ``fn(row) -> (rounding_to_one, exactly_tied)`` for an fp32 tensor of
-    scores: how many entries get P̄ = exp(S − max S) equal to 1.0 once rounded to BF16 (the FA2
+    """Exercise ``ex-gpt2-ties``: ``fn(row) -> (rounding_to_one, exactly_tied)`` for an fp32 tensor
+    of scores: how many entries get P̄ = exp(S − max S) equal to 1.0 once rounded to BF16 (the FA2
     count), and how many equal the maximum exactly. Fresh rows with ties and near ties."""
     need_function(fn, "tie_counts")
-    forbid(fn, "7.2")
+    forbid(fn, "ex-gpt2-ties")
     gen, rng = fresh_generator(), fresh_rng()
     rows = _tie_rows(gen, rng, 200 if thorough else 30)
     for row in rows:
@@ -116,7 +116,7 @@ def check_tie_counts(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 7.3
+# Exercise ``ex-gpt2-logit``: When does a series leave for good?
 # ----------------------------------------------------------------------------------------------
 def _departure_expected(steps, failing, control, ratio: float):
     return departure(steps, failing, steps, control, ratio, 1)
@@ -142,11 +142,11 @@ def _series(rng, kind: str):
 
 
 def check_departure(fn, thorough: bool = False) -> None:
-    """Exercise 7.3: ``fn(steps, failing, control, ratio) -> step or None``: the first step from
-    which ``failing / control`` stays above ``ratio`` at every later step (None if it does not
-    end above it). Fresh series with excursions above the ratio that come back."""
+    """Exercise ``ex-gpt2-logit``: ``fn(steps, failing, control, ratio) -> step or None``: the first
+    step from which ``failing / control`` stays above ``ratio`` at every later step (None if it does
+    not end above it). Fresh series with excursions above the ratio that come back."""
     need_function(fn, "departure_step")
-    forbid(fn, "7.3")
+    forbid(fn, "ex-gpt2-logit")
     rng = fresh_rng()
     kinds = ["for good", "never", "always"] * (10 if thorough else 2)
     for kind in kinds:

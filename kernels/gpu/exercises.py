@@ -1,8 +1,8 @@
 """Checks of chapter 10's exercises (rules: :mod:`kernels.checking`).
 
-* Exercise 10.1 :func:`check_flop_per_byte`  the roofline model's arithmetic intensity
-* Exercise 10.2 :func:`check_stream_tflops`  the speed of a stream of calls, host against GPU
-* Exercise 10.3 :func:`check_bit_changes`    which speed-ups can change a bit of O
+* ``ch10-intensity`` :func:`check_flop_per_byte`: the roofline model's arithmetic intensity
+* ``ch10-stream`` :func:`check_stream_tflops`: the speed of a stream of calls, host against GPU
+* ``ch10-bits`` :func:`check_bit_changes`: which speed-ups can change a bit of O
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def _close(a, b, rel=1e-6) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
-# Exercise 10.1 -------------------------------------------------------------------------
+# Exercise ``ch10-intensity``: Arithmetic intensity
 def check_flop_per_byte(fn, thorough: bool = False) -> None:
-    """Exercise 10.1: ``fn(n, d, itemsize, fused) -> FLOP per byte`` of one head's forward
-    attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
+    """Exercise ``ch10-intensity``: ``fn(n, d, itemsize, fused) -> FLOP per byte`` of one head's
+    forward attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
     formats and both implementations."""
     ck.need_function(fn, "flop_per_byte")
-    ck.forbid(fn, "10.1")
+    ck.forbid(fn, "ch10-intensity")
     rng = ck.fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
@@ -64,7 +64,7 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
     ck.correct(f"{cases} fresh shapes and formats, fused and math")
 
 
-# Exercise 10.2 -------------------------------------------------------------------------
+# Exercise ``ch10-stream``: A stream of calls
 def _stream_tflops_expected(flops, host_us, kernel_us) -> float:
     """TFLOP/s of a long stream of identical calls: the CPU issues the next call while the
     GPU runs the previous one, so the slower of the two sets the pace."""
@@ -72,11 +72,11 @@ def _stream_tflops_expected(flops, host_us, kernel_us) -> float:
 
 
 def check_stream_tflops(fn, thorough: bool = False) -> None:
-    """Exercise 10.2: ``fn(flops, host_us, kernel_us) -> TFLOP/s`` of a long stream of calls
-    that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
+    """Exercise ``ch10-stream``: ``fn(flops, host_us, kernel_us) -> TFLOP/s`` of a long stream of
+    calls that each do ``flops`` FLOPs, take ``host_us`` µs of CPU time to issue and ``kernel_us``
     µs of GPU time; fresh calls, host-bound and GPU-bound."""
     ck.need_function(fn, "stream_tflops")
-    ck.forbid(fn, "10.2")
+    ck.forbid(fn, "ch10-stream")
     rng = ck.fresh_rng()
     cases = 200 if thorough else 20
     for i in range(cases):
@@ -110,7 +110,7 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
     ck.correct(f"{cases} fresh calls, host-bound and GPU-bound")
 
 
-# Exercise 10.3 -------------------------------------------------------------------------
+# Exercise ``ch10-bits``: Which changes move bits?
 CHANGES = ("direct launch", "causal split", "tile shape", "exp2", "max first")
 
 
@@ -183,9 +183,9 @@ def _seeded_expected(seed: int = BIT_SEED, draws: int = BIT_DRAWS) -> set:
 
 
 def check_bit_changes(answer) -> None:
-    """Exercise 10.3: the set of changes (names from :data:`CHANGES`) that can change a bit of
-    the kernel's output. The check makes each change on seeded inputs (the same on every run,
-    so grading is deterministic) and compares bits."""
+    """Exercise ``ch10-bits``: the set of changes (names from :data:`CHANGES`) that can change a bit
+    of the kernel's output. The check makes each change on seeded inputs (the same on every run, so
+    grading is deterministic) and compares bits."""
     given = ck.need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
     want = _seeded_expected()
     if given == want:

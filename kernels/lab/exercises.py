@@ -1,10 +1,11 @@
 """Checks of the exercises of chapters 5 and 6 (rules: :mod:`kernels.checking`).
 
-* Exercise 5.1 :func:`check_mirror`        the sign of the ideal's bias in the mirrored setting
-* Exercise 5.2 :func:`check_ideal_error`   predict the ideal output's error from the two tied V
-* Exercise 6.1 :func:`check_window`        up to which r_m the β rule still gives P̄ = 1
-* Exercise 6.2 :func:`check_delta_dp`      δ from P and dP, without O
-* Exercise 6.3 :func:`check_offset`        Algorithm 3's offset m for each row
+* ``ex-sources-mirror`` :func:`check_mirror`: the sign of the ideal's bias in the mirrored setting
+* ``ex-sources-midpoint`` :func:`check_ideal_error`: predict the ideal output's error from the two
+  tied V
+* ``ex-fixes-window`` :func:`check_window`: up to which r_m the β rule still gives P̄ = 1
+* ``ex-fixes-delta`` :func:`check_delta_dp`: δ from P and dP, without O
+* ``ex-fixes-offset`` :func:`check_offset`: Algorithm 3's offset m for each row
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _number(answer, name: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 5.1
+# Exercise ``ex-sources-mirror``: The mirrored setting
 # ----------------------------------------------------------------------------------------------
 def _mirror_sign(seed: int | None = None) -> int:
     """Sign of the ideal's mean error with tied V ~ N(+1, 0.3), other V ~ N(0, 0.3), k = 2,
@@ -42,8 +43,8 @@ def _mirror_sign(seed: int | None = None) -> int:
 
 
 def check_mirror(answer) -> None:
-    """Exercise 5.1: +1, -1 or 0, the sign of the ideal output's bias in the mirrored setting.
-    The check measures it on freshly built rows."""
+    """Exercise ``ex-sources-mirror``: +1, -1 or 0, the sign of the ideal output's bias in the
+    mirrored setting. The check measures it on freshly built rows."""
     ck.need(answer, "mirror", "+1, -1 or 0")
     if isinstance(answer, bool) or answer not in (1, -1, 0):
         ck.fail(f"mirror should be +1, -1 or 0, got {answer!r}")
@@ -56,7 +57,7 @@ def check_mirror(answer) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 5.2
+# Exercise ``ex-sources-midpoint``: Predict the ideal's error
 # ----------------------------------------------------------------------------------------------
 def _bf16_pairs(rng: np.random.Generator, n: int):
     """``n`` pairs of BF16 values of one sign and one binade, and a pull of ±1 for each."""
@@ -80,13 +81,14 @@ def _ideal_error_expected(va, vb, pull):
 
 
 def check_ideal_error(fn, thorough: bool = False) -> None:
-    """Exercise 5.2: ``fn(va, vb, pull) -> error`` (NumPy arrays; error in ulps to ±0.01).
+    """Exercise ``ex-sources-midpoint``: ``fn(va, vb, pull) -> error`` (NumPy arrays; error in ulps
+    to ±0.01).
 
     Two tied maxima with BF16 values ``va`` and ``vb`` (one sign, one binade); the other tokens
     pull O = (va + vb)/2 by a tiny amount in the direction ``pull`` (±1). Predict bf16(O) - O
     in ulps of O. Fresh pairs."""
     ck.need_function(fn, "ideal_error")
-    ck.forbid(fn, "5.2")
+    ck.forbid(fn, "ex-sources-midpoint")
     rng = ck.fresh_rng()
     va, vb, pull = _bf16_pairs(rng, 2000 if thorough else 200)
     want = _ideal_error_expected(va, vb, pull)
@@ -120,7 +122,7 @@ def check_ideal_error(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 6.1
+# Exercise ``ex-fixes-window``: The window of the β rule
 # ----------------------------------------------------------------------------------------------
 def _window_expected(beta: float) -> float:
     """Largest tied row maximum r_m for which e^(-(β-1) r_m) still rounds to 1.0 in BF16."""
@@ -128,9 +130,10 @@ def _window_expected(beta: float) -> float:
 
 
 def check_window(fn, thorough: bool = False) -> None:
-    """Exercise 6.1: ``fn(beta) -> r_max`` within 0.5%, for fresh β between 1.01 and 8."""
+    """Exercise ``ex-fixes-window``: ``fn(beta) -> r_max`` within 0.5%, for fresh β between 1.01 and
+    8."""
     ck.need_function(fn, "r_max")
-    ck.forbid(fn, "6.1")
+    ck.forbid(fn, "ex-fixes-window")
     rng = ck.fresh_rng()
     betas = np.exp(rng.uniform(math.log(1.01), math.log(8.0), 200 if thorough else 20))
     for beta in betas.tolist():
@@ -155,13 +158,14 @@ def check_window(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 6.2
+# Exercise ``ex-fixes-delta``: δ without O
 # ----------------------------------------------------------------------------------------------
 def check_delta_dp(fn, thorough: bool = False) -> None:
-    """Exercise 6.2: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO Vᵀ, shaped
-    (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden test)."""
+    """Exercise ``ex-fixes-delta``: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO
+    Vᵀ, shaped (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden
+    test)."""
     ck.need_function(fn, "delta_dp")
-    ck.forbid(fn, "6.2")
+    ck.forbid(fn, "ex-fixes-delta")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     shapes = [(int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
     if thorough:
@@ -185,7 +189,7 @@ def check_delta_dp(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 6.3
+# Exercise ``ex-fixes-offset``: Algorithm 3's offset
 # ----------------------------------------------------------------------------------------------
 def _offset_expected(scores, beta: float, eps: float):
     """Algorithm 3's m for each row of ``scores`` (no rounding)."""
@@ -228,11 +232,11 @@ _ROW_KINDS = {
 
 
 def check_offset(fn, thorough: bool = False) -> None:
-    """Exercise 6.3: ``fn(scores, beta, eps) -> m``, one offset per row of the (rows, keys) fp64
-    ``scores``. Fresh rows: the maximum positive or negative, alone, tied exactly, tied within
-    ε, or with a second score just outside ε."""
+    """Exercise ``ex-fixes-offset``: ``fn(scores, beta, eps) -> m``, one offset per row of the
+    (rows, keys) fp64 ``scores``. Fresh rows: the maximum positive or negative, alone, tied exactly,
+    tied within ε, or with a second score just outside ε."""
     ck.need_function(fn, "offset")
-    ck.forbid(fn, "6.3")
+    ck.forbid(fn, "ex-fixes-offset")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     for _ in range(5 if thorough else 1):
         beta, eps = float(rng.uniform(1.5, 8.0)), float(10 ** rng.uniform(-4, -2))

@@ -8,8 +8,9 @@ git-ignored ``_build/lab/``. ``python -m kernels.lab_kit grade <folder>`` grades
 every answer in a fresh process of its own, the checks in the grader's.
 The instructor's page of the book (``book/instructor.md``) says how to use it.
 
-* :mod:`.notebook`  what a chapter's exercise cells look like (tags), their per-chapter
-  numbers, and the nbgrader source notebook made from a chapter
+* :mod:`.notebook`  what a chapter's exercise cells look like (tags), their labels (the keys of
+  the points table and the grader's tables) and displayed numbers, and the nbgrader source
+  notebook made from a chapter
 * :mod:`.course`    the nbgrader course: :func:`build`, :func:`grade`, the student setup cell
 * :mod:`.grading`   grading one notebook: its chapter's plans, each answer's score
 * :mod:`.batch`     grading a folder of submissions: files found, duplicates, CSVs merged,

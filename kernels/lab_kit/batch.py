@@ -1,5 +1,4 @@
-"""Grading a folder of submissions (issue 43, items B and C): what is found, what is graded,
-what is merged.
+"""Grading a folder of submissions: what is found, what is graded, what is merged.
 
 * **Found**: every ``*.ipynb`` under a student's folder, nested folders included (an LMS
   export's ``alice/submission/03.ipynb``); ``.ipynb_checkpoints`` and hidden folders are
@@ -41,8 +40,9 @@ GRADES = [
     "duplicates",
     "isolation",
 ]
-EXERCISES = ["student", "assignment", "exercise", "score", "max_score", "message"]
-EXPLANATIONS = ["student", "assignment", "exercise", "max_score", "explanation"]
+# ``exercise`` is the exercise's ``:label:`` (its key); ``number`` ("2.2") is for display
+EXERCISES = ["student", "assignment", "exercise", "number", "score", "max_score", "message"]
+EXPLANATIONS = ["student", "assignment", "exercise", "number", "max_score", "explanation"]
 
 
 def student_files(folder: Path) -> list[tuple[Path, bytes, float]]:
@@ -204,7 +204,8 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                     per_exercise.append(
                         {
                             **base,
-                            "exercise": r.name,
+                            "exercise": r.label,
+                            "number": r.number,
                             "score": r.score,
                             "max_score": r.max_score,
                             "message": r.message,
@@ -214,7 +215,8 @@ def grade(submissions, out, quiet: bool = False, scanning: bool = True) -> list[
                         explained.append(
                             {
                                 **base,
-                                "exercise": r.name,
+                                "exercise": r.label,
+                                "number": r.number,
                                 "max_score": notebook.EXPLAIN_POINTS,
                                 "explanation": r.explanation,
                             }

@@ -199,7 +199,7 @@ def build(
             (
                 path.name,
                 len(found),
-                sum(grading.points(e.name) for e in found),
+                sum(grading.points(e.label) for e in found),
                 notebook.EXPLAIN_POINTS * sum(e.explain is not None for e in found),
             )
         )

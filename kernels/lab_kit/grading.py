@@ -13,13 +13,16 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
    held-back tests, from the autograder's copy of the chapter, in the grader's own process
    against it.
 
-An exercise is worth ``notebook.POINTS`` points, split evenly between its check and its held-back
-tests. ``grades.csv`` (one row per student and chapter) and ``exercises.csv`` (one row per
-student and exercise, with the message of the first failed check) are written by
-:mod:`.batch` once every worker is dead, merged with earlier runs; ``explanations.csv``
-collects the explanations that are graded by hand (cells tagged
-``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what passed
-and what did not.
+Exercises are keyed by their ``:label:`` (the grade ids are ``ex<chapter>_<label>-answer`` and
+so on); the number ("2.2") is only shown beside it, counted from the exercise's position in the
+autograder's copy of the chapter. An exercise is worth the points the autograder was built with
+(``notebook.POINTS`` of its label, written into the cells' nbgrader metadata), split evenly
+between its check and its held-back tests. ``grades.csv`` (one row per student and chapter) and
+``exercises.csv`` (one row per student and exercise, by label and number, with the message of
+the first failed check) are written by :mod:`.batch` once every worker is dead, merged with
+earlier runs; ``explanations.csv`` collects the explanations that are graded by hand (cells
+tagged ``explain``, rubric on the instructor page); ``feedback/<student>/chNN.md`` says what
+passed and what did not.
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ from .submissions import cell_grade_id, explanation
 
 @dataclasses.dataclass
 class Plan:
-    """How one exercise is graded: the answer's variable, the check's name, and the calls
-    (keyword arguments) it is graded with: the check's own, then the held-back tests'."""
+    """How one exercise is graded: its label (the key) and number (for display), the answer's
+    variable, the check's name, and the calls (keyword arguments) it is graded with: the check's
+    own, then the held-back tests'."""
 
-    name: str
+    label: str
+    number: str
     grade_id: str
     variable: str
     check: str
@@ -54,7 +59,8 @@ class Plan:
 
 @dataclasses.dataclass
 class Result:
-    name: str
+    label: str  # the exercise's ``:label:``, its key
+    number: str  # "2.2", for display
     score: float
     max_score: float
     passed: list
@@ -77,6 +83,19 @@ def _ex_call(text: str, where: str):
             kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
             return node.func.attr, node.args[0].id, kwargs
     raise ValueError(f"{where}: no call ex.check_...(answer) in the check cell")
+
+
+def _built_points(nb: dict, grade_id: str, label: str) -> float:
+    """The points the autograder was built with for an exercise (its check's and held-back
+    tests' nbgrader points), so that a table changed since the build changes no grade; the
+    table's (:func:`points` of the label) where the build wrote none."""
+    parts = {f"{grade_id}-check", f"{grade_id}-hidden"}
+    found = [
+        c["metadata"]["nbgrader"].get("points") for c in nb["cells"] if cell_grade_id(c) in parts
+    ]
+    if found and all(isinstance(x, (int, float)) for x in found):
+        return float(sum(found))
+    return points(label)
 
 
 def _hidden_code(text: str) -> str:
@@ -137,10 +156,10 @@ class Chapter:
         nb = notebook.load(source_path)
         cells = {cell_grade_id(c): notebook.source(c) for c in nb["cells"] if cell_grade_id(c)}
         names = [gid[: -len("-answer")] for gid in cells if gid.endswith("-answer")]
-        plans = []
-        for grade_id in names:
-            name = grade_id[2:].replace("_", ".")
-            where = f"{source_path.name}: exercise {name}"
+        plans, chapter = [], notebook.chapter_number(source_path)
+        for position, grade_id in enumerate(names, 1):
+            label, number = notebook.label_of(grade_id), f"{chapter}.{position}"
+            where = f"{source_path.name}: exercise {number} ({label})"
             check, variable, kwargs = _ex_call(cells[f"{grade_id}-check"], where)
             parts = [("check", kwargs)]
             if f"{grade_id}-hidden" in cells:
@@ -148,12 +167,13 @@ class Chapter:
                 parts.append(("held-back tests", hidden[2]))
             plans.append(
                 Plan(
-                    name,
+                    label,
+                    number,
                     grade_id,
                     variable,
                     check,
                     parts,
-                    points(name),
+                    _built_points(nb, grade_id, label),
                     f"{grade_id}-explain" in cells,
                 )
             )
@@ -262,13 +282,13 @@ def grade_exercise(
 ) -> Result:
     """Score one answer: 0 with a note if it is missing or forbidden, else the share of
     ``plan.points`` that its checks pass, each run against the answer in a fresh process."""
-    fail = Result(plan.name, 0.0, plan.points, [False] * len(plan.parts))
+    fail = Result(plan.label, plan.number, 0.0, plan.points, [False] * len(plan.parts))
     if source is None:
         fail.message = "the answer cell is missing from the notebook (deleted?): 0 points"
         return fail
     if scanning:
         try:
-            scan.scan(source, plan.name, chapter.module_map, chapter.package_names)
+            scan.scan(source, plan.label, chapter.module_map, chapter.package_names)
         except scan.Forbidden as exc:
             fail.message = str(exc)
             return fail
@@ -298,7 +318,8 @@ def grade_exercise(
         passed += [False] * (len(plan.parts) - len(passed))
         messages.append(f"the answer could not be graded ({type(exc).__name__}: {exc})"[:300])
     score = plan.points * sum(passed) / len(plan.parts)
-    return Result(plan.name, score, plan.points, passed, messages[0] if messages else "")
+    message = messages[0] if messages else ""
+    return Result(plan.label, plan.number, score, plan.points, passed, message)
 
 
 def grade_notebook(chapter: Chapter, nb: dict, scanning: bool = True) -> list[Result]:

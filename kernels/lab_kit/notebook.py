@@ -14,9 +14,13 @@ A chapter marks its exercise cells with tags; nothing else is needed to make a l
                          removed from the site with ``remove-cell``; blank in the lab version
 ``remove-from-student``  the folded solution's prose, its fences and demonstration cells
 
-Exercises are numbered per chapter ("Exercise 2.1"), in the order of their ``{exercise}``
-directives; the chapter number is the notebook's two-digit prefix. The website uses the same
-rule (``book/_ext/exercise_numbers.py``).
+An exercise is **keyed by its** ``:label:`` (``ch2-rowmax``): its points (:data:`POINTS`), the
+rule of what its answer may not use (:data:`kernels.checking.FORBIDDEN`), its nbgrader cells
+(``ex2_ch2-rowmax-answer``) and the grader's tables all use the label, so inserting an exercise
+moves nothing else. Its **number** ("Exercise 2.2") is for display only, derived from its
+position: per chapter, in the order of the ``{exercise}`` directives, the chapter number being
+the notebook's two-digit prefix. The website uses the same rule
+(``book/_ext/exercise_numbers.py``).
 """
 
 from __future__ import annotations
@@ -31,39 +35,53 @@ from . import text as text_module
 
 DIRECTIVE = re.compile(r"```\{exercise\}(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
 OPTION = re.compile(r"^:(\w+):\s*(.*)$")
+LABEL = re.compile(r"[A-Za-z][A-Za-z0-9-]*")  # a label, as it goes into nbgrader's ids
 ROLES = ("exercise-setup", "answer", "check", "hidden-check", "explain")
 REMOVE_TAG = "remove-from-student"
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
-# points per exercise: what it takes, not how many checks it has (the Triton kernel of 2.2 is
-# worth five times the unit conversion of 7.1)
+# points per exercise, keyed by the exercise's ``:label:`` (never by its number, which moves when
+# an exercise is inserted before it): what it takes, not how many checks it has (the Triton
+# kernel of "A row maximum in Triton" is worth five times the unit conversion of "Tokens
+# against time"). tests/lab_kit/test_exercise_keys.py checks that every label here is an
+# exercise of the book and every exercise of the book is here.
 POINTS = {
-    "1.1": 1,
-    "1.2": 3,
-    "1.3": 2,
-    "2.1": 2,
-    "2.2": 5,
-    "3.1": 4,
-    "3.2": 2,
-    "3.3": 2,
-    "4.1": 3,
-    "4.2": 1,
-    "5.1": 1,
-    "5.2": 3,
-    "6.1": 2,
-    "6.2": 2,
-    "6.3": 3,
-    "7.1": 1,
-    "7.2": 2,
-    "7.3": 3,
-    "8.1": 1,
-    "8.2": 2,
-    "9.1": 2,
-    "9.2": 2,
-    "10.1": 2,
-    "10.2": 2,
-    "10.3": 1,
+    # 1 BF16 from the bits up
+    "ex-bf16-count": 1,
+    "ex-bf16-round-bits": 3,
+    "ex-bf16-which-up": 2,
+    # 2 Triton in one sitting
+    "ch2-grid": 2,
+    "ch2-rowmax": 5,
+    # 3 FlashAttention: the forward pass
+    "ch3-merge": 4,
+    "ch3-bytes": 2,
+    "ch3-causal-tiles": 2,
+    # 4 The backward pass and δ
+    "ch4-dk": 3,
+    "ch4-which": 1,
+    # 5 Where the bias comes from
+    "ex-sources-mirror": 1,
+    "ex-sources-midpoint": 3,
+    # 6 The fixes and what they cost
+    "ex-fixes-window": 2,
+    "ex-fixes-delta": 2,
+    "ex-fixes-offset": 3,
+    # 7 A small GPT-2
+    "ex-gpt2-tokens": 1,
+    "ex-gpt2-ties": 2,
+    "ex-gpt2-logit": 3,
+    # 8 Is flash attention stable?
+    "ex-golden-growths": 1,
+    "ex-golden-w1": 2,
+    # 9 A monitor for your own run
+    "ex-monitor-cost": 2,
+    "ex-monitor-ratio": 2,
+    # 10 What makes attention fast
+    "ch10-intensity": 2,
+    "ch10-stream": 2,
+    "ch10-bits": 1,
 }
 DEFAULT_POINTS = 2
 EXPLAIN_POINTS = 1  # an explanation (a cell tagged ``explain``), graded by hand
@@ -74,10 +92,11 @@ TEXT_STUB = (
 )
 
 
-def points(name: str) -> float:
-    """The points exercise ``name`` ("2.2") is worth; its check and its held-back tests (if
-    any) share them evenly."""
-    return float(POINTS.get(name, DEFAULT_POINTS))
+def points(label: str) -> float:
+    """The points the exercise labelled ``label`` (``"ch2-rowmax"``) is worth; its check and its
+    held-back tests (if any) share them evenly. An exercise missing from :data:`POINTS` is worth
+    :data:`DEFAULT_POINTS` (the book's tests refuse such an exercise)."""
+    return float(POINTS.get(label, DEFAULT_POINTS))
 
 
 def source(cell) -> str:
@@ -102,10 +121,10 @@ def chapter_number(path) -> int:
 
 @dataclasses.dataclass
 class Exercise:
-    """One exercise of a chapter: its number, label, title and the indices of its cells."""
+    """One exercise of a chapter: its position, label (the key), title and its cells' indices."""
 
     chapter: int
-    number: int
+    number: int  # its position in the chapter, from 1: for display only
     label: str
     title: str
     task: int  # the markdown cell with the {exercise} directive
@@ -116,12 +135,25 @@ class Exercise:
     removed: list[int] = dataclasses.field(default_factory=list)
 
     @property
-    def name(self) -> str:
+    def display(self) -> str:
+        """The number shown to readers ("2.2"); it moves when an exercise is inserted before."""
         return f"{self.chapter}.{self.number}"
 
     @property
     def grade_id(self) -> str:
-        return f"ex{self.chapter}_{self.number}"
+        """nbgrader's id stem of the exercise's cells: the chapter, then the label."""
+        return grade_id(self.chapter, self.label)
+
+
+def grade_id(chapter: int, label: str) -> str:
+    """``ex2_ch2-rowmax``: the stem of the nbgrader ids of an exercise's cells (the chapter's
+    number first, so that a submission's chapter can be read from any of its ids)."""
+    return f"ex{chapter}_{label}"
+
+
+def label_of(stem: str) -> str:
+    """The label in a grade id stem (``ex2_ch2-rowmax`` gives ``ch2-rowmax``)."""
+    return stem.split("_", 1)[1] if "_" in stem else stem
 
 
 def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
@@ -160,20 +192,28 @@ def exercises(nb: dict, path) -> tuple[int | None, list[Exercise]]:
                     )
                 if getattr(found[-1], attr) is not None:
                     raise ValueError(
-                        f"{Path(path).name}: exercise {found[-1].name} has two "
+                        f"{Path(path).name}: exercise {found[-1].display} has two "
                         f"cells tagged {role!r}"
                     )
                 setattr(found[-1], attr, i)
     for before, ex in zip(found, found[1:]):
         if before.task == ex.task:
             raise ValueError(
-                f"{Path(path).name}: exercises {before.name} and {ex.name} share "
+                f"{Path(path).name}: exercises {before.display} and {ex.display} share "
                 "a cell; give each {exercise} directive a cell of its own"
             )
+    labels = [ex.label for ex in found if ex.label]
+    for label in sorted({x for x in labels if labels.count(x) > 1}):
+        raise ValueError(f"{Path(path).name}: two exercises share the label {label!r}")
     for ex in found:
-        where = f"{Path(path).name}: exercise {ex.name}"
+        where = f"{Path(path).name}: exercise {ex.display}"
         if not ex.label:
             raise ValueError(f"{where} has no :label:")
+        if not LABEL.fullmatch(ex.label):
+            raise ValueError(
+                f"{where}: its label {ex.label!r} is not letters, digits and hyphens, "
+                "starting with a letter"
+            )
         if ex.answer is None or ex.check is None:
             raise ValueError(f"{where} needs a cell tagged 'answer' and one tagged 'check'")
         if not ex.task < ex.answer < ex.check:
@@ -249,7 +289,7 @@ def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, point
 def _heading(ex: Exercise, body: str) -> str:
     """The {exercise} directive as plain Markdown, numbered: Jupyter and Colab do not run MyST."""
     lines = [line for line in body.splitlines() if not OPTION.match(line)]
-    title = f"### Exercise {ex.name}" + (f": {ex.title}" if ex.title else "")
+    title = f"### Exercise {ex.display}" + (f": {ex.title}" if ex.title else "")
     return title + "\n\n" + "\n".join(lines).strip("\n")
 
 
@@ -284,7 +324,7 @@ def student_source(nb: dict, path, setup_cell: str) -> dict:
         task = cells[ex.task]
         task["source"] = DIRECTIVE.sub(lambda m: _heading(ex, m["body"]), task["source"], count=1)
         cells[ex.answer]["metadata"]["nbgrader"] = _nbgrader(f"{ex.grade_id}-answer", solution=True)
-        share = points(ex.name) / (2 if ex.hidden is not None else 1)
+        share = points(ex.label) / (2 if ex.hidden is not None else 1)
         cells[ex.check]["metadata"]["nbgrader"] = _nbgrader(
             f"{ex.grade_id}-check", grade=True, locked=True, points=share
         )

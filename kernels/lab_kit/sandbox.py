@@ -1,4 +1,4 @@
-"""Where a student's answers run (issue 43, item C): a worker that cannot reach the grades.
+"""Where a student's answers run: a worker that cannot reach the grades.
 
 For each student the grader makes a fresh temporary directory holding only a copy of that
 student's files (read into memory before any of their code runs). Each exercise's worker

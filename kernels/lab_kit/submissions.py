@@ -56,7 +56,8 @@ def explanation(nb: dict, plan, chapter=None) -> str:
 
 
 def chapter_of(path: Path, nb: dict, chapters: dict | None = None) -> int | None:
-    """The chapter a submitted notebook belongs to: from its nbgrader cell ids (``ex2_1-...``);
+    """The chapter a submitted notebook belongs to: from its nbgrader cell ids
+    (``ex2_ch2-grid-...``);
     else from the text of its locked cells (the exercise setup, the checks), which ``chapters``
     know; else from a two-digit number in its file name (``Copy of 03_flash_forward.ipynb``)."""
     cells = [c for c in nb.get("cells", []) if isinstance(c, dict)] if isinstance(nb, dict) else []
@@ -90,12 +91,11 @@ def feedback_page(student: str, chapter, results, path: Path) -> str:
     ]
     for r in results:
         verdict = "all checks pass" if all(r.passed) and not r.message else r.message
-        lines.append(f"- Exercise {r.name}: {r.score:g} / {r.max_score:g}. {verdict}")
+        name = f"Exercise {r.number} ({r.label})"
+        lines.append(f"- {name}: {r.score:g} / {r.max_score:g}. {verdict}")
         if r.explanation is not None:
             said = "graded by hand" if r.explanation else "no explanation written: 0 points"
-            lines.append(
-                f"- Exercise {r.name}, explanation: {said} ({notebook.EXPLAIN_POINTS:g} point)"
-            )
+            lines.append(f"- {name}, explanation: {said} ({notebook.EXPLAIN_POINTS:g} point)")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ folder that holds the book's package is not on it, and an import of ``kernels`` 
 not) fails: a finder placed first on ``sys.meta_path`` refuses it. The script loads four files
 by their paths, as modules of their own, never through the package (so ``kernels`` is not in
 ``sys.modules``): :mod:`.codec` (values as plain data), :mod:`.sandbox` (the isolation a worker
-enters), ``kernels/reduction_guard.py`` (exercise 2.2's guard, the check's own) and
+enters), ``kernels/reduction_guard.py`` (the guard of exercise ``ch2-rowmax``, the check's own) and
 ``kernels/env.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
 its fixes, as the notebooks have them; it holds no check and no answer).
 It then runs the import statements of the chapters' cells once (``LAB_PRELOAD``), so that no

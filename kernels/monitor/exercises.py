@@ -13,8 +13,8 @@ from ..checking import correct, fail, fresh_rng, need
 
 
 def check_slowdown_fn(fn, thorough: bool = False) -> None:
-    """Exercise 9.1: ``fn(off_ms, reading_ms, every)`` is the average slowdown of training in
-    percent when one step in ``every`` is a reading step (``reading_ms``) and the others
+    """Exercise ``ex-monitor-cost``: ``fn(off_ms, reading_ms, every)`` is the average slowdown of
+    training in percent when one step in ``every`` is a reading step (``reading_ms``) and the others
     cost what a step without the monitor costs (``off_ms``)."""
     need(fn, "slowdown", "a function (off_ms, reading_ms, every) -> percent")
     rng = fresh_rng()
@@ -46,8 +46,8 @@ def check_slowdown_fn(fn, thorough: bool = False) -> None:
 
 
 def check_first_ratio_step(fn, thorough: bool = False) -> None:
-    """Exercise 9.2: ``fn(steps, failing, control, ratio)`` is the first monitoring step at
-    which ``failing`` is more than ``ratio`` times ``control`` (NumPy arrays sampled at
+    """Exercise ``ex-monitor-ratio``: ``fn(steps, failing, control, ratio)`` is the first monitoring
+    step at which ``failing`` is more than ``ratio`` times ``control`` (NumPy arrays sampled at
     ``steps``), or None if it never is."""
     need(fn, "first_ratio_step", "a function (steps, failing, control, ratio) -> step")
     rng = fresh_rng()

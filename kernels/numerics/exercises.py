@@ -1,8 +1,8 @@
 """Chapter 1's worked example and the checks of its exercises (rules: :mod:`kernels.checking`).
 
-* Exercise 1.1 :func:`check_binade_count`  how many BF16 values one binade holds
-* Exercise 1.2 :func:`check_round_bits`    round an FP32 bit pattern to BF16 with integers
-* Exercise 1.3 :func:`check_rounds_away`   which of four sums round away from zero, and why
+* ``ex-bf16-count`` :func:`check_binade_count`: how many BF16 values one binade holds
+* ``ex-bf16-round-bits`` :func:`check_round_bits`: round an FP32 bit pattern to BF16 with integers
+* ``ex-bf16-which-up`` :func:`check_rounds_away`: which of four sums round away from zero, and why
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ PAPER_EXAMPLE = {
     "out_fmt": "bf16",
 }
 
-# Exercise 1.3: FP32 accumulator + BF16 value, rounded to BF16. Which round away from zero?
+# Exercise ``ex-bf16-which-up``: FP32 accumulator + BF16 value, rounded to BF16. Which
+# round away from zero?
 EXERCISE_SUMS = [
     (-2.40625, -2.296875),
     (-2.4071154594421387, -2.296875),
@@ -45,7 +46,7 @@ def _is_int(x) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 1.1
+# Exercise ``ex-bf16-count``: One binade
 # ----------------------------------------------------------------------------------------------
 def _binade_count(e: int) -> int:
     """How many BF16 values lie in [2^e, 2^(e+1)), counted over all 65,536 bit patterns."""
@@ -54,7 +55,8 @@ def _binade_count(e: int) -> int:
 
 
 def check_binade_count(answer) -> None:
-    """Exercise 1.1: the number of BF16 values in one binade [2^e, 2^(e+1)) of normal numbers.
+    """Exercise ``ex-bf16-count``: the number of BF16 values in one binade [2^e, 2^(e+1)) of normal
+    numbers.
 
     The check counts over all 65,536 BF16 patterns in a binade drawn at random (any normal one:
     the count must not depend on e)."""
@@ -78,7 +80,7 @@ def check_binade_count(answer) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 1.2
+# Exercise ``ex-bf16-round-bits``: Round to nearest even with integers
 # ----------------------------------------------------------------------------------------------
 _HALF = 0x8000  # the guard bit alone: exactly half a BF16 ulp below the kept bits
 
@@ -132,12 +134,12 @@ def _round_bits_expected(patterns: np.ndarray) -> np.ndarray:
 
 
 def check_round_bits(fn, thorough: bool = False) -> None:
-    """Exercise 1.2: ``fn(bits32: int) -> int`` rounds an FP32 bit pattern to the nearest BF16
-    pattern, ties to even. Fresh patterns of every kind: below, above and exactly at half an ulp,
-    carries into the exponent, subnormals, negatives. ``thorough`` (the grader's hidden test)
-    tries ten times as many."""
+    """Exercise ``ex-bf16-round-bits``: ``fn(bits32: int) -> int`` rounds an FP32 bit pattern to the
+    nearest BF16 pattern, ties to even. Fresh patterns of every kind: below, above and exactly at
+    half an ulp, carries into the exponent, subnormals, negatives. ``thorough`` (the grader's hidden
+    test) tries ten times as many."""
     need_function(fn, "round_bits_to_bf16")
-    forbid(fn, "1.2")
+    forbid(fn, "ex-bf16-round-bits")
     rng = fresh_rng()
     kinds = _patterns(rng, 400 if thorough else 40)
     for kind, patterns in kinds.items():
@@ -163,7 +165,7 @@ def check_round_bits(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 1.3
+# Exercise ``ex-bf16-which-up``: Which sums round away from zero?
 # ----------------------------------------------------------------------------------------------
 def _rounds_away_expected() -> set[int]:
     """Indices of :data:`EXERCISE_SUMS` whose BF16 sum grows in magnitude (traced exactly)."""
@@ -175,7 +177,8 @@ def _rounds_away_expected() -> set[int]:
 
 
 def check_rounds_away(answer) -> None:
-    """Exercise 1.3: the set of indices of :data:`EXERCISE_SUMS` that round away from zero.
+    """Exercise ``ex-bf16-which-up``: the set of indices of :data:`EXERCISE_SUMS` that round away
+    from zero.
 
     The check traces the four sums bit by bit. (The question is about these four sums, so its
     input is fixed; the reasoning is what the solution explains.)"""

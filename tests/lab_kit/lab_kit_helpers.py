@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import linecache
 import re
 
@@ -23,6 +24,17 @@ def chapter_exercises(number: str):
     nb = notebook.load(path)
     setup, found = notebook.exercises(nb, path)
     return path, nb, setup, found
+
+
+@functools.cache
+def labels() -> dict:
+    """Every exercise label of the book: the two-digit number of its chapter."""
+    return {ex.label: number for number in CHAPTERS for ex in chapter_exercises(number)[3]}
+
+
+def chapter_of_label(label: str) -> str:
+    """``"02"`` for ``"ch2-rowmax"``: the chapter whose exercise has that label."""
+    return labels()[label]
 
 
 def fresh_namespace(nb, setup, path) -> dict:

@@ -1,7 +1,7 @@
-"""Issue 43, item E: exercise 10.3's check is deterministic for grading. With fresh draws the
-right answer was rejected 4 times in 160 (a change that can move bits moved none in that draw);
-the check now uses seeded draws that separate the right answer from every wrong one, so the
-200 checks below give one verdict, on every run."""
+"""The check of exercise ``ch10-bits`` (Which changes move bits?) is deterministic for
+grading. With fresh draws the right answer was rejected 4 times in 160 (a change that can move
+bits moved none in that draw); the check now uses seeded draws that separate the right answer
+from every wrong one, so the 200 checks below give one verdict, on every run."""
 
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ import json
 import shutil
 
 import pytest
+from lab_kit_helpers import chapter_exercises, chapter_of_label
 
-from kernels.lab_kit import build, grade, grading, isolate
+from kernels.lab_kit import build, grade, grading, isolate, notebook
 from kernels.lab_kit.notebook import BEGIN_HIDDEN, BEGIN_SOLUTION
 
 pytest.importorskip("nbgrader")
@@ -108,8 +109,9 @@ def test_build_makes_blank_student_notebooks_and_keeps_the_checks(kit):
         ):
             assert gone not in text, f"{path.name} still holds {gone!r}"
         ids = {_nbgrader_id(c) for c in nb["cells"]}
-        number = int(path.name[:2])
-        assert {f"ex{number}_1-check", f"ex{number}_2-check", f"ex{number}_2-hidden"} <= ids
+        first, second = chapter_exercises(path.name[:2])[3][:2]
+        assert {f"{first.grade_id}-check", f"{second.grade_id}-check"} <= ids
+        assert f"{second.grade_id}-hidden" in ids
         assert "".join(nb["cells"][0]["source"]).startswith("**Lab version**")
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
     assert (kit / "course" / "gradebook.db").is_file()
@@ -156,8 +158,8 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
             ),
         )
     wrong = {
-        "ex1_1-answer": "n_per_binade = 2**7",  # right
-        "ex1_2-answer": "def round_bits_to_bf16(bits32):\n    return bits32 >> 16",
+        "ex1_ex-bf16-count-answer": "n_per_binade = 2**7",  # right
+        "ex1_ex-bf16-round-bits-answer": "def round_bits_to_bf16(bits32):\n    return bits32 >> 16",
     }
     _write(
         subs / "truncates",
@@ -175,25 +177,27 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
     _write(
         subs / "deletes",
         "01.ipynb",
-        _submission(kit, RELEASES[0], solutions, lambda c: _nbgrader_id(c) != "ex1_3-answer"),
+        _submission(
+            kit, RELEASES[0], solutions, lambda c: _nbgrader_id(c) != "ex1_ex-bf16-which-up-answer"
+        ),
     )
     cheats = {
-        "ex1_2-answer": PATCH_FAIL,
-        "ex2_1-answer": PATCH_CHECK,
-        "ex2_2-answer": ROW_MAX_WITH_TORCH,
-        "ex3_1-answer": STUB,
-        "ex8_2-answer": SCIPY,
+        "ex1_ex-bf16-round-bits-answer": PATCH_FAIL,
+        "ex2_ch2-grid-answer": PATCH_CHECK,
+        "ex2_ch2-rowmax-answer": ROW_MAX_WITH_TORCH,
+        "ex3_ch3-merge-answer": STUB,
+        "ex8_ex-golden-w1-answer": SCIPY,
     }
     cheats_too = {
-        "ex1_2-answer": ML_DTYPES,
-        "ex2_1-answer": PRIVATE,
-        "ex3_2-answer": PACKAGE,
-        "ex3_3-answer": KEY_TILES_PRIVATE,
+        "ex1_ex-bf16-round-bits-answer": ML_DTYPES,
+        "ex2_ch2-grid-answer": PRIVATE,
+        "ex3_ch3-bytes-answer": PACKAGE,
+        "ex3_ch3-causal-tiles-answer": KEY_TILES_PRIVATE,
     }
     _write(
         subs / "honest",
         "03.ipynb",
-        _submission(kit, RELEASES[2], {**solutions, "ex3_3-answer": CHAPTER_IMPORT}),
+        _submission(kit, RELEASES[2], {**solutions, "ex3_ch3-causal-tiles-answer": CHAPTER_IMPORT}),
     )
     for rel in RELEASES:
         _write(subs / "cheat", rel.split("/")[1], _submission(kit, rel, cheats))
@@ -215,46 +219,52 @@ def test_grading_honest_cheating_and_tampering_students(kit, solutions, tmp_path
         assert scores[("reference", chapter)] == full
         assert scores[("tamper", chapter)] == full  # checks and tests restored
         assert scores[("blank", chapter)] == 0.0
-    assert scores[("truncates", "ch01")] == 1.0  # 1.1 right; 1.2 wrong
+    assert scores[("truncates", "ch01")] == 1.0  # ex-bf16-count right; ex-bf16-round-bits wrong
     assert scores[("honest", "ch03")] == FULL["ch03"]
     for chapter in ("ch01", "ch02", "ch03"):
         assert scores[("stripped", chapter)] == FULL[chapter]
-    assert scores[("deletes", "ch01")] == FULL["ch01"] - grading.points("1.3")
+    assert scores[("deletes", "ch01")] == FULL["ch01"] - grading.points("ex-bf16-which-up")
     with open(kit / "exercises.csv") as f:
         per = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
-    assert "answer cell is missing" in per[("deletes", "1.3")]["message"]
+    assert "answer cell is missing" in per[("deletes", "ex-bf16-which-up")]["message"]
     for student, answers in (("cheat", cheats), ("cheat2", cheats_too)):
         for grade_id in answers:
-            name = grade_id[2 : grade_id.index("-")].replace("_", ".")
+            name = notebook.label_of(grade_id[: -len("-answer")])
             assert float(per[(student, name)]["score"]) == 0.0, (student, name)
-    # every other exercise of the cheating students is blank: the stub in 3.1 gave 3.2 nothing
+    # every other exercise of the cheating students is blank: the stub in ch3-merge gave
+    # ch3-bytes nothing
     assert scores[("cheat", "ch03")] == 0.0 and scores[("cheat", "ch01")] == 0.0
-    assert "`import ml_dtypes`" in per[("cheat2", "1.2")]["message"]
-    assert "`torch.aminmax`" in per[("cheat", "2.2")]["message"]
-    assert "`import scipy.stats`" in per[("cheat", "8.2")]["message"]
-    assert "`ex._launch_grid_expected`" in per[("cheat2", "2.1")]["message"]
-    assert "`tiling`" in per[("cheat2", "3.2")]["message"]
+    assert "`import ml_dtypes`" in per[("cheat2", "ex-bf16-round-bits")]["message"]
+    assert "`torch.aminmax`" in per[("cheat", "ch2-rowmax")]["message"]
+    assert "`import scipy.stats`" in per[("cheat", "ex-golden-w1")]["message"]
+    assert "`ex._launch_grid_expected`" in per[("cheat2", "ch2-grid")]["message"]
+    assert "`tiling`" in per[("cheat2", "ch3-bytes")]["message"]
     with open(kit / "grades.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     with open(kit / "explanations.csv") as f:
         said = {(r["student"], r["exercise"]): r["explanation"] for r in csv.DictReader(f)}
-    assert {e for s, e in said if s == "reference"} == {"1.1", "1.3", "8.1"}
-    assert all(said[("reference", e)] for e in ("1.1", "1.3", "8.1"))
-    assert not any(said[("blank", e)] for e in ("1.1", "1.3", "8.1"))
-    assert said[("stripped", "1.3")] == said[("reference", "1.3")]  # found by position
+    explained = {"ex-bf16-count", "ex-bf16-which-up", "ex-golden-growths"}
+    assert {e for s, e in said if s == "reference"} == explained
+    assert all(said[("reference", e)] for e in explained)
+    assert not any(said[("blank", e)] for e in explained)
+    which_up = "ex-bf16-which-up"
+    assert said[("stripped", which_up)] == said[("reference", which_up)]  # found by position
+    with open(kit / "exercises.csv") as f:  # the label is the key; the number is shown beside
+        numbers = {r["exercise"]: r["number"] for r in csv.DictReader(f)}
+    assert numbers["ex-bf16-count"] == "1.1" and numbers["ch2-rowmax"] == "2.2"
     assert "graded by hand" in (kit / "feedback" / "reference" / "ch01.md").read_text()
     feedback = (kit / "feedback" / "cheat" / "ch02.md").read_text()
-    assert "Exercise 2.2: 0 / 5" in feedback and "torch.aminmax" in feedback
+    assert "Exercise 2.2 (ch2-rowmax): 0 / 5" in feedback and "torch.aminmax" in feedback
     shutil.rmtree(subs)
 
 
 @pytest.mark.parametrize(
     "grade_id, source",
     [
-        ("ex1_2-answer", PATCH_FAIL),
-        ("ex2_1-answer", PATCH_CHECK),
-        ("ex3_1-answer", STUB),
-        ("ex1_2-answer", ML_DTYPES),
+        ("ex1_ex-bf16-round-bits-answer", PATCH_FAIL),
+        ("ex2_ch2-grid-answer", PATCH_CHECK),
+        ("ex3_ch3-merge-answer", STUB),
+        ("ex1_ex-bf16-round-bits-answer", ML_DTYPES),
     ],
     ids=["patch fail", "patch check", "stub ex", "ml_dtypes"],
 )
@@ -278,19 +288,21 @@ def test_an_answer_that_breaks_the_exchange_scores_zero_and_grading_goes_on(kit)
     chapter = grading.Chapter.load(
         kit / "course" / "source" / rel, kit / "course" / "release" / rel
     )
-    plans = {p.name: p for p in chapter.plans}
-    huge = grading.grade_exercise(chapter, plans["1.1"], "n_per_binade = 10**5000", scanning=False)
+    plans = {p.label: p for p in chapter.plans}
+    huge = grading.grade_exercise(
+        chapter, plans["ex-bf16-count"], "n_per_binade = 10**5000", scanning=False
+    )
     assert huge.score == 0.0 and huge.message
     ends = grading.grade_exercise(
         chapter,
-        plans["1.2"],
+        plans["ex-bf16-round-bits"],
         "import os\ndef round_bits_to_bf16(bits32):\n    os._exit(3)",
         scanning=False,
     )
     assert ends.score == 0.0 and "ended the answer's process" in ends.message
     # a reply over the size cap (a 2.3 GB return in the review) is refused, not decoded
     big = f"import numpy as np\nn_per_binade = np.zeros({(isolate.REPLY_MB << 17) + 1})"
-    large = grading.grade_exercise(chapter, plans["1.1"], big, scanning=False)
+    large = grading.grade_exercise(chapter, plans["ex-bf16-count"], big, scanning=False)
     assert large.score == 0.0 and "MiB of data" in large.message, large
 
 
@@ -356,23 +368,24 @@ def test_the_row_maximum_traps_work_across_processes(kit, extra, other, points):
 
 
 def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutions, tmp_path):
-    """Issue 43's reach-arounds, with the scan switched off: the worker never imported the book
+    """The review's reach-arounds, with the scan switched off: the worker never imported the book
     and cannot (pkgutil, pydoc and a walk up the stack find no reference), and where the machine
     allows it, the autograder's solutions are not on any path it can read."""
     from kernels.lab_kit import batch, sandbox
 
     source = kit / "course" / "source" / RELEASES[2]
     reach = {
-        "ex2_1-answer": "from pydoc import locate\n"
+        "ex2_ch2-grid-answer": "from pydoc import locate\n"
         "launch_grid = locate('kernels.triton_exercises._launch_grid_expected')",
-        "ex3_3-answer": "import pkgutil\n"
+        "ex3_ch3-causal-tiles-answer": "import pkgutil\n"
         "key_tiles = pkgutil.resolve_name('kernels.attention.exercises:_key_tiles_expected')",
-        "ex3_1-answer": "import sys\ndef merge(*args):\n    f = sys._getframe()\n"
+        "ex3_ch3-merge-answer": "import sys\ndef merge(*args):\n    f = sys._getframe()\n"
         "    while f is not None:\n        if '_merge_expected' in f.f_globals:\n"
         "            return f.f_globals['_merge_expected'](*args)\n        f = f.f_back\n",
-        "ex3_2-answer": "import json\n"
+        "ex3_ch3-bytes-answer": "import json\n"
         f"cells = json.load(open({str(source)!r}))['cells']\n"
-        "code = [''.join(c['source']) for c in cells if 'ex3_2-answer' in str(c['metadata'])]\n"
+        "code = [''.join(c['source']) for c in cells\n"
+        "        if 'ex3_ch3-bytes-answer' in str(c['metadata'])]\n"
         "exec(code[0])",
     }
     subs = tmp_path / "class"
@@ -380,14 +393,15 @@ def test_without_the_scan_reaching_for_the_references_finds_nothing(kit, solutio
         _write(subs / "reacher", rel.split("/")[1], _submission(kit, rel, reach))
     # the file holds the solution: an answer that could read it would score full marks
     cells = json.loads(source.read_text())["cells"]
-    assert "".join(solutions["ex3_2-answer"]) in ["".join(c["source"]) for c in cells]
+    assert "".join(solutions["ex3_ch3-bytes-answer"]) in ["".join(c["source"]) for c in cells]
     batch.grade(subs, kit, quiet=True, scanning=False)
     with open(kit / "exercises.csv") as f:
         per = {r["exercise"]: r for r in csv.DictReader(f) if r["student"] == "reacher"}
-    for name in ("2.1", "3.3", "3.1"):
+    for name in ("ch2-grid", "ch3-causal-tiles", "ch3-merge"):
         assert float(per[name]["score"]) == 0.0, per[name]
     hidden = sandbox.capabilities()[2]
-    assert float(per["3.2"]["score"]) == (0.0 if hidden else grading.points("3.2")), per["3.2"]
+    bytes_row = per["ch3-bytes"]
+    assert float(bytes_row["score"]) == (0.0 if hidden else grading.points("ch3-bytes")), bytes_row
     shutil.rmtree(subs)
 
 
@@ -400,17 +414,17 @@ def test_the_reviews_cheats_score_zero_when_graded_and_the_rest_scores_full(
     from test_lab_cheats import CHEATS
 
     wanted = {
-        "1.2": "ml_dtypes from the chapter's cells",
-        "2.1": "pydoc.locate",
-        "2.2": "MaxPool1d",
-        "3.1": "match class pattern on __globals__",
-        "3.3": "stack walk: logging",
-        "8.2": "SciPy from the chapter's cells",
+        "ex-bf16-round-bits": "ml_dtypes from the chapter's cells",
+        "ch2-grid": "pydoc.locate",
+        "ch2-rowmax": "MaxPool1d",
+        "ch3-merge": "match class pattern on __globals__",
+        "ch3-causal-tiles": "stack walk: logging",
+        "ex-golden-w1": "SciPy from the chapter's cells",
     }
     rows = {label: (ex, source, named) for label, ex, source, named in CHEATS}
     answers = dict(solutions)
     for name, label in wanted.items():  # a row of another exercise is refused here too
-        answers[f"ex{name.replace('.', '_')}-answer"] = rows[label][1]
+        answers[f"ex{int(chapter_of_label(name))}_{name}-answer"] = rows[label][1]
     subs = tmp_path / "class"
     for rel in RELEASES:
         _write(subs / "mallory", rel.split("/")[1], _submission(kit, rel, answers))

@@ -1,4 +1,4 @@
-"""Issue 43, item A: honest habits are scored right. An answer that opens with the imports a
+"""Honest habits are scored right. An answer that opens with the imports a
 student types out of habit (``import torch``, ``import numpy as np``, ``import math``), and
 uses Python's ``max`` for a block size, scores full marks (the book's 54 autograded points,
 every chapter); the calls that do an exercise's work are still refused."""
@@ -30,7 +30,7 @@ SETUP = {
 
 def habits(grade_id: str, text: str) -> str:
     """A solution as a student with habits writes it: imports on top, ``max`` where natural."""
-    if grade_id.startswith("ex2_2"):
+    if notebook.label_of(grade_id).startswith("ch2-rowmax"):
         text = text.replace(
             "BLOCK=triton.next_power_of_2(x.shape[1])",
             "BLOCK=max(16, triton.next_power_of_2(x.shape[1]))",
@@ -44,22 +44,42 @@ def test_every_solution_written_with_habits_passes_the_graders_scan(number):
     path, nb, _, found = chapter_exercises(number)
     for ex in found:
         text = habits(ex.grade_id, notebook.source(nb["cells"][ex.answer]))
-        scan(text, ex.name, SETUP)
+        scan(text, ex.label, SETUP)
 
 
 @pytest.mark.parametrize(
     "exercise, source, named",
     [
-        ("1.2", "import numpy as np\ndef f(b):\n    return int(np.float32(b))", "import numpy"),
-        ("1.2", "import numpy as xx\ndef f(b):\n    return int(xx.float32(b))", "import numpy"),
-        ("2.2", "def row_max(x):\n    return torch.tensor([max(r) for r in x.tolist()])", "max"),
-        ("2.2", "def row_max(x):\n    return max(*x)", "max"),
-        ("2.2", "from functools import reduce\nrow_max = reduce", "import functools"),
-        ("2.2", "m = max\nrow_max = m", "max"),
-        ("3.1", "import numpy as torch\nmerge = None", "import ... as torch"),
-        ("3.1", "import math as np\nmerge = None", "import ... as np"),
-        ("8.2", "import torch\ndef w1(a, b):\n    return torch.cdist(a, b)", "import torch"),
-        ("8.2", "from scipy.stats import wasserstein_distance as w\nw1 = w", "import scipy"),
+        (
+            "ex-bf16-round-bits",
+            "import numpy as np\ndef f(b):\n    return int(np.float32(b))",
+            "import numpy",
+        ),
+        (
+            "ex-bf16-round-bits",
+            "import numpy as xx\ndef f(b):\n    return int(xx.float32(b))",
+            "import numpy",
+        ),
+        (
+            "ch2-rowmax",
+            "def row_max(x):\n    return torch.tensor([max(r) for r in x.tolist()])",
+            "max",
+        ),
+        ("ch2-rowmax", "def row_max(x):\n    return max(*x)", "max"),
+        ("ch2-rowmax", "from functools import reduce\nrow_max = reduce", "import functools"),
+        ("ch2-rowmax", "m = max\nrow_max = m", "max"),
+        ("ch3-merge", "import numpy as torch\nmerge = None", "import ... as torch"),
+        ("ch3-merge", "import math as np\nmerge = None", "import ... as np"),
+        (
+            "ex-golden-w1",
+            "import torch\ndef w1(a, b):\n    return torch.cdist(a, b)",
+            "import torch",
+        ),
+        (
+            "ex-golden-w1",
+            "from scipy.stats import wasserstein_distance as w\nw1 = w",
+            "import scipy",
+        ),
     ],
 )
 def test_the_calls_that_do_the_work_are_still_refused(exercise, source, named):

@@ -30,7 +30,7 @@ def test_every_chapter_ends_with_two_to_four_exercises(number):
     # an exercise answered with a value, not a function, asks for an explanation too
     for ex, answer in zip(found, answers):
         if "def " not in answer:
-            assert ex.explain is not None, f"{path.name}: exercise {ex.name} has no explain cell"
+            assert ex.explain is not None, f"{path.name}: exercise {ex.label} has no explain cell"
             assert "remove-cell" in notebook.tags(nb["cells"][ex.explain])
     # everything after the exercises' setup belongs to the exercise section: no stray cells
     last = max(
@@ -46,7 +46,7 @@ def test_blank_answer_cells_still_compile(number):
     for ex in found:
         blank = notebook.clear_solution(notebook.source(nb["cells"][ex.answer]))
         assert "BEGIN SOLUTION" not in blank and "# your code here" in blank
-        compile(blank, f"<{path.name} {ex.name} blank>", "exec")
+        compile(blank, f"<{path.name} {ex.label} blank>", "exec")
 
 
 def test_student_source_numbers_exercises_and_derives_nbgrader_metadata():
@@ -66,10 +66,10 @@ def test_student_source_numbers_exercises_and_derives_nbgrader_metadata():
         for c in cells
         if "nbgrader" in c["metadata"]
     }
-    assert meta["ex2_1-answer"]["solution"] and not meta["ex2_1-answer"]["grade"]
-    assert meta["ex2_1-check"]["grade"] and meta["ex2_1-check"]["points"] == 1
-    assert meta["ex2_2-hidden"]["grade"] and meta["exercise-setup"]["locked"]
-    assert meta["ex2_1-check"]["points"] + meta["ex2_1-hidden"]["points"] == 2
+    assert meta["ex2_ch2-grid-answer"]["solution"] and not meta["ex2_ch2-grid-answer"]["grade"]
+    assert meta["ex2_ch2-grid-check"]["grade"] and meta["ex2_ch2-grid-check"]["points"] == 1
+    assert meta["ex2_ch2-rowmax-hidden"]["grade"] and meta["exercise-setup"]["locked"]
+    assert meta["ex2_ch2-grid-check"]["points"] + meta["ex2_ch2-grid-hidden"]["points"] == 2
     # the book's notebook itself is untouched
     assert notebook.load(path) == nb
 

@@ -1,6 +1,6 @@
-"""Issue 43, items B and C, on chapter 1: a class graded as a reviewer graded it. Broken and
-oddly filed notebooks, duplicates, wrong notebooks and late batches (B); answers that reach for
-the grades, their later notebooks, the autograder, the workers, the clock or the memory (C)."""
+"""On chapter 1: a class graded as a reviewer graded it. Broken and oddly filed notebooks,
+duplicates, wrong notebooks and late batches; answers that reach for the grades, their later
+notebooks, the autograder, the workers, the clock or the memory."""
 
 from __future__ import annotations
 
@@ -120,11 +120,11 @@ n_per_binade = 2**7
 """
     hog = "blob = bytearray(64 << 30)\nn_per_binade = 2**7"
     stop = "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nn_per_binade = 2**7"
-    _put(subs / "mallory" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": attack}))
+    _put(subs / "mallory" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": attack}))
     _put(later, _nb(kit, solved=False))
     _put(subs / "nina" / "01_bf16_bits.ipynb", _nb(kit))  # honest, after mallory
-    _put(subs / "oscar" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": hog}))
-    _put(subs / "paula" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_1-answer": stop}))
+    _put(subs / "oscar" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": hog}))
+    _put(subs / "paula" / "01_bf16_bits.ipynb", _nb(kit, {"ex1_ex-bf16-count-answer": stop}))
     before = {p: open(p, "rb").read() for p in (later, source)}
     monkeypatch.setattr(isolate, "START_TIMEOUT", 8.0)
     started = time.monotonic()
@@ -135,10 +135,10 @@ n_per_binade = 2**7
     assert not (kit / "backdoor.py").exists()
     scores = {r["student"]: r["score"] for r in rows}
     assert scores["nina"] == 6.0  # the killed server cost the honest student nothing
-    assert scores["oscar"] == 5.0 and scores["paula"] == 5.0  # 1.1 alone lost
+    assert scores["oscar"] == 5.0 and scores["paula"] == 5.0  # ex-bf16-count alone lost
     by = {r["student"]: r for r in _rows(out_csv)}
     assert set(by) >= {"mallory", "nina", "oscar", "paula"} and "1000" not in out_csv.read_text()
     assert by["nina"]["isolation"].startswith("worker:")
     msg = {(r["student"], r["exercise"]): r["message"] for r in _rows(kit / "exercises.csv")}
-    assert "time budget" in msg[("paula", "1.1")]
-    assert "MemoryError" in msg[("oscar", "1.1")]
+    assert "time budget" in msg[("paula", "ex-bf16-count")]
+    assert "MemoryError" in msg[("oscar", "ex-bf16-count")]

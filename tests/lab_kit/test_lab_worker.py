@@ -1,5 +1,5 @@
-"""Issue 43: answers run in a process that has never imported the book and cannot, and (where
-the machine allows it) cannot see the book, the autograder or the submissions on disk."""
+"""Answers run in a process that has never imported the book and cannot, and (where the
+machine allows it) cannot see the book, the autograder or the submissions on disk."""
 
 from __future__ import annotations
 
