@@ -8,7 +8,7 @@ that there are at most five and no import cycle between files):
 
 1. :mod:`kernels.checking` the rules every exercise check follows; :mod:`kernels.tools` book
    tooling (setup cells, showing source, figure style); :mod:`kernels.triton_intro` chapter 2's
-   first kernels; :mod:`kernels.reduction_guard` exercise 2.2's guard (the grader's
+   first kernels; :mod:`kernels.reduction_guard` the guard of exercise ch2-rowmax (the grader's
    worker loads the same file)
 2. :mod:`kernels.env` where we run (and seeding); :mod:`kernels.numerics` formats, rounding
    (NumPy, torch, Triton), statistics
