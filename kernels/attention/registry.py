@@ -19,6 +19,11 @@ Kinds:
                ``fa1``): named here, run by the module :attr:`Implementation.home` names (the
                lab's ``run_case``, chapter 8's ``run_in_format``)
 
+This is the one dispatcher: :func:`runner` (and :func:`run`) for every kind but ``model``,
+:func:`emulator_runner` for the emulator's whole result (O with each row's m, ℓ and ties, which
+the lab reads), :func:`parse` / :func:`split` for a name with its rule. The experiments' own
+entry points (``run_case``, ``run_in_format``) run their models and hand every other name here.
+
 :data:`GROUPS` lists which implementations each experiment compares.
 """
 
