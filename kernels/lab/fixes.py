@@ -41,7 +41,7 @@ class Fix:
 # the kernels' δ sources and the lab's own: δ from O_hi + O_lo, two bf16 halves of the fp32 O
 LAB_DELTA_SOURCES = DELTA_SOURCES + ("o_hilo",)
 # the sources that fix δ: every one but the stored bf16 O
-DELTA_FIXES = tuple(source for source in LAB_DELTA_SOURCES if source != "o")
+FIXED_DELTA_SOURCES = tuple(source for source in LAB_DELTA_SOURCES if source != "o")
 CAP = 20.0  # e^-20 ≈ 2e-9: the tied P̄ is far from 1 and far from underflow
 FIXES = {
     "none": Fix("FA2, no fix", {}),
