@@ -40,6 +40,8 @@ __all__ = [
     "KERNEL_STABLE",
     "KERNEL_STABLE_MODES",
     "OFFSET_RULES",
+    "TIE_RULES",
+    "STABLE_OFF_ON",
     "DELTA_SOURCES",
     "STABLE_OFF",
     "STABLE_TILE",
@@ -62,6 +64,10 @@ STABLE_OFF, STABLE_TILE, STABLE_CROSS = 0, 1, 2
 KERNEL_STABLE = {"off": STABLE_OFF, "tile": STABLE_TILE, "cross": STABLE_CROSS}
 KERNEL_STABLE_MODES = tuple(KERNEL_STABLE)  # the rules the Triton kernels compute
 OFFSET_RULES = tuple(mode for mode in KERNEL_STABLE_MODES if mode != "off")  # they move m
+# the rules that look for tied maxima (β > 1 and ε act on them); "offset" shifts m blindly
+TIE_RULES = tuple(mode for mode in STABLE_MODES if mode not in ("off", "offset"))
+# the rule off, and the rule stable=True turns on: the pair most checks compare
+STABLE_OFF_ON = ("off", "cross")
 # where the backward pass takes δ = rowsum(dO ∘ O) from
 DELTA_SOURCES = ("o", "dp", "o_fp32")
 ACC_ROUNDINGS = ("rne", "sr")
@@ -158,7 +164,7 @@ class AttentionOptions:
         fix("beta", _number("beta", self.beta))
         fix("eps", _number("eps", self.eps))
         fix("offset", _number("offset", self.offset))
-        if self.stable not in ("off", "offset") and not self.beta > 1:
+        if self.stable in TIE_RULES and not self.beta > 1:
             raise ValueError(
                 f"beta must be > 1 (got {self.beta:g}): with beta <= 1 the tied maxima keep P̄ = 1"
             )

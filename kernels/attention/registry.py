@@ -19,6 +19,11 @@ Kinds:
                ``fa1``): named here, run by the module :attr:`Implementation.home` names (the
                lab's ``run_case``, chapter 8's ``run_in_format``)
 
+This is the one dispatcher: :func:`runner` (and :func:`run`) for every kind but ``model``,
+:func:`emulator_runner` for the emulator's whole result (O with each row's m, ℓ and ties, which
+the lab reads), :func:`parse` / :func:`split` for a name with its rule. The experiments' own
+entry points (``run_case``, ``run_in_format``) run their models and hand every other name here.
+
 :data:`GROUPS` lists which implementations each experiment compares.
 """
 
@@ -149,6 +154,12 @@ def parse(name: str) -> tuple[Implementation, str]:
     return REGISTRY[base], stable
 
 
+def split(name: str) -> tuple[str, str]:
+    """``"fa2/cross"`` -> ``("fa2", "cross")``: :func:`parse` as two names (aliases resolved)."""
+    impl, stable = parse(name)
+    return impl.name, stable
+
+
 def get(name: str) -> Implementation:
     return parse(name)[0]
 
@@ -220,14 +231,10 @@ def runner(name: str, opts: AttentionOptions | None = None, **options):
             return flash_attention(q, k, v, book, explicit=explicit)
 
     elif impl.kind == "emulator":
-        from . import emulator
-
-        numerics, _, untiled = impl.name.partition("-")
-        emulated = opts.replace(numerics=numerics, **({"stable": stable} if "/" in name else {}))
+        forward = emulator_runner(name, opts)
 
         def attn(q, k, v):
-            use = emulated.replace(block_n=k.shape[-2]) if untiled else emulated
-            return emulator.flash_forward(q, k, v, use).out
+            return forward(q, k, v).out
 
     elif impl.kind == "reference":
         from .reference import attention_fp64, standard_attention
@@ -242,6 +249,33 @@ def runner(name: str, opts: AttentionOptions | None = None, **options):
         raise ValueError(f"{name} is a model of its experiment: run it with {_RUNS[impl.home]}")
     attn.__name__ = impl.name
     return attn
+
+
+def emulator_runner(name: str, opts: AttentionOptions | None = None, **options):
+    """Emulator implementation ``name`` (``fa2``, ``paper``, their ``-untiled`` forms, with an
+    offset rule after a slash) as ``forward(q, k, v, low=torch.bfloat16)``, which returns the
+    emulator's whole :class:`~kernels.attention.emulator.ForwardResult` (O, and each row's final
+    m, ℓ and whether its rule saw ties). ``opts`` and keywords as in :func:`runner`."""
+    from . import emulator
+
+    impl, stable = parse(name)
+    if impl.kind != "emulator":
+        raise ValueError(f"{name} is not run by the emulator; one of {group_of_kind('emulator')}")
+    opts = AttentionOptions(**options) if opts is None else opts.replace(**options)
+    numerics, _, untiled = impl.name.partition("-")
+    emulated = opts.replace(numerics=numerics, **({"stable": stable} if "/" in name else {}))
+
+    def forward(q, k, v, low=torch.bfloat16):
+        use = emulated.replace(block_n=k.shape[-2]) if untiled else emulated
+        return emulator.flash_forward(q, k, v, use, low=low)
+
+    forward.__name__ = impl.name
+    return forward
+
+
+def group_of_kind(kind: str) -> tuple[str, ...]:
+    """The names of every implementation of one ``kind`` ("sdpa", "book", "emulator", ...)."""
+    return tuple(impl.name for impl in _ALL if impl.kind == kind)
 
 
 def run(name: str, q, k, v, opts: AttentionOptions | None = None, **options):

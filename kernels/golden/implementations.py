@@ -17,10 +17,10 @@ does when it computes a bf16 op in fp32 and rounds the result once).
     path that upcasts; within fp32 rounding of the ideal rnd(O_exact))
 ``fa2``
     FlashAttention-2 with fp32 accumulation: the book's Triton kernel, through its
-    emulator (:mod:`kernels.attention.emulator`, ``numerics="fa2"``)
+    emulator (:mod:`kernels.attention.emulator`, ``numerics="fa2"``), run by the registry
 ``paper``
     FlashAttention-2 with every tensor held in the format (Qiu & Yao's released PyTorch
-    code): the emulator with ``numerics="paper"``
+    code): the emulator with ``numerics="paper"``, run by the registry
 ``fa1``
     FlashAttention (Dao et al. 2022, Algorithm 1) re-implemented with every tensor held
     in the format, as Golden et al. describe their microbenchmark: the output of a row
@@ -35,12 +35,12 @@ rounded once to the format, the best any stored output can be.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
 
 from ..attention import emulator, registry
-from ..attention.options import AttentionOptions
 from ..attention.reference import attention_fp64, default_scale
 from ..numerics.rounding import round_to_dtype, work_dtype
 
@@ -112,20 +112,6 @@ def baseline_fp32(q, k, v, low=torch.bfloat16, scale=None, **_) -> torch.Tensor:
     return round_to_dtype(torch.softmax(s, dim=-1) @ v, low)
 
 
-def _emulated(numerics):
-    def run(q, k, v, low=torch.bfloat16, scale=None, block_n=64, **_):
-        opts = AttentionOptions(numerics=numerics, scale=scale, block_n=block_n)
-        return emulator.flash_forward(q, k, v, opts, low=low).out.to(work_dtype(low))
-
-    run.__name__ = numerics
-    run.__doc__ = f"The emulator with numerics={numerics!r}, key tiles of ``block_n``."
-    return run
-
-
-fa2 = _emulated("fa2")
-paper = _emulated("paper")
-
-
 def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_counts=False):
     """FlashAttention's Algorithm 1 with every tensor held in ``low``.
 
@@ -175,21 +161,26 @@ def fa1(q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64, with_
     return (out, grew) if with_counts else out
 
 
-RUNNERS = {
-    "baseline": baseline,
-    "baseline_fp32": baseline_fp32,
-    "fa2": fa2,
-    "paper": paper,
-    "fa1": fa1,
-}
+# the models this module computes itself; fa2 and paper are the registry's emulator entries
+MODELS = {"baseline": baseline, "baseline_fp32": baseline_fp32, "fa1": fa1}
 
 
 def run_in_format(impl: str, q, k, v, low=torch.bfloat16, scale=None, block_m=None, block_n=64):
-    """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype."""
-    if impl not in RUNNERS:
+    """O of one implementation (a name in :data:`IMPLEMENTATIONS`), working dtype: the
+    emulator's through the registry (:func:`kernels.attention.registry.emulator_runner`), the
+    rest by :data:`MODELS`."""
+    if impl not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     low = format_dtype(low)
-    return RUNNERS[impl](q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n)
+    if impl in MODELS:
+        return MODELS[impl](q, k, v, low=low, scale=scale, block_m=block_m, block_n=block_n)
+    forward = registry.emulator_runner(impl, scale=scale, block_n=block_n)
+    return forward(q, k, v, low=low).out.to(work_dtype(low))
+
+
+# each implementation as ``fn(q, k, v, low, scale, block_m=None, block_n=64)``: a view of
+# :func:`run_in_format`, which the microbenchmark runs one head at a time
+RUNNERS = {name: functools.partial(run_in_format, name) for name in IMPLEMENTATIONS}
 
 
 class OffsetCounter:

@@ -249,7 +249,7 @@ def seqlen_sweep(
         outs = outputs(inputs, fmt, ("baseline", *flash), block_n, extra=extra)
         gold, base = outs["golden"], outs["baseline"]
         with impl.count_offset_changes() as counter:
-            per_head(impl.fa2, inputs, low, inputs.scale, block_n=block_n)
+            per_head(impl.RUNNERS["fa2"], inputs, low, inputs.scale, block_n=block_n)
         grew = counter.total().to(torch.float64)
         tiles = math.ceil(n / block_n)
         for name, out in outs.items():

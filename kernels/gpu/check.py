@@ -32,6 +32,7 @@ import torch
 from kernels import results, timing
 from kernels.attention import flash_attention, tune_every_bucket
 from kernels.attention.flash_fwd import flash_forward
+from kernels.attention.options import DELTA_SOURCES
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
 from kernels.attention.registry import FLASH_BENCH, runner
 from kernels.env import REPO_ROOT
@@ -220,7 +221,7 @@ def explicit_vs_native(n=1024, batch=2, heads=4):
         sdpa_grads = torch.autograd.grad(
             runner("sdpa-flash", causal=True)(*sdpa_in), sdpa_in, grad_out
         )
-        for source in ("o", "dp", "o_fp32"):
+        for source in DELTA_SOURCES:
             grads = {}
             for explicit in (False, True):
                 leaves = [t.clone().requires_grad_() for t in (q, k, v)]

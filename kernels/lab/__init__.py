@@ -44,7 +44,6 @@ from .implementations import (
     IMPLEMENTATIONS,
     fa2_fused_accumulation,
     measure,
-    parse_impl,
     run_case,
 )
 from .sweep import (

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..attention import emulator
-from ..attention.options import STABLE_MODES
+from ..attention.options import STABLE_MODES, TIE_RULES
 from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import bias_summary
 from .cases import (
@@ -238,7 +238,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
             )
         several_ones = (p_bar == 1.0).sum(-1) > 1
         counts["rows with ≥ 2 entries P̄ = 1"] = int(several_ones.sum())
-        if stable in ("tile", "cross", "always") and several_ones.any():
+        if stable in TIE_RULES and several_ones.any():
             why = []
             if stable == "tile":
                 why.append("ties split across tiles are invisible to the per-tile rule")
@@ -251,7 +251,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
                 f"after the offset rule; possible reasons: {'; '.join(why)}."
             )
         zero_rm = (exact_ties > 1) & (s.amax(-1) == 0)
-        if stable in ("tile", "cross", "always") and zero_rm.any():
+        if stable in TIE_RULES and zero_rm.any():
             messages.append(
                 f"{int(zero_rm.sum())} rows have a tied maximum of exactly 0: "
                 "the rule has no branch for rm = 0, so m = rm and P̄ = 1 stays."
@@ -267,7 +267,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
         messages.append("some V values overflow bf16 (|V| > 3.39e38) and are ±inf already.")
     if not torch.isfinite(o_hp).all():
         messages.append("the fp64 reference itself is not finite for some rows (inf V).")
-    if stable in ("tile", "cross", "always") and not (beta > 1):
+    if stable in TIE_RULES and not (beta > 1):
         messages.append(f"β = {beta} must be > 1.")
     return counts, messages
 

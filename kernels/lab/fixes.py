@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..attention import emulator
-from ..attention.options import AttentionOptions
+from ..attention.options import DELTA_SOURCES, AttentionOptions
 from ..numerics.rounding import error_in_ulps, round_to_dtype
 from ..numerics.stats import mean_ci
 from .cases import Built, Case, build, reference
@@ -38,6 +38,10 @@ class Fix:
     note: str = ""
 
 
+# the kernels' δ sources and the lab's own: δ from O_hi + O_lo, two bf16 halves of the fp32 O
+LAB_DELTA_SOURCES = DELTA_SOURCES + ("o_hilo",)
+# the sources that fix δ: every one but the stored bf16 O
+FIXED_DELTA_SOURCES = tuple(source for source in LAB_DELTA_SOURCES if source != "o")
 CAP = 20.0  # e^-20 ≈ 2e-9: the tied P̄ is far from 1 and far from underflow
 FIXES = {
     "none": Fix("FA2, no fix", {}),
@@ -79,7 +83,7 @@ def delta_from(source: str, built: Built, res, d_out: torch.Tensor) -> torch.Ten
         p = torch.exp(s - res.lse.float().unsqueeze(-1))  # P = exp(S − L)
         d_p = d32 @ built.v.float().transpose(-1, -2)  # dP = dO Vᵀ
         return (p * d_p).sum(-1)
-    raise ValueError(f"unknown δ source {source!r}; one of o, o_fp32, o_hilo, dp")
+    raise ValueError(f"unknown δ source {source!r}; one of {LAB_DELTA_SOURCES}")
 
 
 def output_stats(out: torch.Tensor, o_exact: torch.Tensor) -> dict:

@@ -25,6 +25,7 @@ import torch
 
 from .. import results
 from ..attention import backward_pass, flash_attention, registry, tune_every_bucket
+from ..attention.options import DELTA_SOURCES
 from ..attention.registry import BIAS_SOURCES
 from ..numerics.rounding import round_to_dtype
 from . import gpu as sweep_gpu
@@ -77,7 +78,7 @@ def _triton_rows(built, d_out, block_n):
     for key, fix in FIXES.items():
         opts = dict(common, **fix.forward)
         out = flash_attention(q, k, v, **opts).squeeze(1).float()
-        if fix.delta in ("o_fp32", "dp"):
+        if fix.delta in DELTA_SOURCES and fix.delta != "o":  # the kernel's own
             delta = backward_pass(
                 q, k, v, d_out.unsqueeze(1).to(torch.bfloat16), delta_source=fix.delta, **opts
             ).delta.squeeze(1)

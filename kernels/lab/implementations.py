@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import emulator, registry
-from ..attention.options import STABLE_MODES
+from ..attention import registry
 from ..numerics.rounding import error_in_ulps, round_to_dtype
 from ..numerics.stats import bias_summary
 from .cases import Built, Case, build, reference
@@ -76,7 +75,9 @@ def run_case(
 ) -> Output:
     """Compute O with implementation ``impl`` (see :data:`IMPLEMENTATIONS`).
 
-    ``ideal`` is the exact O_hp rounded once to bf16: the best any bf16 output can do."""
+    ``ideal`` is the exact O_hp rounded once to bf16: the best any bf16 output can do. The
+    lab's two models (``fa2-fma``, ``fa2-mma``) run here; every other name is run by the
+    registry (:mod:`kernels.attention.registry`)."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl == "ideal":
@@ -85,22 +86,12 @@ def run_case(
         if stable != "off":
             raise ValueError("fa2-fma models the kernel without the offset rule: use stable='off'")
         return Output(fa2_fused_accumulation(built, block_n or 64), None, None, None)
-    if impl in EMULATED:
-        block = built.k.shape[-2] if impl.endswith("-untiled") else (block_n or 64)
-        res = emulator.flash_forward(
-            built.q,
-            built.k,
-            built.v,
-            scale=1.0,
-            numerics=impl.split("-")[0],
-            block_n=block,
-            stable=stable,
-            beta=beta,
-            eps=eps,
-            offset=offset,
-        )
+    kind = registry.get(impl).kind
+    if kind == "emulator":
+        rule = dict(scale=1.0, beta=beta, eps=eps, offset=offset, block_n=block_n or 64)
+        res = registry.emulator_runner(f"{impl}/{stable}", **rule)(built.q, built.k, built.v)
         return Output(res.out.float(), res.row_offset, res.row_sum, res.ties)
-    if impl in ("triton", "triton-explicit"):  # native on a GPU, the interpreter on a CPU
+    if kind == "book":  # native on a GPU, the interpreter on a CPU
         return Output(_triton(built, impl, stable, beta, eps, block_n), None, None, None)
     if not built.q.is_cuda:
         raise ValueError(f"{impl} needs a CUDA GPU; build the case with device='cuda'")
@@ -132,17 +123,6 @@ def measure(
         (res.out.double() == round_to_dtype(o_hp, torch.bfloat16)).double().mean()
     )
     return stats
-
-
-def parse_impl(label: str) -> tuple[str, str]:
-    """'fa2/cross' -> ('fa2', 'cross'); 'sdpa-flash' -> ('sdpa-flash', 'off')."""
-    impl, _, stable = label.partition("/")
-    stable = stable or "off"
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation {impl!r} in {label!r}; one of {IMPLEMENTATIONS}")
-    if stable not in STABLE_MODES:
-        raise ValueError(f"unknown stabilization {stable!r} in {label!r}")
-    return impl, stable
 
 
 def fa2_fused_accumulation(built: Built, block_n: int = 64) -> torch.Tensor:

@@ -10,12 +10,12 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from ..attention import emulator
+from ..attention import emulator, registry
 from ..attention.options import AttentionOptions
 from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
-from .implementations import measure, parse_impl, run_case
+from .implementations import measure, run_case
 
 # ----------------------------------------------------------------------------------------------
 # the sweep
@@ -92,7 +92,7 @@ def sweep(
         }
         outs = {}
         for label in impls:
-            impl, stable = parse_impl(label)
+            impl, stable = registry.split(label)
             try:
                 outs[label] = run_case(
                     impl, built, stable=stable, beta=beta, eps=eps, block_n=case.block_n
@@ -313,7 +313,7 @@ def row_max_scan(row_maxes, impls, *, ties=2, rel_jitter=0.0, beta=2.0, batch=2,
     out = {label: [] for label in impls}
     for rm, case, built, exact, ideal in _scan_rows(row_maxes, ties, rel_jitter, batch, seed):
         for label in impls:
-            impl, stable = parse_impl(label)
+            impl, stable = registry.split(label)
             res = run_case(impl, built, stable=stable, beta=beta, block_n=case.block_n)
             o = res.out.double()
             zero = (o == 0) & (exact != 0)
@@ -397,7 +397,7 @@ def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:
         built = build(case, seed)
         out[name] = {}
         for label in impls:
-            impl, stable = parse_impl(label)
+            impl, stable = registry.split(label)
             out[name][label] = measure(case, impl, stable, built=built, **run_kw)
     return out
 

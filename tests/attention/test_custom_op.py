@@ -10,6 +10,7 @@ import torch
 
 from kernels.attention import AttentionOptions, flash_attention
 from kernels.attention.custom_op import flash_fwd_op, options_key, options_of
+from kernels.attention.options import STABLE_OFF_ON
 from kernels.env import interpreting
 from kernels.gpt2 import GPT, GPTConfig
 
@@ -45,7 +46,7 @@ def test_fake_implementation_gives_the_real_shapes_strides_and_dtypes():
     assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("stable", ["off", "cross"])
+@pytest.mark.parametrize("stable", STABLE_OFF_ON)
 def test_compiled_attention_has_no_graph_break_and_the_same_bits(stable):
     q, k, v = (fresh(1, 2, 64, 16) for _ in "qkv")
     call = lambda q, k, v: flash_attention(q, k, v, causal=True, stable=stable)  # noqa: E731

@@ -106,7 +106,7 @@ def test_delta_sources_match_a_direct_fp64_computation():
     d_out = fixes.upstream_gradient(built)
     res = emulator.flash_forward(built.q, built.k, built.v, scale=1.0, block_n=32)
     exact = (d_out * lab.reference(built)).sum(-1)
-    for source in ("o_fp32", "o_hilo", "dp"):
+    for source in fixes.FIXED_DELTA_SOURCES:
         delta = fixes.delta_from(source, built, res, d_out).double()
         assert ((delta - exact).abs() <= 1e-5 * exact.abs().max()).all(), source
     from_o = fixes.delta_from("o", built, res, d_out).double()

@@ -29,6 +29,7 @@ from kernels.attention.options import (
     KERNEL_STABLE_MODES,
     LOW_FP32,
     OFFSET_RULES,
+    STABLE_OFF_ON,
     SUPPORTED_HEAD_DIMS,
 )
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
@@ -363,7 +364,7 @@ def test_scale_is_used():
     assert relative_error(out, attention_fp64(q, k, v)) > 1e-3  # default 1/sqrt(16) differs
 
 
-@pytest.mark.parametrize("stable", ["off", "cross"])
+@pytest.mark.parametrize("stable", STABLE_OFF_ON)
 def test_base_two_moves_only_last_bits(stable):
     """the "exp2" speed-up: P̄ = 2^(S·log₂e − m·log₂e) instead of e^(S − m), the same numbers up to
     fp32 rounding. The offsets m (natural units either way) are the same bit for bit, L agrees

@@ -103,3 +103,28 @@ def test_one_name_per_function():
     assert {"round_to", "ulp"} <= set(dir(formats))
     assert not {"round_to", "ulp"} & set(dir(rounding))
     assert not hasattr(lab, "run") and not hasattr(golden, "run")
+
+
+def test_the_experiments_dispatch_through_the_registry():
+    """The lab's run_case and chapter 8's run_in_format run the emulator through
+    registry.emulator_runner: the same bits as calling the emulator, m, ℓ and ties included."""
+    from kernels import lab
+    from kernels.golden import implementations as golden
+
+    assert registry.split("sdpa_flash/cross") == ("sdpa-flash", "cross")
+    assert registry.group_of_kind("emulator") == ("fa2", "paper", "fa2-untiled", "paper-untiled")
+    built = lab.build(lab.Case(n_keys=96, batch=2, head_dim=16, block_n=32), seed=1)
+    opts = AttentionOptions(scale=1.0, stable="tile", block_n=96, numerics="paper")
+    want = emulator.flash_forward(built.q, built.k, built.v, opts)
+    got = lab.run_case("paper-untiled", built, stable="tile", block_n=32)
+    assert torch.equal(got.out, want.out.float())
+    assert torch.equal(got.row_offset, want.row_offset) and torch.equal(got.row_sum, want.row_sum)
+    assert torch.equal(got.ties_seen, want.ties)
+    q, k, v = (t.unsqueeze(0) for t in (built.q, built.k, built.v))
+    direct = emulator.flash_forward(q, k, v, AttentionOptions(block_n=16), low=torch.float16)
+    assert torch.equal(golden.run_in_format("fa2", q, k, v, "fp16", block_n=16), direct.out.float())
+    assert torch.equal(
+        golden.RUNNERS["fa1"](q, k, v, torch.float16), golden.fa1(q, k, v, torch.float16)
+    )
+    with pytest.raises(ValueError, match="not run by the emulator"):
+        registry.emulator_runner("triton")

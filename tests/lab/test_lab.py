@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels import lab
+from kernels.attention import registry
 from kernels.numerics.rounding import error_in_ulps, next_below, round_to_dtype, ulp_in_dtype
 from kernels.numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased, mean_ci
 
@@ -162,7 +163,7 @@ def test_single_max_with_vanishing_rest_is_exact(label):
     """k = 1, other scores 120 below: exp underflows to 0 for the rest, O = V of the max exactly.
     (rm = 110 keeps every score above -100: see the chapter's boundary case on the cross rule.)"""
     case = small_case(ties=1, gap=120.0, row_max=110.0)
-    impl, stable = lab.parse_impl(label)
+    impl, stable = registry.split(label)
     st = lab.measure(case, impl, stable, seed=fresh_seed())
     assert st["mean"] == 0.0 and st["se"] == 0.0 and st["correctly_rounded"] == 1.0
 
