@@ -1,4 +1,4 @@
-"""What an attention call costs besides its kernels (issue 28), on a GPU, in one run:
+"""What an attention call costs besides its kernels, on a GPU, in one run:
 
     python -m kernels.gpu.call_cost --out DIR        # writes DIR/call_cost.json
 
@@ -19,7 +19,7 @@
    pointers, through tensor descriptors (TMA) where :func:`kernels.attention.tma_usable`
    allows by default (head dim 128), and through descriptors at every head dim
    (``tma_narrow``); SDPA cuDNN's forward and forward + backward beside the book's, the
-   targets' yardstick (issue 28: forward >= 0.8x cuDNN, forward + backward >= 0.7x).
+   targets' yardstick (forward >= 0.8x cuDNN, forward + backward >= 0.7x).
 
 A graph replays fixed addresses: new inputs are copied into the recorded ones, as a training
 step does (:mod:`kernels.gpt2.graphs`). The eager host time is what a plain PyTorch loop pays.

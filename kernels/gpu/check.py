@@ -10,7 +10,7 @@
    fix off / cross) against SDPA flash and cuDNN, forward and forward+backward, TFLOP/s;
 6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²));
 7. the first forward + backward at new sequence lengths of one tuned bucket, with autotuning by
-   bucket on and off (:mod:`kernels.gpu.first_call`, issue 28): ``gpu_check.json["first_call"]``.
+   bucket on and off (:mod:`kernels.gpu.first_call`): ``gpu_check.json["first_call"]``.
 
 Results go to ``<out>/gpu_check.json``, ``<out>/flash_bench.json`` and ``<out>/flash_memory.json``
 (with provenance, via :mod:`kernels.results`); a summary table is printed last. ``--budget``

@@ -115,12 +115,12 @@ CHANGES = ("direct launch", "causal split", "tile shape", "exp2", "max first")
 
 
 # The check's inputs are seeded (deterministic grading): with fresh inputs the right answer was
-# rejected in 4 of 160 draws (issue 43), a draw in which a change that can move bits moved none
-# (not reproduced on a CPU: there the tile-shape change moved bits in 160 of 160 fresh small
-# draws, so the rejections are the GPU's). Now the small part takes BIT_DRAWS draws from
-# BIT_SEED and a change counts if it moves a bit in any of them (the question is which changes
-# *can* move a bit); the changes that keep the order of the sums and the rounding never move
-# one, in any draw.
+# rejected in 4 of 160 draws (a review of the checks found it): draws in which a change that can
+# move bits moved none (not reproduced on a CPU: there the tile-shape change moved bits in 160 of
+# 160 fresh small draws, so the rejections are the GPU's). Now the small part takes BIT_DRAWS draws
+# from BIT_SEED and a change counts if it moves a bit in any of them (the question is which changes
+# *can* move a bit); the changes that keep the order of the sums and the rounding never move one, in
+# any draw.
 BIT_SEED = 20261128
 BIT_DRAWS = 4
 

@@ -1,4 +1,4 @@
-"""The cost of the first call at a new sequence length (issue 28), for ``kernels.gpu.check``.
+"""The cost of the first call at a new sequence length, for ``kernels.gpu.check``.
 
 Triton's autotuner keys on the exact lengths, so without help every new N re-times every
 configuration of the three autotuned kernels (forward, dK/dV, dQ): 16-39 s forward + backward

@@ -9,7 +9,7 @@ What it measures (chapter 10 plots it), in this order, each section saved as soo
    matmul and the memory bandwidth of a device copy (the roofline's two ceilings).
 2. ``perf_memory.json``: peak allocated memory against N, the book's kernel against SDPA's
    math backend (which stores the N × N scores; measured only where it fits).
-3. ``perf_speed.json``: TFLOP/s at the five shapes of issue 15, bf16 and fp16, causal and
+3. ``perf_speed.json``: TFLOP/s at the five shapes of the speed targets, bf16 and fp16, causal and
    not, forward and forward + backward, for SDPA flash, SDPA cuDNN, SDPA memory-efficient
    and the book's kernel with the offset rule off and with the cross-tile rule.
 4. ``perf_ablation.json``: the book's kernel with its speed-ups switched on one at a time
@@ -58,7 +58,7 @@ SHAPES = [
     (4, 16, 4096, 64),
     (2, 16, 8192, 128),
     (1, 32, 16384, 128),
-]  # (B, H, N, D), issue 15
+]  # (B, H, N, D): the speed targets' shapes
 SMALL_SHAPES = [(1, 2, 32, 16), (1, 1, 48, 32)]
 GPT2 = (8, 12, 1024, 64)
 # the rows' implementation label -> its name in kernels.attention.registry

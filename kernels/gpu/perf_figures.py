@@ -1,6 +1,6 @@
 """Chapter 10's figures from the rows of :mod:`kernels.gpu.records`: speed against N, the
 ablation, memory, host against GPU time (eager and as a CUDA graph), the first call at a new
-length, the forward's loads against cuDNN, issue 15's targets. At most
+length, the forward's loads against cuDNN, the speed targets. At most
 :data:`kernels.tools.style.WIDTH_IN` wide, the site's text column."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def plot_host(rows):
 
 
 def plot_targets(target_rows):
-    """The three speed ratios of issue 15 against N, one line per setting, with the target."""
+    """The three speed ratios with targets against N, one line per setting, with the target."""
     import matplotlib.pyplot as plt
 
     keys = ["fwd_vs_cudnn", "fb_vs_flash", "fb_vs_cudnn"]

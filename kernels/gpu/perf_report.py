@@ -5,7 +5,7 @@ that hold them, one job each:
 * :mod:`kernels.gpu.records`       ``results/perf_*.json`` and ``flash_bench.json`` as rows
 * :mod:`kernels.gpu.perf_figures`  the figures (speed, ablation, memory, host, first call, targets)
 * :mod:`kernels.gpu.roofline`      the roofline model and what an ``exp2`` rewrite changes
-* :mod:`kernels.gpu.targets`       issue 15's targets
+* :mod:`kernels.gpu.targets`       the kernel's speed targets
 * :mod:`kernels.gpu.exercises`     the checks of the chapter's exercises
 
 The measurements themselves are made by ``python -m kernels.gpu.perf`` (:mod:`kernels.gpu.perf`).

@@ -210,7 +210,7 @@ def host_label(row):
     return "book, direct launch" if row["direct_launch"] else "book, as before"
 
 
-FIRST_CALL_TARGET_S = 3.0  # the target a first call at a new shape should meet (issue 15)
+FIRST_CALL_TARGET_S = 3.0  # the target a first call at a new shape should meet
 
 
 def first_call_numbers(first: dict, again: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Issue 15's targets for the book's kernel: speed ratios against cuDNN and SDPA flash, and
+"""The speed targets for the book's kernel: speed ratios against cuDNN and SDPA flash, and
 what the cross-tile rule costs (:func:`targets`, :func:`targets_met`, the tables)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ CUDNN, FLASH = label("sdpa-cudnn"), label("sdpa-flash")
 
 
 def targets(rows) -> list[dict]:
-    """Per (dtype, causal, N): the ratios issue 15 sets targets for (None where a number is
+    """Per (dtype, causal, N): the ratios with targets (None where a number is
     missing): book fwd / cuDNN fwd (≥ 0.8), book f+b / SDPA flash f+b (≥ 1.0), book f+b /
     cuDNN f+b (≥ 0.7), and the cross-tile rule's cost, 1 − cross / off (≤ 3%), fwd and f+b."""
 
