@@ -13,6 +13,10 @@ in :mod:`kernels.attention.registry`.
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
 * :mod:`.compiled`  the kernels compiled for an H100 on any machine: their PTX's multiply-adds
   (``python -m kernels.gpu.compiled``)
+* :mod:`.chapters`  ``python -m kernels.gpu.chapters``: every chapter executed on this machine,
+  its status and seconds (``chapter_times.json``)
+* :mod:`.practitioner`  ``python -m kernels.gpu.practitioner``: Hugging Face GPT-2 trained with
+  SDPA and with the book's fix, eager and compiled, in steps/s (``practitioner_step.json``)
 * :mod:`.perf_report`  what chapter 10 imports: :mod:`.records`, :mod:`.perf_figures`,
   :mod:`.roofline`, :mod:`.targets` and its tables; :mod:`.exercises` the chapter's checks
 

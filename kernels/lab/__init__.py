@@ -11,6 +11,8 @@ implementation gives them (the bias chapters).
 * :mod:`.slider_grid`      the fixes explorer's stored grid (``python -m kernels.lab.slider_grid``)
 * :mod:`.site_explorers`   the explorers of chapters 5 and 6, for the website and for Jupyter
 * :mod:`.gpu`              the GPU sweep (``python -m kernels.lab.gpu``)
+* :mod:`.fixes`, :mod:`.fix_figures`, :mod:`.fixes_gpu`  chapter 6's fixes measured, drawn and
+  timed on a GPU; :mod:`.chapter6_numbers` the numbers chapter 6's prose glues
 * :mod:`.exercises`        the checks of the exercises of chapters 5 and 6
 """
 
