@@ -283,10 +283,15 @@ def paper_scores(q, k, scale, low, causal=True):
     return s
 
 
-def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
+def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, delta_hook=None):
     """dQ, dK, dV (working precision) of the emulated attention, δ taken as ``opts.delta_source``
     says: "o" rowsum(dO ∘ O_low) (the failing path), "dp" rowsum(dP ∘ P), "o_fp32" rowsum(dO ∘ PV)
-    with PV in fp32 (the paper's stable control)."""
+    with PV in fp32 (the paper's stable control).
+
+    ``delta_hook`` (or None) may replace or perturb δ before it enters dS: it is called as
+    ``delta_hook(delta, d_out=, out_low=, probs=, values=)`` with the working-precision tensors
+    (``values`` is V rounded as the forward saw it) and returns the δ to use. The GPT-2 chapter's
+    δ controls (:mod:`kernels.gpt2.controls`) are such hooks."""
     work = work_dtype(low)
     qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
@@ -304,6 +309,8 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
         delta = (d_probs * probs).sum(-1)  # δ = rowsum(dP ∘ P)
     else:
         delta = (d_out * (probs @ vw)).sum(-1)  # δ = rowsum(dO ∘ PV), PV in fp32
+    if delta_hook is not None:
+        delta = delta_hook(delta, d_out=d_out, out_low=out_low.to(work), probs=probs, values=vw)
     if fused.usable(probs, low):
         d_scores = fused.d_scores(d_probs, probs, delta)  # written over dP
     else:
