@@ -283,15 +283,23 @@ def paper_scores(q, k, scale, low, causal=True):
     return s
 
 
-def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
+def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, delta_hook=None):
     """dQ, dK, dV (working precision) of the emulated attention, δ taken as ``opts.delta_source``
     says: "o" rowsum(dO ∘ O_low) (the failing path), "dp" rowsum(dP ∘ P), "o_fp32" rowsum(dO ∘ PV)
-    with PV in fp32 (the paper's stable control)."""
+    with PV in fp32 (the paper's stable control).
+
+    ``delta_hook`` (or None) may replace or perturb δ before it enters dS: it is called as
+    ``delta_hook(delta, d_out=, out_low=, probs=, values=)`` with the working-precision tensors
+    (``values`` is V rounded as the forward saw it) and returns the δ to use. The GPT-2 chapter's
+    δ controls (:mod:`kernels.gpt2.controls`) are such hooks. A hooked backward runs op by op even
+    on a GPU (no fused kernels), as the controls' stored runs did, so their checkpoints resume on
+    the same bits."""
     work = work_dtype(low)
+    use_fused = delta_hook is None
     qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
-    if fused.usable(qw, low):  # the same bits, fewer passes
+    if use_fused and fused.usable(qw, low):  # the same bits, fewer passes
         probs = fused.probs(qw, kw, lse.to(work), scale, opts.causal)
     else:
         scores = paper_scores(qw, kw, scale, low, opts.causal)  # recompute S as the forward did
@@ -304,7 +312,9 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low):
         delta = (d_probs * probs).sum(-1)  # δ = rowsum(dP ∘ P)
     else:
         delta = (d_out * (probs @ vw)).sum(-1)  # δ = rowsum(dO ∘ PV), PV in fp32
-    if fused.usable(probs, low):
+    if delta_hook is not None:
+        delta = delta_hook(delta, d_out=d_out, out_low=out_low.to(work), probs=probs, values=vw)
+    if use_fused and fused.usable(probs, low):
         d_scores = fused.d_scores(d_probs, probs, delta)  # written over dP
     else:
         d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)

@@ -22,14 +22,17 @@ a layer passes on, in exactly one way each (attention spec options of the ``pape
 global generator, so they are seeded with the run and saved in its checkpoints.
 
 :func:`control_delta` is the rule itself (a pure function, tested on tiny tensors);
-:class:`ControlledAttention` is the emulated paper attention with that rule in its backward pass.
+:class:`ControlledAttention` is the emulated paper attention whose backward is the paper's own
+(:func:`kernels.attention.emulator.paper_backward`) with that rule as its δ hook.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..attention.emulator import flash_forward, paper_scores
+from ..attention.emulator import flash_forward, paper_backward, paper_scores
 from ..attention.options import AttentionOptions
 from ..numerics.rounding import round_to_dtype
 
@@ -81,6 +84,12 @@ def control_delta(
         base = delta_hp
     else:
         raise ValueError(f"delta must be o, dp or o_fp32, got {delta!r}")
+    return perturb_delta(base, delta_hp, dshift=dshift, dnoise=dnoise, derr=derr), delta_hp
+
+
+def perturb_delta(base, delta_hp, *, dshift: float = 0.0, dnoise: float = 0.0, derr="keep"):
+    """The δ a control uses, from the δ of the chosen source (``base``) and δ_hp: the error
+    rewritten (``derr``), then the constant shift and the noise added."""
     if derr == "mean":
         base = delta_hp + (base - delta_hp).mean(-1, keepdim=True)
     elif derr == "sign":
@@ -90,7 +99,7 @@ def control_delta(
         base = base + dshift
     if dnoise:
         base = base + dnoise * torch.randn(base.shape, dtype=base.dtype, device=base.device)
-    return base, delta_hp
+    return base
 
 
 def exact_output(q, k, v, lse, opts: AttentionOptions, low):
@@ -126,32 +135,24 @@ class ControlledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out_low, lse = ctx.saved_tensors
-        opts, low, c = ctx.opts, ctx.low, ctx.control
+        hook = functools.partial(_control_hook, control=ctx.control, probe=ctx.probe)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            work = torch.float64 if low == torch.float64 else torch.float32
-            qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
-            d_out = grad_out.to(work)
-            scale = opts.scale_for(q.shape[-1])
-            scores = paper_scores(qw, kw, scale, low, opts.causal)
-            probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
-            d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
-            d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
-            delta, delta_hp = control_delta(
-                d_out,
-                out_low.to(work),
-                probs @ vw,
-                d_probs,
-                probs,
-                delta=opts.delta_source,
-                dshift=c.dshift,
-                dnoise=c.dnoise,
-                derr=c.derr,
+            d_q, d_k, d_v = paper_backward(
+                q, k, v, out_low, lse, grad_out, ctx.opts, ctx.low, delta_hook=hook
             )
-            d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)
-            d_q = (d_scores @ kw) * scale
-            d_k = (d_scores.transpose(-1, -2) @ qw) * scale
-            if ctx.probe is not None and ctx.probe.active:
-                used = (delta - delta_hp).float()
-                ctx.probe.stats["delta_used_err"] = float(used.sum(-1).mean(0).sum())
-                ctx.probe.stats["delta_used_abs"] = float(used.abs().sum(-1).mean(0).sum())
         return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None
+
+
+def _control_hook(delta, *, d_out, out_low, probs, values, control, probe):
+    """The δ hook of :func:`kernels.attention.emulator.paper_backward` for one control: δ from
+    the spec's source, perturbed by :func:`perturb_delta`; on monitoring steps ``probe`` gets
+    Σ_T(δ_used − δ_hp)."""
+    delta_hp = (d_out * (probs @ values)).sum(-1)  # δ_hp = rowsum(dO ∘ PV), PV in fp32
+    used = perturb_delta(
+        delta, delta_hp, dshift=control.dshift, dnoise=control.dnoise, derr=control.derr
+    )
+    if probe is not None and probe.active:
+        error = (used - delta_hp).float()
+        probe.stats["delta_used_err"] = float(error.sum(-1).mean(0).sum())
+        probe.stats["delta_used_abs"] = float(error.abs().sum(-1).mean(0).sum())
+    return used

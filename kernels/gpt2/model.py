@@ -1,9 +1,10 @@
 """A small GPT-2 (nanoGPT-style) whose attention is chosen per layer.
 
 ``GPTConfig.attn`` is the attention spec of every layer (see :mod:`kernels.gpt2.attention`);
-``GPTConfig.layer_attn`` overrides single layers, e.g. ``{1: "paper"}`` with ``attn="sdpa"``
-runs the paper's bf16 flash attention in layer 1 only (layers are numbered from 0 here; the
-paper's "layer 2" is our layer 1).
+``GPTConfig.layer_attn`` overrides single layers, e.g. ``{1: "paper"}`` with ``attn="sdpa"`` runs
+the paper's bf16 flash attention in layer 1 only (a spec is a string or a parsed
+:class:`kernels.gpt2.attention.AttnSpec`, as :class:`kernels.gpt2.config.TrainConfig` gives it)
+(layers are numbered from 0 here; the paper's "layer 2" is our layer 1).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The GPT-2 experiments as data: the attention variants and the named plans of runs.
 
+Every variant is one row of :data:`VARIANT_TABLE`: letter → (attention spec, name in words,
+colour); ``VARIANTS``, ``VARIANT_NAMES`` and ``VARIANT_COLOURS`` are views of it.
+
 A *plan* is a named list of runs ``(name, {train option: value})``, so the command that made a
 result file is short and exact (``python -m kernels.gpt2.search --plan amp_seeds``). The variants
 of one configuration differ only in the attention spec:
@@ -40,27 +43,61 @@ when the same search command is given again (see :mod:`.search`).
 
 from __future__ import annotations
 
-VARIANTS = {
-    "U": "paper:delta=o",
-    "F": "paper:delta=o_fp32",
-    "S": "paper:delta=o,stable=cross,beta=2",
-    "P": "paper:delta=dp",
-    "A": "sdpa",
-    "W": "triton:delta=o",  # the book's Triton kernel, FA2 numerics (fp32 Ō, one rounding)
-    "R": "paper:delta=o,oround=sr",
-    "T": "paper:delta=o,block=64",
-    "L": "paper:delta=o_fp32",  # + layer 1 switched to U, see variant_options
-    "B": "paper:delta=o_fp32",  # + per-layer dshift, see variant_options
-    "N": "paper:delta=o_fp32",  # + per-layer dnoise, see variant_options
-    "M": "paper:delta=o,derr=mean",
-    "G": "paper:delta=o,derr=sign",
-    "X": "paper:delta=o,out=exact",
-    "C": "paper:delta=o,stable=cross,beta=2,cap=20",
-    "K": "paper:delta=o,stable=cross,beta=2,clamp=1e-10",
-    "D": "paper:delta=o,stable=cross,beta=2,cap=20,clamp=1e-10",
-    "Z": "paper:delta=o,stable=tile,beta=2,eps=1e-3,clamp=1e-10,clamp_at=tiles,block=512",
-    "H": "paper:delta=o",  # + layer 0's runaway head on F's route, see variant_options
+from typing import NamedTuple
+
+from ..attention.registry import label
+
+
+class Variant(NamedTuple):
+    """One variant of a run: its attention spec (the human-readable spelling stored with the run;
+    :func:`variant_options` adds the layer overrides of L, B, N, H), its name in words, and its
+    colour in the chapter's figures."""
+
+    attn: str
+    name: str
+    colour: str
+
+
+VARIANT_TABLE = {
+    "U": Variant("paper:delta=o", "failing path (δ from rounded O)", "tab:red"),
+    "F": Variant("paper:delta=o_fp32", "control (δ from fp32 O)", "tab:blue"),
+    "S": Variant("paper:delta=o,stable=cross,beta=2", "fix: β = 2 rule", "tab:green"),
+    "P": Variant("paper:delta=dp", "δ from rowsum(dP∘P)", "tab:purple"),
+    "A": Variant("sdpa", label("sdpa"), "tab:gray"),
+    # the book's Triton kernel, FA2 numerics (fp32 Ō, one rounding)
+    "W": Variant("triton:delta=o", "FA2 numerics (the book's Triton kernel)", "black"),
+    "R": Variant("paper:delta=o,oround=sr", "failing path, Ō rounded stochastically", "tab:orange"),
+    "T": Variant("paper:delta=o,block=64", "failing path, tiles of 64", "tab:brown"),
+    # + layer 0 switched to U, see variant_options
+    "L": Variant("paper:delta=o_fp32", "failing path in layer 0 only", "tab:pink"),
+    # + per-layer dshift, see variant_options
+    "B": Variant("paper:delta=o_fp32", "control + constant δ bias", "tab:olive"),
+    # + per-layer dnoise, see variant_options
+    "N": Variant("paper:delta=o_fp32", "control + δ noise", "tab:cyan"),
+    "M": Variant("paper:delta=o,derr=mean", "failing path, δ error → its mean", "darkred"),
+    "G": Variant("paper:delta=o,derr=sign", "failing path, δ error ± at random", "salmon"),
+    "X": Variant("paper:delta=o,out=exact", "failing path, exact O passed on", "indigo"),
+    "C": Variant(
+        "paper:delta=o,stable=cross,beta=2,cap=20", "fix: β = 2, offset capped", "tab:olive"
+    ),
+    "K": Variant("paper:delta=o,stable=cross,beta=2,clamp=1e-10", "fix: β = 2, ℓ clamped", "0.35"),
+    "D": Variant(
+        "paper:delta=o,stable=cross,beta=2,cap=20,clamp=1e-10",
+        "fix: β = 2, capped and clamped",
+        "tab:cyan",
+    ),
+    "Z": Variant(
+        "paper:delta=o,stable=tile,beta=2,eps=1e-3,clamp=1e-10,clamp_at=tiles,block=512",
+        "paper's fix as released (β = 2, clamped ℓ)",
+        "darkgoldenrod",
+    ),
+    # + layer 0's runaway head on F's route, see variant_options
+    "H": Variant("paper:delta=o", "failing path, runaway head on the control's route", "tab:olive"),
 }
+# Views of the one table, keyed by the same letters.
+VARIANTS = {letter: v.attn for letter, v in VARIANT_TABLE.items()}
+VARIANT_NAMES = {letter: v.name for letter, v in VARIANT_TABLE.items()}
+VARIANT_COLOURS = {letter: v.colour for letter, v in VARIANT_TABLE.items()}
 # The failing runs' error of δ per row, δ_lp − δ_hp, in each layer: its mean and its mean absolute
 # value over the monitoring steps from 200 until layer 0's ‖W_Q‖ left the control's (Ō with 4
 # bits, seeds 1-3, plan amp_seeds). ``report.matched_delta_stats`` recomputes them from the stored

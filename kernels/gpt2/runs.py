@@ -1,7 +1,7 @@
 """The stored GPT-2 runs (``results/gpt2_*.json``) and their names: loading a search record,
-gathering the real-BF16 and control runs stored over several files, a run's name in words, its
-variant's colour, and a logged series. :mod:`.report` measures the runs, :mod:`.figures` draws
-them; both read them through here.
+gathering the real-BF16 and control runs stored over several files, a run's name in words, and a
+logged series (a variant's name and colour are views of :data:`.plans.VARIANT_TABLE`).
+:mod:`.report` measures the runs, :mod:`.figures` draws them; both read them through here.
 """
 
 from __future__ import annotations
@@ -10,51 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..attention.registry import label
 from ..results import RESULTS_DIR, load
+from .plans import VARIANT_COLOURS, VARIANT_NAMES  # noqa: F401  (views of plans.VARIANT_TABLE)
 
-VARIANT_NAMES = {
-    "U": "failing path (δ from rounded O)",
-    "F": "control (δ from fp32 O)",
-    "S": "fix: β = 2 rule",
-    "P": "δ from rowsum(dP∘P)",
-    "A": label("sdpa"),
-    "W": "FA2 numerics (the book's Triton kernel)",
-    "R": "failing path, Ō rounded stochastically",
-    "T": "failing path, tiles of 64",
-    "L": "failing path in layer 0 only",
-    "B": "control + constant δ bias",
-    "N": "control + δ noise",
-    "M": "failing path, δ error → its mean",
-    "G": "failing path, δ error ± at random",
-    "X": "failing path, exact O passed on",
-    "C": "fix: β = 2, offset capped",
-    "K": "fix: β = 2, ℓ clamped",
-    "D": "fix: β = 2, capped and clamped",
-    "Z": "paper's fix as released (β = 2, clamped ℓ)",
-    "H": "failing path, runaway head on the control's route",
-}
-VARIANT_COLOURS = {
-    "U": "tab:red",
-    "F": "tab:blue",
-    "S": "tab:green",
-    "P": "tab:purple",
-    "A": "tab:gray",
-    "W": "black",
-    "R": "tab:orange",
-    "T": "tab:brown",
-    "L": "tab:pink",
-    "B": "tab:olive",
-    "N": "tab:cyan",
-    "M": "darkred",
-    "G": "salmon",
-    "X": "indigo",
-    "C": "tab:olive",
-    "K": "0.35",
-    "D": "tab:cyan",
-    "Z": "darkgoldenrod",
-    "H": "tab:olive",
-}
 FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
 
 

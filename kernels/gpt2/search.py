@@ -6,7 +6,10 @@ the same time, every one replaying the same recorded batch order. A *plan* is a 
 
     python -m kernels.gpt2.search --plan probe --minutes 8 --out results_dir
 
-With several GPUs visible the runs are dealt out round-robin, one process per run
+Each run is handed to its process as one file, ``<work>/<name>.config.json``: its
+:class:`kernels.gpt2.config.TrainConfig`, checked before any process starts (``python -m
+kernels.gpt2.train --config``). With several GPUs visible the runs are dealt out round-robin, one
+process per run
 (``CUDA_VISIBLE_DEVICES`` set per process), or to the GPU a run names (``gpu_slot``).
 
 Resumable plans (runs with ``checkpoint_every``) are split into calls: every call trains each run
@@ -75,7 +78,7 @@ import sys
 import time
 from pathlib import Path
 
-from .plans import PLANS, plan, variant_options
+from .plans import PLANS, SMALL, plan, variant_options
 
 
 def run_inline(
@@ -117,15 +120,24 @@ def run_inline(
     return records
 
 
-def _argv(opts: dict) -> list[str]:
-    argv = []
-    for key, val in opts.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(val, bool):
-            argv.append(flag if val else "--no-" + key.replace("_", "-"))
-        else:
-            argv += [flag, str(val)]
-    return argv
+def run_config(name: str, opts: dict, work: Path, minutes: float, resume: bool):
+    """The one options object of a plan run in ``work``: its plan options plus where it logs, its
+    time limit, its batch order and whether it resumes (checked here, before any process
+    starts)."""
+    from .config import TrainConfig
+
+    return TrainConfig(
+        **{
+            "name": name,
+            "out_dir": str(work),
+            "max_minutes": float(f"{minutes:.3f}"),
+            "progress": False,
+            "stop_after_explosion": 400,
+            "batch_order": str(_order_path(work, opts)),
+            "resume": resume,
+            **opts,
+        }
+    )
 
 
 def _order_path(work: Path, opts: dict) -> Path:
@@ -199,26 +211,10 @@ def launch(runs, minutes: float, work: Path, extra_env=None) -> dict:
                     "stdout_tail": "ended in an earlier call",
                 }
                 continue
-        order = _order_path(work, opts)
-        resume = ["--resume"] if resumable and (work / f"{name}.ckpt.pt").exists() else []
-        argv = [
-            sys.executable,
-            "-m",
-            "kernels.gpt2.train",
-            "--name",
-            name,
-            "--out-dir",
-            str(work),
-            "--max-minutes",
-            f"{minutes:.3f}",
-            "--no-progress",
-            "--stop-after-explosion",
-            "400",
-            "--batch-order",
-            str(order),
-            *resume,
-            *_argv(opts),
-        ]
+        resume = resumable and (work / f"{name}.ckpt.pt").exists()
+        config = work / f"{name}.config.json"
+        run_config(name, opts, work, minutes, resume).write_json(config)
+        argv = [sys.executable, "-m", "kernels.gpt2.train", "--config", str(config)]
         log = open(work / f"{name}.stdout", "a" if resume else "w")
         run_env = env if gpu is None else {**env, "CUDA_VISIBLE_DEVICES": gpu}
         procs[name] = (
@@ -256,65 +252,21 @@ def ddp_check(out: Path, work: Path, steps: int = 300) -> None:
     ``gpt2_ddp_log.txt`` (everything printed) and ``gpt2_ddp.json`` (the three logs, with
     provenance)."""
     from ..results import provenance
+    from .config import TrainConfig
 
-    common = [
-        "--n-layer",
-        "4",
-        "--n-head",
-        "4",
-        "--n-embd",
-        "256",
-        "--block-size",
-        "256",
-        "--batch-size",
-        "64",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "50",
-        "--steps",
-        str(steps),
-        "--monitor-every",
-        "100",
-        "--log-every",
-        "10",
-        "--no-progress",
-        "--out-dir",
-        str(work),
-    ]
-    commands = {
-        "ddp2-paper": [
-            "torchrun",
-            "--nproc_per_node=2",
-            "-m",
-            "kernels.gpt2.train",
-            "--name",
-            "ddp2-paper",
-            "--attn",
-            "paper",
-            *common,
-        ],
-        "single-paper": [
-            sys.executable,
-            "-m",
-            "kernels.gpt2.train",
-            "--name",
-            "single-paper",
-            "--attn",
-            "paper",
-            *common,
-        ],
-        "single-sdpa": [
-            sys.executable,
-            "-m",
-            "kernels.gpt2.train",
-            "--name",
-            "single-sdpa",
-            "--attn",
-            "sdpa",
-            *common,
-        ],
+    common = dict(SMALL, lr=1e-3, warmup=50, steps=steps, monitor_every=100, log_every=10)
+    common.update(progress=False, out_dir=str(work))
+    launchers = {
+        "ddp2-paper": ["torchrun", "--nproc_per_node=2"],
+        "single-paper": [sys.executable],
+        "single-sdpa": [sys.executable],
     }
+    work.mkdir(parents=True, exist_ok=True)
+    commands = {}
+    for name, launcher in launchers.items():
+        config = work / f"{name}.config.json"
+        TrainConfig(name=name, attn=name.split("-")[1], **common).write_json(config)
+        commands[name] = [*launcher, "-m", "kernels.gpt2.train", "--config", str(config)]
     out.mkdir(parents=True, exist_ok=True)
     runs = {}
     with open(out / "gpt2_ddp_log.txt", "w") as log:

@@ -8,6 +8,9 @@ The paper's recipe (§3.1): AdamW(0.9, 0.95), weight decay 0, linear warmup then
 run replays (``--batch-order`` file, written on first use). Logs: ``<name>.csv`` (one row per
 logged step) and ``<name>.json`` (config, history, diagnostics, summary).
 
+``--config run.json`` reads every option from one file that :meth:`TrainConfig.write_json` wrote
+(how :mod:`.search` hands a run to its process).
+
 Resumable runs. ``--checkpoint-every N`` writes ``<name>.ckpt.pt`` every N steps and whenever a
 call stops early (``--max-minutes``, the time limit of *this* call, or ``--stop-at``, a step);
 ``--resume`` continues from it, bit-identically (:mod:`.checkpoint` says what a checkpoint holds).
@@ -27,79 +30,16 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .checkpoint import Checkpointing
+from .config import TrainConfig
 from .data import BatchOrder, eval_batches, load_corpus
 from .diagnostics import find_explosion
-from .model import GPT, GPTConfig
-
-
-@dataclass
-class TrainConfig:
-    name: str = "run"
-    # model
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 256
-    block_size: int = 256
-    attn: str = "sdpa"
-    layer_attn: str = ""  # "1=paper;3=paper:delta=o_fp32" overrides single layers (0-based)
-    qk_norm: bool = False
-    # optimisation
-    steps: int = 2000
-    batch_size: int = 64  # global sequences per step (split across GPUs under DDP)
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    warmup: int = 200
-    decay_steps: int = 0  # cosine decay ends here (0 = at ``steps``); min_lr after it
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    seed: int = 0  # model initialisation
-    data_seed: int = 0  # the batch order
-    # data
-    data: str = "stdlib"
-    max_bytes: int = 0  # 0 = the whole corpus
-    batch_order: str = ""  # .npy of recorded offsets; drawn from data_seed and saved if missing
-    # precision and device
-    autocast: str = "bf16"  # "bf16" or "off"
-    device: str = "auto"
-    cuda_graph: bool = False  # replay each step as a CUDA graph (one GPU): same numbers, faster
-    # logging
-    out_dir: str = "runs"
-    log_every: int = 10
-    monitor_every: int = 100  # diagnostics (norms, ties, shadow δ pass); 0 = never
-    eval_every: int = 0
-    max_minutes: float = 0.0  # stop this call after this wall time (0 = no limit)
-    stop_at: int = 0  # stop this call at this step, to resume later (0 = never)
-    stop_after_explosion: int = (
-        0  # stop once the loss has stayed exploded this many steps (0 = never)
-    )
-    checkpoint_every: int = 0
-    resume: bool = False
-    progress: bool = True
-
-    def model_config(self, vocab_size: int) -> GPTConfig:
-        layer_attn = {}
-        for item in filter(None, self.layer_attn.split(";")):
-            layer, eq, spec = item.partition("=")
-            if not eq:
-                raise ValueError(f"layer_attn item {item!r} is not 'layer=spec'")
-            layer_attn[int(layer)] = spec
-        return GPTConfig(
-            vocab_size=vocab_size,
-            block_size=self.block_size,
-            n_layer=self.n_layer,
-            n_head=self.n_head,
-            n_embd=self.n_embd,
-            attn=self.attn,
-            layer_attn=layer_attn,
-            qk_norm=self.qk_norm,
-        )
+from .model import GPT
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -137,8 +77,6 @@ class Trainer(Checkpointing):
     """Holds the model, optimiser, data and logs of one run. ``run()`` trains to the end."""
 
     def __init__(self, cfg: TrainConfig, corpus=None):
-        if cfg.autocast not in ("bf16", "off"):
-            raise ValueError(f"autocast must be 'bf16' or 'off', got {cfg.autocast!r}")
         self.cfg = cfg
         self.rank, self.world, local_rank = _distributed()
         if cfg.batch_size % self.world:
@@ -425,7 +363,12 @@ def parse_args(argv=None) -> TrainConfig:
                 f.type if isinstance(f.type, str) else f.type.__name__
             ]
             parser.add_argument(flag, type=kind, default=f.default)
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    parser.add_argument(
+        "--config", default="", help="a run's options as JSON (the other flags unused)"
+    )
+    args = vars(parser.parse_args(argv))
+    path = args.pop("config")
+    return TrainConfig.read_json(path) if path else TrainConfig(**args)
 
 
 def main(argv=None):

@@ -12,7 +12,12 @@ import torch
 
 import kernels  # noqa: F401
 from kernels.attention import AttentionOptions
-from kernels.attention.emulator import EmulatedAttention, flash_forward, paper_scores
+from kernels.attention.emulator import (
+    EmulatedAttention,
+    flash_forward,
+    paper_backward,
+    paper_scores,
+)
 from kernels.gpt2 import GPT, GPTConfig, parse_spec
 from kernels.gpt2.attention import attend
 from kernels.gpt2.controls import ControlledAttention, control_delta, exact_output
@@ -148,6 +153,21 @@ def test_controlled_path_without_a_control_is_the_plain_one():
     assert torch.equal(plain, ctl)
     for a, b in zip(g_plain, g_ctl):
         assert torch.equal(a, b)
+
+
+def test_a_delta_hook_changes_the_one_backward_as_the_control_does():
+    """``dshift=c`` is the paper's backward with the hook δ ↦ δ + c, bit for bit."""
+    leaves = _qkv()
+    q, k, v = (t.detach() for t in leaves)
+    d_out = torch.randn(q.shape)
+    opts = parse_spec("paper:delta=o_fp32").options(q.shape[-2])
+    res = flash_forward(q, k, v, opts)
+    hooked = paper_backward(
+        q, k, v, res.out, res.lse, d_out, opts, torch.bfloat16, delta_hook=lambda d, **_: d + 1e-2
+    )
+    _, *controlled = _grads("paper:delta=o_fp32,dshift=0.01", *leaves, d_out)
+    for a, b in zip(hooked, controlled):
+        assert torch.equal(a.to(b.dtype), b)
 
 
 def test_out_exact_passes_the_exact_o_and_keeps_the_failing_delta():

@@ -287,7 +287,7 @@ def test_lr_schedule_and_cli():
         ["--attn", "paper:delta=dp", "--qk-norm", "--lr", "3e-3", "--layer-attn", "1=sdpa"]
     )
     assert parsed.attn == "paper:delta=dp" and parsed.qk_norm and parsed.lr == 3e-3
-    assert parsed.model_config(256).layer_attn == {1: "sdpa"}
+    assert parsed.model_config(256).layer_attn == {1: parse_spec("sdpa")}  # parsed once, here
     with pytest.raises(ValueError, match="autocast"):
         Trainer(TrainConfig(autocast="fp16"))
 
