@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from ..attention import AttentionOptions, flash_attention
 from ..attention.emulator import EmulatedAttention
+from ..attention.options import KERNEL_STABLE_MODES
 from ..attention.reference import standard_attention
 from ..attention.registry import group
 from .controls import ControlledAttention, check_control
@@ -80,8 +81,8 @@ class AttnSpec:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"attention kind must be one of {KINDS}, got {self.kind!r}")
-        if self.stable not in ("off", "cross", "tile"):
-            raise ValueError(f"stable must be off, cross or tile, got {self.stable!r}")
+        if self.stable not in KERNEL_STABLE_MODES:
+            raise ValueError(f"stable must be one of {KERNEL_STABLE_MODES}, got {self.stable!r}")
         if self.obits != 7 and self.kind != "paper":
             raise ValueError(f"obits applies to the 'paper' kind only, got it with {self.kind!r}")
         if (

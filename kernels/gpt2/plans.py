@@ -293,7 +293,7 @@ def plan(name: str) -> list[tuple[str, dict]]:
         return runs + make_runs("k4f", resumable, "P", [2, 3], obits=4)
     if name == "amp_head":  # the paper's per-head ablation, Ō with 4 bits, seeds 1-3
         return make_runs("k4h", dict(AMP, checkpoint_every=2_000), "H", [1, 2, 3], obits=4)
-    if name == "testbed":  # issue 39's arms on the screen's healthy configuration, to 80k steps
+    if name == "testbed":  # the testbed's arms on the screen's healthy configuration, to 80k steps
         arms = dict(SCREEN_BASE, **SCREENS["sb-lr5e-4"], steps=80_000)
         runs = make_runs("tb", arms, "UWAF", [1, 2, 3, 4])
         return runs + make_runs("tb", arms, "PZS", [1, 2])

@@ -1,4 +1,4 @@
-"""The testbed screen of issue 39: a configuration of the small GPT-2 whose fp32-O control
+"""The testbed screen: a configuration of the small GPT-2 whose fp32-O control
 (variant ``F``) stays healthy while the failing path (``U``) leaves it.
 
 Plan ``screen`` of :mod:`.plans` trained U and F of four configurations for the first 20,000

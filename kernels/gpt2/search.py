@@ -63,7 +63,9 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # U, F, P, Z and S (the paper's emulated attention) train ~93 steps/s alone on an H200
     # (results/gpt2_testbed_F.json) and about half that two to a GPU: one run per GPU, two calls
     # (8.4 minutes, then the rest). Issue the second call at once: a machine idle for 30 s goes
-    # back with its disk, and the runs start again from step 0.
+    # back with its disk, and the runs start again from step 0 (it happened twice: the second
+    # calls became repeats). Done so far: W and A in seeds 1-4, U in seeds 1-4 (all exploded),
+    # F in seeds 1-4, P and Z in seed 1; still to run: S, P and Z in seed 2, every arm to 80,000.
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """

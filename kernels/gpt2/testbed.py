@@ -303,11 +303,11 @@ def testbed_colours() -> dict:
 
 def plot_survival_panels(fig, runs: dict):
     """Two Kaplan–Meier panels: this testbed's arms (the failing path, FA2 numerics, SDPA flash,
-    the control) and the first testbed's (the failing path, the control, δ from rowsum(dP∘P),
+    the control, and the two fixes where stored) and the first testbed's (the failing path, the control, δ from rowsum(dP∘P),
     the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
-    here = {legend_name(a): arm_endings(runs, a) for a in "FAWU"}
+    here = {legend_name(a): arm_endings(runs, a) for a in "FPZAWU"}
     here = {label: endings for label, endings in here.items() if endings}
     first = {legend_name(a): e for a, e in first_testbed_endings("FZPU").items()}
     plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")

@@ -14,6 +14,7 @@ import time
 import torch
 
 from kernels.attention import current_speedups, flash_attention, speedups
+from kernels.attention.options import STABLE_OFF_ON
 from kernels.env import REPO_ROOT
 from kernels.timing import inputs, on_gpu
 
@@ -38,7 +39,13 @@ def compile_jobs(ablation_steps):
         for causal in (True, False):
             for d in (64, 128):
                 jobs.append(
-                    dict(dtype=dtype_name, causal=causal, d=d, stable=["off", "cross"], switches={})
+                    dict(
+                        dtype=dtype_name,
+                        causal=causal,
+                        d=d,
+                        stable=list(STABLE_OFF_ON),
+                        switches={},
+                    )
                 )
     jobs.append(
         dict(dtype="bf16", causal=None, d=64, stable=["off"], switches={}, checks=True)

@@ -8,7 +8,7 @@ import torch
 
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.attention import AttentionOptions
-from kernels.attention.options import DELTA_SOURCES
+from kernels.attention.options import DELTA_SOURCES, STABLE_OFF_ON
 from kernels.env import interpreting
 from kernels.gpt2 import (
     GPT,
@@ -138,7 +138,7 @@ def test_models_with_different_attention_agree():
 
 
 @pytest.mark.parametrize("delta", DELTA_SOURCES)
-@pytest.mark.parametrize("stable", ["off", "cross"])
+@pytest.mark.parametrize("stable", STABLE_OFF_ON)
 def test_paper_function_gradients_match_fp64_autograd(delta, stable):
     """In fp64 nothing is rounded, so Algorithm 2 must reproduce autograd of softmax attention."""
     q, k, v = _qkv()
