@@ -9,6 +9,7 @@ import math
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -505,21 +506,47 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
     assert len(read_rows(tmp_path / "m.csv")) == 2 * 2 * len(FORWARD_METRICS)
 
 
-def test_ddp_gloo_single_process(tmp_path):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+DDP_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import kernels
+from kernels.gpt2 import GPT, GPTConfig
+from kernels.monitor import METRICS, AttentionMonitor, read_rows
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        model = DDP(book_model(attn="sdpa"))
-        with AttentionMonitor.attach(model, every=1, path=tmp_path / "m.csv", delta=True) as mon:
-            assert mon.layer_names == ["module.blocks.0.attn", "module.blocks.1.attn"]
-            mon.step(0)
-            logits, _ = model(torch.randint(0, 256, (2, 24)))
-            logits.float().pow(2).mean().backward()
-        assert len(read_rows(tmp_path / "m.csv")) == 2 * 2 * len(METRICS)
-    finally:
-        dist.destroy_process_group()
+folder = sys.argv[1]
+dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=0, world_size=1)
+try:
+    config = GPTConfig(block_size=24, n_layer=2, n_head=2, n_embd=32, attn="sdpa")
+    model = DDP(GPT(config))
+    with AttentionMonitor.attach(model, every=1, path=f"{folder}/m.csv", delta=True) as mon:
+        assert mon.layer_names == ["module.blocks.0.attn", "module.blocks.1.attn"], mon.layer_names
+        mon.step(0)
+        logits, _ = model(torch.randint(0, 256, (2, 24)))
+        logits.float().pow(2).mean().backward()
+    print("rows", len(read_rows(f"{folder}/m.csv")), "metrics", len(METRICS))
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_ddp_gloo_single_process(tmp_path):
+    """The monitor under DistributedDataParallel (gloo, one rank), in a process of its own: a
+    process group in the test runner's process once waited forever after a thousand other
+    tests, and a fresh process is how DDP runs anyway."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", DDP_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rows {2 * 2 * len(METRICS)} metrics {len(METRICS)}" in done.stdout, done.stdout
 
 
 def test_torch_compile_disables_the_monitor(tmp_path):
