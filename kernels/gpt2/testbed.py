@@ -303,8 +303,8 @@ def testbed_colours() -> dict:
 
 def plot_survival_panels(fig, runs: dict):
     """Two Kaplan–Meier panels: this testbed's arms (the failing path, FA2 numerics, SDPA flash,
-    the control, and the two fixes where stored) and the first testbed's (the failing path, the control, δ from rowsum(dP∘P),
-    the released fix), with one legend for both under them."""
+    the control, and the two fixes where stored) and the first testbed's (the failing path, the
+    control, δ from rowsum(dP∘P), the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
     here = {legend_name(a): arm_endings(runs, a) for a in "FPZAWU"}
