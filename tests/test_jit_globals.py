@@ -59,8 +59,7 @@ def refused_globals(fn):
     return sorted(
         name
         for name in _names_read(fn.__code__)
-        if isinstance(fn.__globals__.get(name), PLAIN_VALUES)
-        and not isinstance(fn.__globals__.get(name), tl.constexpr)
+        if isinstance(fn.__globals__.get(name), PLAIN_VALUES)  # a tl.constexpr is none of these
     )
 
 

@@ -18,8 +18,10 @@ worth keeping.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -120,7 +122,7 @@ def measure(models: dict, device, steps: int, warmup: int, modes=MODES, log=prin
         layers, width, heads, context, batch, vocab = sizes
         row = {"model": name, "layers": layers, "width": width, "heads": heads,
                "context": context, "batch": batch, "vocab": vocab, **row}  # fmt: skip
-        if not torch.isfinite(torch.tensor(row["final_loss"])):
+        if not math.isfinite(row["final_loss"]):
             raise FloatingPointError(f"{name}, {implementation}, {mode}: the loss is not finite")
         rows.append(row)
         log(f"{name:18s} {implementation:18s} {mode:9s} {row['steps_per_s']:8.1f} steps/s")
@@ -147,8 +149,6 @@ def main(argv=None) -> int:
     command = "python -m kernels.gpu.practitioner " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    from pathlib import Path
-
     out = Path(args.out) if args.out else None
     print("saved", save("practitioner_step", {"device": device, "rows": rows}, command, out))
     return 0
