@@ -205,13 +205,15 @@ def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
     return axes
 
 
-def print_runaway_starts(numbers: dict, arms: str = "UWAFPZ") -> None:
+def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
     """One line per arm with a stored run: from which step layer 0's largest |S| reached
     :data:`LIMIT`, over how many runs (from :func:`testbed_numbers`)."""
     for arm in arms:
         if not numbers[f"g7_tb_{arm}_reached"]:
             if numbers[f"g7_tb_{arm}_runs"]:
-                print(f"{ARM_WORDS[arm]:22s} layer 0's |S| < {LIMIT:.0f} throughout")
+                all_boom = numbers[f"g7_tb_{arm}_boom"] == numbers[f"g7_tb_{arm}_seeds"]
+                until = "until its loss exploded" if all_boom else "throughout"
+                print(f"{ARM_WORDS[arm]:22s} layer 0's |S| < {LIMIT:.0f} {until}")
             continue
         lo, hi = numbers[f"g7_tb_{arm}_begin_lo"], numbers[f"g7_tb_{arm}_begin_hi"]
         reached, count = numbers[f"g7_tb_{arm}_reached"], numbers[f"g7_tb_{arm}_runs"]
@@ -293,7 +295,8 @@ def departure_numbers(deps) -> dict:
 
 def legend_name(arm: str) -> str:
     """An arm's name in a legend: the chapter's, with SDPA named by the kernel it runs here."""
-    return "SDPA flash (torch)" if arm == "A" else VARIANT_NAMES[arm]
+    named_here = {"A": "SDPA flash (torch)", "S": "offset rule (β = 2), no clamp"}
+    return named_here.get(arm, VARIANT_NAMES[arm])
 
 
 def testbed_colours() -> dict:
@@ -303,11 +306,11 @@ def testbed_colours() -> dict:
 
 def plot_survival_panels(fig, runs: dict):
     """Two Kaplan–Meier panels: this testbed's arms (the failing path, FA2 numerics, SDPA flash,
-    the control, and the two fixes where stored) and the first testbed's (the failing path, the
+    the control, and the three fixes where stored) and the first testbed's (the failing path, the
     control, δ from rowsum(dP∘P), the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
-    here = {legend_name(a): arm_endings(runs, a) for a in "FPZAWU"}
+    here = {legend_name(a): arm_endings(runs, a) for a in "FPZAWUS"}
     here = {label: endings for label, endings in here.items() if endings}
     first = {legend_name(a): e for a, e in first_testbed_endings("FZPU").items()}
     plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")

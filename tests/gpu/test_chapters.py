@@ -33,3 +33,29 @@ def test_the_record_is_written_with_provenance(tmp_path):
     assert {"gpu", "torch", "date", "command"} <= set(record["provenance"])
     assert record["data"]["chapters"][0]["status"] == "ran"
     assert record["data"]["over_budget"] == []
+
+
+def test_a_call_stopped_midway_keeps_the_chapters_it_finished(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    good = _notebook(tmp_path / "good.ipynb", "z = 2 * 3")
+    slow = _notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(120)")
+    command = [sys.executable, "-m", "kernels.gpu.chapters", str(good), str(slow)]
+    runner = subprocess.Popen(
+        command + ["--out", str(tmp_path)], stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    record_path = tmp_path / "chapter_times.json"
+    try:
+        deadline = time.monotonic() + 90
+        while not record_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)  # as a device call's time limit would
+        runner.wait()
+    record = json.loads(record_path.read_text())
+    assert [row["chapter"] for row in record["data"]["chapters"]] == ["good.ipynb"]
+    assert record["data"]["chapters"][0]["status"] == "ran"
