@@ -142,16 +142,45 @@ def attention_forward(
     return out.transpose(1, 2), None
 
 
+def causal_or_sdpa_mask(*args, **kwargs):
+    """The mask function registered with the attention: ``None`` (no mask tensor at all) for
+    plain causal attention without padding, which the kernels' causal flag computes;
+    otherwise SDPA's mask, so padding and packed sequences reach the attention as a mask and
+    are refused there.
+
+    SDPA's own mask function builds the full mask under ``torch.compile`` in some versions of
+    transformers; reading it back (does it hide a key?) is a host sync, which breaks the graph
+    in every layer and makes Dynamo recompile per layer."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    plain = (
+        kwargs.get("attention_mask") is None
+        and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+        and kwargs.get("local_size") is None
+        and not args
+    )
+    return None if plain else sdpa_mask(*args, **kwargs)
+
+
 def register(name: str = NAME) -> str:
-    """Register the attention (and SDPA's mask function, so padding reaches it as a mask)
-    with transformers under ``name``; returns the name to pass as
+    """Register the attention (and :func:`causal_or_sdpa_mask`, so padding reaches it as a
+    mask) with transformers under ``name``; returns the name to pass as
     ``attn_implementation``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
+    from .options import use_explicit
+
+    use_explicit()  # asks the device once now, not while torch.compile traces the first call
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, causal_or_sdpa_mask)
     return name
 
 
-__all__ = ["NAME", "register", "attention_forward", "scaled_dot_product_attention"]
+__all__ = [
+    "NAME",
+    "register",
+    "attention_forward",
+    "causal_or_sdpa_mask",
+    "scaled_dot_product_attention",
+]

@@ -104,6 +104,32 @@ def test_registered_attention_refuses_what_it_cannot_do():
         hf_gpt2(name, n_head=4)(idx, labels=idx)
 
 
+def test_plain_causal_attention_gets_no_mask_and_compiles_without_graph_breaks():
+    """A mask tensor under torch.compile would make the padding check a host sync: a graph
+    break per layer. The registered mask function hands over no mask for plain causal
+    attention even where SDPA's would build one (``allow_is_causal_skip=False``, as some
+    transformers versions do while compiling), and still builds one for padding."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    n = int(np.random.randint(4, 32))
+    plain = dict(batch_size=2, q_length=n, kv_length=n, mask_function=causal_mask_function)
+    assert sdpa_mask(**plain, allow_is_causal_skip=False) is not None
+    assert hf_attention.causal_or_sdpa_mask(**plain, allow_is_causal_skip=False) is None
+    padding = torch.ones(2, n, dtype=torch.bool)
+    padding[1, int(np.random.randint(1, n)) :] = False
+    built = hf_attention.causal_or_sdpa_mask(**plain, attention_mask=padding)
+    assert built is not None and not bool(built[1, 0, -1, -1])
+
+    name = hf_attention.register()
+    idx = torch.randint(0, 64, (2, 16))
+    breaks = {}
+    for implementation in ("sdpa", name):
+        torch._dynamo.reset()
+        model = hf_gpt2(implementation).transformer
+        breaks[implementation] = torch._dynamo.explain(model)(idx).graph_break_count
+    assert breaks[name] <= breaks["sdpa"], breaks
+
+
 class NanoAttention(nn.Module):
     """nanoGPT's CausalSelfAttention, its SDPA call made switchable."""
 
