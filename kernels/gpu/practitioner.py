@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..results import save
@@ -110,13 +111,17 @@ def steps_per_second(sizes, implementation, mode, device, steps, warmup) -> dict
     }
 
 
-def measure(models: dict, device, steps: int, warmup: int, modes=MODES, log=print) -> list:
-    """Every model × implementation × mode, each row with its ratio to SDPA."""
+def measure(
+    models: dict, device, steps: int, warmup: int, modes=MODES, log=print, keep=None
+) -> list:
+    """Every model × implementation × mode, each row with its ratio to SDPA (SDPA's row of a
+    model and mode runs first). ``keep(rows)`` is called after every row, so a run stopped by
+    a time limit keeps what it measured."""
     from tqdm.auto import tqdm
 
     rows = []
-    plan = [(m, i, mode) for m in models for mode in modes for i in IMPLEMENTATIONS]
-    for name, implementation, mode in tqdm(plan, desc="practitioner steps"):
+    plan = [(m, mode, i) for m in models for mode in modes for i in IMPLEMENTATIONS]
+    for name, mode, implementation in tqdm(plan, desc="practitioner steps"):
         sizes = models[name]
         row = steps_per_second(sizes, implementation, mode, device, steps, warmup)
         layers, width, heads, context, batch, vocab = sizes
@@ -124,15 +129,58 @@ def measure(models: dict, device, steps: int, warmup: int, modes=MODES, log=prin
                "context": context, "batch": batch, "vocab": vocab, **row}  # fmt: skip
         if not math.isfinite(row["final_loss"]):
             raise FloatingPointError(f"{name}, {implementation}, {mode}: the loss is not finite")
-        rows.append(row)
-        log(f"{name:18s} {implementation:18s} {mode:9s} {row['steps_per_s']:8.1f} steps/s")
-    for row in rows:
         sdpa = next(
-            r for r in rows
-            if (r["model"], r["mode"], r["implementation"]) == (row["model"], row["mode"], "sdpa")
+            r for r in rows + [row]
+            if (r["model"], r["mode"], r["implementation"]) == (name, mode, "sdpa")
         )  # fmt: skip
         row["ratio_to_sdpa"] = row["steps_per_s"] / sdpa["steps_per_s"]
+        rows.append(row)
+        log(f"{name:18s} {implementation:18s} {mode:9s} {row['steps_per_s']:8.1f} steps/s")
+        if keep is not None:
+            keep(rows)
     return rows
+
+
+def plot_steps(rows: list):
+    """Steps per second of each model, SDPA beside the book's attention, eager and compiled;
+    the book's ratio to SDPA over its bar."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(6.8, 2.8), layout="constrained")
+    for ax, model in zip(np.atleast_1d(axes), models):
+        mine = [row for row in rows if row["model"] == model]
+        modes = list(dict.fromkeys(row["mode"] for row in mine))
+        for offset, implementation in zip((-0.2, 0.2), IMPLEMENTATIONS):
+            here = {r["mode"]: r for r in mine if r["implementation"] == implementation}
+            xs = [i + offset for i, mode in enumerate(modes)]
+            heights = [here[mode]["steps_per_s"] for mode in modes]
+            colour = "0.6" if implementation == "sdpa" else "black"
+            book = implementation.replace("book,", "the book's attention,")
+            label = "SDPA" if implementation == "sdpa" else book
+            ax.bar(xs, heights, width=0.38, color=colour, label=label)
+            if implementation != "sdpa":
+                for x, mode, height in zip(xs, modes, heights):
+                    ratio = here[mode]["ratio_to_sdpa"]
+                    ax.text(x, height, f"{ratio:.2f}×", ha="center", va="bottom", fontsize=9)
+        ax.set_xticks(range(len(modes)), modes, fontsize=10)
+        ax.set_title(f"{model} (B {mine[0]['batch']}, N {mine[0]['context']})", fontsize=10)
+        ax.margins(y=0.15)
+    np.atleast_1d(axes)[0].set_ylabel("training steps per second", fontsize=10)
+    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=9)
+    return fig
+
+
+def step_numbers(rows: list) -> dict:
+    """The ratios to SDPA chapter 10 states: the lowest and highest, eager and compiled."""
+    numbers = {}
+    for mode in MODES:
+        ratios = [r["ratio_to_sdpa"] for r in rows if r["mode"] == mode and r["implementation"]
+                  != "sdpa"]  # fmt: skip
+        numbers[f"c10_step_{mode}_lo"] = min(ratios)
+        numbers[f"c10_step_{mode}_hi"] = max(ratios)
+    return numbers
 
 
 def main(argv=None) -> int:
@@ -145,12 +193,16 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     models = MODELS if device == "cuda" else TINY
     modes = ("eager",) if args.eager_only else MODES
-    rows = measure(models, device, args.steps, args.warmup, modes)
     command = "python -m kernels.gpu.practitioner " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     out = Path(args.out) if args.out else None
-    print("saved", save("practitioner_step", {"device": device, "rows": rows}, command, out))
+
+    def keep(rows):
+        return save("practitioner_step", {"device": device, "rows": rows}, command, out)
+
+    measure(models, device, args.steps, args.warmup, modes, keep=keep)
+    print("saved practitioner_step.json in", out or "results/")
     return 0
 
 

@@ -2,6 +2,7 @@
 through the book's attention (counted), each row gets its ratio to SDPA, and a loss that is not
 finite stops it."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,11 @@ def test_each_row_trains_its_implementation_and_gets_its_ratio(monkeypatch):
         hf_attention, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     layers = practitioner.TINY["tiny GPT-2"][0]
-    rows = practitioner.measure(practitioner.TINY, "cpu", 2, 1, ("eager",), log=lambda _: None)
+    kept = []
+    rows = practitioner.measure(
+        practitioner.TINY, "cpu", 2, 1, ("eager",), log=lambda _: None, keep=kept.append
+    )
+    assert [len(k) for k in kept] == [2, 2] and kept[0] is rows  # saved after every row
     by_name = {row["implementation"]: row for row in rows}
     assert set(by_name) == set(practitioner.IMPLEMENTATIONS)
     assert len(calls) == 3 * layers  # warm-up and timed steps, every layer, book rows only
@@ -37,3 +42,26 @@ def test_a_loss_that_is_not_finite_stops_the_benchmark(monkeypatch):
     monkeypatch.setattr(practitioner, "train_steps", poisoned)
     with pytest.raises(FloatingPointError, match="not finite"):
         practitioner.measure(practitioner.TINY, "cpu", 1, 1, ("eager",), log=lambda _: None)
+
+
+def test_the_figure_and_the_glued_ratios_come_from_the_rows():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rng = np.random.default_rng()
+    rows = []
+    for model in ("small", "large"):
+        for mode in practitioner.MODES:
+            sdpa = float(rng.uniform(10, 90))
+            for implementation in practitioner.IMPLEMENTATIONS:
+                speed = sdpa if implementation == "sdpa" else float(rng.uniform(5, 90))
+                rows.append({"model": model, "mode": mode, "implementation": implementation,
+                             "batch": 4, "context": 64, "steps_per_s": speed,
+                             "ratio_to_sdpa": speed / sdpa})  # fmt: skip
+    fig = practitioner.plot_steps(rows)
+    bars = [p.get_height() for ax in fig.axes for p in ax.patches]
+    assert sorted(bars) == sorted(r["steps_per_s"] for r in rows)
+    numbers = practitioner.step_numbers(rows)
+    compiled = [r["ratio_to_sdpa"] for r in rows[2:4] + rows[6:8] if r["implementation"] != "sdpa"]
+    assert numbers["c10_step_compiled_lo"] == min(compiled)
+    assert numbers["c10_step_compiled_hi"] == max(compiled)
