@@ -27,8 +27,10 @@ def provenance(command: str) -> dict:
     except ImportError:  # pragma: no cover - triton is a requirement
         triton_version = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    capability = torch.cuda.get_device_capability(0) if gpu else None
     return {
         "gpu": gpu,
+        "capability": ".".join(map(str, capability)) if capability else None,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "torch": torch.__version__,
         "triton": triton_version,

@@ -24,9 +24,10 @@ reuses.
 
 Last, the first calls in *families this process never tuned* (``STORED``: another dtype,
 another head dim, full attention) with ``"stored_tuning"`` on: each compiles the configuration
-the stored GPU benchmark chose (``results/perf_tuning.json``) if that ran on this GPU model,
-and tunes otherwise (the record says which). Each family is timed twice, as if in a fresh
-process: the backward's two kernels compiled in parallel, and one after the other.
+the stored GPU benchmark chose (``results/perf_tuning.json``) if that ran on a GPU of this
+architecture (an H100's picks serve an H200), and tunes otherwise (the record says which).
+Each family is timed twice, as if in a fresh process: the backward's two kernels compiled in
+parallel, and one after the other.
 """
 
 from __future__ import annotations

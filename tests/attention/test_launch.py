@@ -410,9 +410,11 @@ def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch, switch)
     assert lengths_of(later_tuned.calls) == [1500, 2500]
 
 
-def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch, tmp_path):
-    """``stored_table`` reads ``results/perf_tuning.json`` once per GPU model, and only for the
-    model named in its provenance; the CPU and other GPUs get nothing (they tune)."""
+def test_the_stored_picks_serve_every_gpu_of_their_architecture(monkeypatch, tmp_path):
+    """``stored_table`` reads ``results/perf_tuning.json`` once per GPU model and serves it to
+    the model named in its provenance and to any GPU of the same compute capability (an
+    H100's picks on an H200); another architecture and the CPU get nothing (they tune). An
+    older record without the capability is placed by its GPU's name."""
     entry = dict(
         kernel="k",
         choices="c",
@@ -421,22 +423,30 @@ def test_the_stored_picks_serve_only_the_gpu_they_were_measured_on(monkeypatch, 
         lengths=[2048],
         config=dict(kwargs=dict(BLOCK_M=128, BLOCK_N=64), num_warps=8, num_stages=3),
     )
-    record = dict(provenance=dict(gpu="GPU A"), data=dict(entries=[entry]))
     stored = tmp_path / "perf_tuning.json"
-    stored.write_text(json.dumps(record))
     monkeypatch.setattr(tuning, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(tuning, "_STORED", {})
     cuda = torch.device("cuda", 0)
-    for gpu, want in (("GPU A", 1), ("GPU B", 0), ("GPU C", 0), ("GPU A", 1)):
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, gpu=gpu: gpu)
-        assert len(tuning.stored_table(cuda)) == want
-        if gpu == "GPU B":
-            stored.unlink()  # GPU C finds no file; GPU A's table was read already
-    assert set(tuning._STORED) == {"GPU A", "GPU B", "GPU C"}  # read once per model
-    ((family, [(lengths, config)]),) = tuning.stored_table(cuda).items()
+    gpus = {"GPU A": (9, 0), "GPU B": (9, 0), "GPU C": (8, 0), "NVIDIA H200": (9, 0)}
+    for provenance in (dict(gpu="GPU A", capability="9.0"), dict(gpu="NVIDIA H100 80GB HBM3")):
+        stored.write_text(json.dumps(dict(provenance=provenance, data=dict(entries=[entry]))))
+        monkeypatch.setattr(tuning, "_STORED", {})
+        for gpu, want in (("GPU A", 1), ("GPU B", 1), ("GPU C", 0), ("NVIDIA H200", 1)):
+            if provenance["gpu"] != "GPU A" and gpu.startswith("GPU"):
+                continue  # an older H100 record: no capability, placed by its name
+            monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, gpu=gpu: gpu)
+            monkeypatch.setattr(
+                torch.cuda, "get_device_capability", lambda device, gpu=gpu: gpus[gpu]
+            )
+            assert len(tuning.stored_table(cuda)) == want, (provenance, gpu)
+    stored.unlink()
+    monkeypatch.setattr(tuning, "_STORED", {"NVIDIA H200": tuning._STORED["NVIDIA H200"]})
+    ((family, [(lengths, config)]),) = tuning.stored_table(cuda).items()  # read once per model
     assert family == ("k", "c", (("HEAD_DIM", 64),), ("torch.bfloat16",)) and lengths == (2048,)
     assert (config.kwargs, config.num_warps, config.num_stages) == (entry["config"]["kwargs"], 8, 3)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "GPU D")
+    assert tuning.stored_table(cuda) == {}  # no file
     assert tuning.stored_table(torch.device("cpu")) == {}
+    assert tuning.record_capability(dict(gpu="Tesla T4")) is None
 
 
 def test_stored_picks_need_the_same_choices():

@@ -105,12 +105,25 @@ def device_of(args):
 
 STORED_TUNING = "perf_tuning"  # results/perf_tuning.json, written by python -m kernels.gpu.perf
 _STORED: dict = {}  # GPU name -> its table (read once per process)
+# Records made before provenance held the compute capability: the GPUs we measured on
+KNOWN_CAPABILITIES = {"H100": (9, 0), "H200": (9, 0)}
+
+
+def record_capability(provenance: dict) -> tuple[int, int] | None:
+    """The compute capability of the GPU a record was measured on: from its provenance, or for
+    an older record from its GPU's name (:data:`KNOWN_CAPABILITIES`); None if unknown."""
+    if provenance.get("capability"):
+        major, minor = str(provenance["capability"]).split(".")
+        return int(major), int(minor)
+    name = provenance.get("gpu") or ""
+    return next((cap for model, cap in KNOWN_CAPABILITIES.items() if model in name), None)
 
 
 def stored_table(device) -> dict:
     """The stored benchmark's picks (``results/perf_tuning.json``) as {family: [(lengths,
-    triton.Config)]}, if that benchmark ran on the same GPU model as ``device`` (its name, as
-    CUDA reports it); else (another GPU, the CPU, no stored file) empty."""
+    triton.Config)]}, if that benchmark ran on a GPU of the same architecture as ``device``
+    (the same compute capability: an H100's picks serve an H200 and back, whose SMs are the
+    same); else (an A100 or a T4, the CPU, no stored file) empty, and the launcher tunes."""
     if device is None or device.type != "cuda":
         return {}
     gpu = torch.cuda.get_device_name(device)
@@ -121,8 +134,12 @@ def stored_table(device) -> dict:
         except (OSError, ValueError):  # no stored benchmark here (or not readable)
             record = None
         _STORED[gpu] = {}
-        if record is not None and record.get("provenance", {}).get("gpu") == gpu:
-            _STORED[gpu] = table_of(record["data"]["entries"])
+        if record is not None:
+            measured_on = record.get("provenance", {})
+            same_model = measured_on.get("gpu") == gpu
+            here = tuple(torch.cuda.get_device_capability(device))
+            if same_model or record_capability(measured_on) == here:
+                _STORED[gpu] = table_of(record["data"]["entries"])
     return _STORED[gpu]
 
 
