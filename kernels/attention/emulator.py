@@ -283,6 +283,35 @@ def paper_scores(q, k, scale, low, causal=True):
     return s
 
 
+def delta_rowsum(source: str, d_out, *, out=None, out_fp32=None, d_probs=None, probs=None):
+    """δ per row, as ``source`` says; the one place its formula is written in PyTorch (the
+    kernels' δ pre-pass, :mod:`.flash_bwd`, computes the same in Triton):
+
+    * "o": rowsum(dO ∘ O) from the rounded output ``out`` (FlashAttention-2's, the failing path);
+    * "o_fp32": rowsum(dO ∘ O) from the unrounded output ``out_fp32`` (the stable control);
+    * "o_hilo": rowsum(dO ∘ O_hi) + rowsum(dO ∘ O_lo), the fp32 output stored as two bf16 halves;
+    * "dp": rowsum(dP ∘ P) from ``d_probs`` = dO Vᵀ and ``probs`` (never reads O).
+
+    Operands in the caller's working dtype; only the ones its source reads are needed."""
+    needs = {"o": ("out",), "o_fp32": ("out_fp32",), "o_hilo": ("out_fp32",),
+             "dp": ("d_probs", "probs")}  # fmt: skip
+    given = dict(out=out, out_fp32=out_fp32, d_probs=d_probs, probs=probs)
+    if source not in needs:
+        raise ValueError(f"unknown δ source {source!r}; one of {tuple(needs)}")
+    missing = [name for name in needs[source] if given[name] is None]
+    if missing:
+        raise ValueError(f"δ source {source!r} needs {', '.join(missing)}")
+    if source == "o":
+        return (d_out * out).sum(-1)
+    if source == "o_fp32":
+        return (d_out * out_fp32).sum(-1)
+    if source == "o_hilo":
+        o_hi = round_to_dtype(out_fp32, torch.bfloat16)
+        o_lo = round_to_dtype(out_fp32 - o_hi, torch.bfloat16)
+        return (d_out * o_hi).sum(-1) + (d_out * o_lo).sum(-1)
+    return (d_probs * probs).sum(-1)
+
+
 def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, delta_hook=None):
     """dQ, dK, dV (working precision) of the emulated attention, δ taken as ``opts.delta_source``
     says: "o" rowsum(dO ∘ O_low) (the failing path), "dp" rowsum(dP ∘ P), "o_fp32" rowsum(dO ∘ PV)
@@ -306,12 +335,15 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, de
         probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
     d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
     d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
-    if opts.delta_source == "o":
-        delta = (d_out * out_low.to(work)).sum(-1)  # δ = rowsum(dO ∘ O_lp)
-    elif opts.delta_source == "dp":
-        delta = (d_probs * probs).sum(-1)  # δ = rowsum(dP ∘ P)
-    else:
-        delta = (d_out * (probs @ vw)).sum(-1)  # δ = rowsum(dO ∘ PV), PV in fp32
+    source = opts.delta_source
+    delta = delta_rowsum(
+        source,
+        d_out,
+        out=out_low.to(work),
+        out_fp32=(probs @ vw) if source == "o_fp32" else None,  # PV in the working dtype
+        d_probs=d_probs,
+        probs=probs,
+    )
     if delta_hook is not None:
         delta = delta_hook(delta, d_out=d_out, out_low=out_low.to(work), probs=probs, values=vw)
     if use_fused and fused.usable(probs, low):

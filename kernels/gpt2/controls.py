@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from ..attention.emulator import flash_forward, paper_backward, paper_scores
+from ..attention.emulator import delta_rowsum, flash_forward, paper_backward, paper_scores
 from ..attention.options import AttentionOptions
 from ..numerics.rounding import round_to_dtype
 
@@ -75,15 +75,13 @@ def control_delta(
     """(δ, δ_hp): the δ the backward pass uses, and δ_hp = rowsum(dO ∘ O_hp) for reference.
 
     Shapes: d_out, out_low, out_high (..., N, D); d_probs, probs (..., N, N); δ (..., N)."""
-    delta_hp = (d_out * out_high).sum(-1)
-    if delta == "o":
-        base = (d_out * out_low).sum(-1)  # the failing path
-    elif delta == "dp":
-        base = (d_probs * probs).sum(-1)
-    elif delta == "o_fp32":
-        base = delta_hp
-    else:
+    if delta not in ("o", "dp", "o_fp32"):
         raise ValueError(f"delta must be o, dp or o_fp32, got {delta!r}")
+    delta_hp = delta_rowsum("o_fp32", d_out, out_fp32=out_high)
+    if delta == "o_fp32":
+        base = delta_hp
+    else:  # "o": the failing path
+        base = delta_rowsum(delta, d_out, out=out_low, d_probs=d_probs, probs=probs)
     return perturb_delta(base, delta_hp, dshift=dshift, dnoise=dnoise, derr=derr), delta_hp
 
 

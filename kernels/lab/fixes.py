@@ -69,21 +69,13 @@ def upstream_gradient(built: Built, mean: float = -0.5, seed: int = 0) -> torch.
 def delta_from(source: str, built: Built, res, d_out: torch.Tensor) -> torch.Tensor:
     """δ per row (fp32, as a kernel computes it) from the forward result ``res``."""
     d32 = d_out.float()
-    if source == "o":
-        return (d32 * res.out.float()).sum(-1)
-    if source == "o_fp32":
-        return (d32 * res.out_fp32.float()).sum(-1)
-    if source == "o_hilo":
-        o32 = res.out_fp32.float()
-        o_hi = round_to_dtype(o32, torch.bfloat16)
-        o_lo = round_to_dtype(o32 - o_hi, torch.bfloat16)
-        return (d32 * o_hi).sum(-1) + (d32 * o_lo).sum(-1)
+    if source not in LAB_DELTA_SOURCES:
+        raise ValueError(f"unknown δ source {source!r}; one of {LAB_DELTA_SOURCES}")
     if source == "dp":
-        s = built.scores.float()
-        p = torch.exp(s - res.lse.float().unsqueeze(-1))  # P = exp(S − L)
+        p = torch.exp(built.scores.float() - res.lse.float().unsqueeze(-1))  # P = exp(S − L)
         d_p = d32 @ built.v.float().transpose(-1, -2)  # dP = dO Vᵀ
-        return (p * d_p).sum(-1)
-    raise ValueError(f"unknown δ source {source!r}; one of {LAB_DELTA_SOURCES}")
+        return emulator.delta_rowsum("dp", d32, d_probs=d_p, probs=p)
+    return emulator.delta_rowsum(source, d32, out=res.out.float(), out_fp32=res.out_fp32.float())
 
 
 def output_stats(out: torch.Tensor, o_exact: torch.Tensor) -> dict:

@@ -181,3 +181,34 @@ def test_stochastic_rounding_is_unbiased_and_lands_on_neighbours():
             numerics="paper",
             acc_rounding="sr",
         )
+
+
+def test_delta_rowsum_is_each_sources_formula_in_fp64_and_names_what_is_missing():
+    """δ from each source against its definition in fp64 on fresh inputs; a source's missing
+    operand and an unknown source are named in the error."""
+    from kernels.attention.emulator import delta_rowsum
+
+    rows, n, d = (int(x) for x in torch.randint(2, 40, (3,)))
+    d_out, out = torch.randn(rows, d, dtype=torch.float64), torch.randn(rows, d).double()
+    probs = torch.softmax(torch.randn(rows, n, dtype=torch.float64), -1)
+    values = torch.randn(n, d, dtype=torch.float64)
+    d_probs = d_out @ values.T
+    exact = probs @ values
+    want = {
+        "o": (d_out * out).sum(-1),
+        "o_fp32": (d_out * exact).sum(-1),
+        "dp": (d_probs * probs).sum(-1),
+    }
+    for source, expected in want.items():
+        got = delta_rowsum(source, d_out, out=out, out_fp32=exact, d_probs=d_probs, probs=probs)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    # rowsum(dP ∘ P) = rowsum(dO ∘ PV): the two sources agree where O is exact
+    torch.testing.assert_close(want["dp"], want["o_fp32"], rtol=1e-10, atol=1e-10)
+    hilo = delta_rowsum("o_hilo", d_out, out_fp32=exact)
+    hi = round_to_dtype(exact, torch.bfloat16)
+    lo = round_to_dtype(exact - hi, torch.bfloat16)
+    torch.testing.assert_close(hilo, (d_out * (hi + lo)).sum(-1), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="'dp' needs d_probs, probs"):
+        delta_rowsum("dp", d_out, out=out)
+    with pytest.raises(ValueError, match="unknown δ source 'o_fp8'"):
+        delta_rowsum("o_fp8", d_out, out=out)
