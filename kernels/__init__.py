@@ -1,24 +1,24 @@
 """Code for the book *Why low-precision flash attention fails*.
 
 Importing this package first decides whether Triton runs natively or in its CPU interpreter
-(:mod:`kernels.env`), so it must be imported before anything else imports triton.
+(:mod:`kernels.interpreter`), so it must be imported before anything else imports triton.
 
 The layers, each importing only from the ones above it (``tests/tools/test_layout.py`` checks
 that there are at most five and no import cycle between files):
 
 1. :mod:`kernels.checking` the rules every exercise check follows; :mod:`kernels.tools` book
-   tooling (setup cells, showing source, figure style); :mod:`kernels.triton_intro` chapter 2's
+   tooling (setup cells, showing source, figure style); :mod:`kernels.interpreter` Triton's CPU
+   interpreter, switched on without a GPU and mended; :mod:`kernels.triton_intro` chapter 2's
    first kernels; :mod:`kernels.reduction_guard` the guard of exercise ch2-rowmax (the grader's
    worker loads the same file)
 2. :mod:`kernels.env` where we run (and seeding); :mod:`kernels.numerics` formats, rounding
-   (NumPy, torch, Triton), statistics
+   (NumPy, torch, Triton), statistics; :mod:`kernels.timing` how every measurement times;
+   :mod:`kernels.triton_exercises` chapter 2's exercise checks
 3. :mod:`kernels.attention` options, Triton kernels, emulator, fp64 reference, autograd, and
    :mod:`kernels.attention.registry`, the one place an implementation is named;
-   :mod:`kernels.timing` how every measurement times; :mod:`kernels.results` measurements with
-   provenance; :mod:`kernels.monitor` the attention monitor readers attach to their own
-   training (and the pure metrics it shares with the GPT-2 trainer); :mod:`kernels.lab_kit`
-   the course lab (``python -m kernels.lab_kit build``); :mod:`kernels.triton_exercises`
-   chapter 2's exercise checks
+   :mod:`kernels.results` measurements with provenance; :mod:`kernels.monitor` the attention
+   monitor readers attach to their own training (and the pure metrics it shares with the GPT-2
+   trainer); :mod:`kernels.lab_kit` the course lab (``python -m kernels.lab_kit build``)
 4. the experiments: :mod:`kernels.lab` (the rounding lab), :mod:`kernels.gpt2` (the small GPT-2),
    :mod:`kernels.gpu` (GPU measurements, chapter 10); siblings that never import each other;
    and this package's own ``__init__``
@@ -40,7 +40,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # tqdm reads TQDM_* settings when it is first imported, so this too must come first.
 _os.environ.setdefault("TQDM_MININTERVAL", "5")
 
-from .env import configure_triton as _configure_triton  # noqa: E402
+from .interpreter import configure_triton as _configure_triton  # noqa: E402
 
 _configure_triton()
 

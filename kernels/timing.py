@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from .env import interpreting
+from .interpreter import interpreting
 
 MODES = ("fwd", "fwd+bwd")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import checking as ck
-from .env import interpreting
+from .interpreter import interpreting
 from .reduction_guard import triton_only
 
 

@@ -28,7 +28,7 @@ def test_cpu_machine_takes_the_cpu_emulation_path():
     found = kenv.describe()
     assert found.path == "cpu-emulation"
     assert found.device == "cpu" and found.small and found.explicit_rounding
-    assert kenv.interpreting()
+    assert kernels.interpreter.interpreting()
     assert not kenv.native_bf16()
 
 
@@ -68,10 +68,12 @@ def test_interpreter_is_switched_on_before_triton_is_imported():
 
 
 def test_a_value_the_user_set_is_respected(monkeypatch):
+    from kernels import interpreter
+
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    kenv.configure_triton()
+    interpreter.configure_triton()
     assert os.environ["TRITON_INTERPRET"] == "0"
-    assert not kenv.interpreting()
+    assert not interpreter.interpreting()
 
 
 def test_setup_prints_one_statement_that_fits_the_column(capsys):

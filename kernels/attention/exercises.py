@@ -14,7 +14,7 @@ import math
 import torch
 
 from .. import checking as ck
-from ..env import interpreting
+from ..interpreter import interpreting
 from . import reference, tiling
 from .autograd import backward_pass
 

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..env import interpreting
+from ..interpreter import interpreting
 from ..numerics.triton_rounding import round_low
 from .flash_fwd import flash_forward, kernel_params, new_output
 from .jit import (

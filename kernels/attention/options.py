@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..env import interpreting, native_bf16
+from ..env import native_bf16
+from ..interpreter import interpreting
 from ..numerics.triton_rounding import LOW_BF16, LOW_CODES, LOW_FP16, LOW_FP32, LOW_FP64
 from .reference import default_scale
 

@@ -23,6 +23,6 @@ in :mod:`kernels.attention.registry`.
 Results go to ``results/*.json`` with provenance (:mod:`kernels.results`).
 """
 
-from ..env import configure_triton as _configure_triton
+from ..interpreter import configure_triton as _configure_triton
 
-_configure_triton()  # the interpreter switch (kernels.env), before a module here imports triton
+_configure_triton()  # the interpreter switch, before a module here imports triton

@@ -139,7 +139,8 @@ def census(head_dim: int = 64) -> list[dict]:
     """For each of :data:`KERNELS`, with the causal split on and off: the fused multiply-adds
     (``fma.rn``) of its sm_90 PTX and the :func:`unfused_multiply_adds`. Compiles in a child
     process where this one runs the Triton interpreter (no GPU needed either way)."""
-    from ..env import interpreting, run_module_json
+    from ..env import run_module_json
+    from ..interpreter import interpreting
 
     if not interpreting():
         return _census_here(head_dim)
@@ -161,7 +162,7 @@ def print_census(rows) -> None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    from ..env import configure_triton
+    from ..interpreter import configure_triton
 
     if configure_triton():
         raise SystemExit("compiling for a GPU needs TRITON_INTERPRET=0")

@@ -236,7 +236,7 @@ def table(rows: dict, title: str) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        from ..env import configure_triton
+        from ..interpreter import configure_triton
 
         if configure_triton():  # True: the interpreter is on
             raise SystemExit("the simulated launch needs TRITON_INTERPRET=0")
@@ -255,7 +255,7 @@ def main(argv=None):
             )
         )
         return
-    from ..env import configure_triton
+    from ..interpreter import configure_triton
 
     configure_triton()  # the interpreter switch, before triton
     b, h, n, d = SHAPE

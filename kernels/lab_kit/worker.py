@@ -7,7 +7,7 @@ not) fails: a finder placed first on ``sys.meta_path`` refuses it. The script lo
 by their paths, as modules of their own, never through the package (so ``kernels`` is not in
 ``sys.modules``): :mod:`.codec` (values as plain data), :mod:`.sandbox` (the isolation a worker
 enters), ``kernels/reduction_guard.py`` (the guard of exercise ``ch2-rowmax``, the check's own) and
-``kernels/env.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
+``kernels/interpreter.py`` (only for :func:`configure_triton`: Triton's CPU interpreter and
 its fixes, as the notebooks have them; it holds no check and no answer).
 It then runs the import statements of the chapters' cells once (``LAB_PRELOAD``), so that no
 worker repeats a slow import.
@@ -124,7 +124,8 @@ def main(fd: int) -> None:
     sys.meta_path.insert(0, NoBook())
     codec = load("lab_codec", os.path.join(HERE, "codec.py"))
     sandbox = load("lab_sandbox", os.path.join(HERE, "sandbox.py"))
-    load("lab_triton_env", os.path.join(os.path.dirname(HERE), "env.py")).configure_triton()
+    interpreter = os.path.join(os.path.dirname(HERE), "interpreter.py")
+    load("lab_triton_interpreter", interpreter).configure_triton()
     guard = load("lab_reduction_guard", os.path.join(os.path.dirname(HERE), "reduction_guard.py"))
     for statement in os.environ.get("LAB_PRELOAD", "").splitlines():
         try:

@@ -11,8 +11,8 @@ import torch
 from kernels.attention import AttentionOptions, flash_attention
 from kernels.attention.custom_op import flash_fwd_op, options_key, options_of
 from kernels.attention.options import STABLE_OFF_ON
-from kernels.env import interpreting
 from kernels.gpt2 import GPT, GPTConfig
+from kernels.interpreter import interpreting
 
 DEVICE = "cpu" if interpreting() else "cuda"  # kernels.gpu.check runs this file on a GPU
 

@@ -9,7 +9,6 @@ import torch
 import kernels  # noqa: F401  (sets the Triton interpreter switch first)
 from kernels.attention import AttentionOptions
 from kernels.attention.options import DELTA_SOURCES, STABLE_OFF_ON
-from kernels.env import interpreting
 from kernels.gpt2 import (
     GPT,
     PLANS,
@@ -26,6 +25,7 @@ from kernels.gpt2 import (
     lr_at,
     parse_spec,
 )
+from kernels.interpreter import interpreting
 
 
 def paper_opts(delta, stable):

@@ -34,7 +34,7 @@ import torch
 import triton
 from triton.runtime import _allocation  # no public getter for the allocator in Triton 3.6
 
-from ...env import interpreting
+from ...interpreter import interpreting
 from . import switches, tuning
 
 INTERPRETER_BLOCKS = (64, 64)  # fixed (block_m, block_n) in the CPU interpreter (the

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from ...env import interpreting
+from ...interpreter import interpreting
 
 OFF_VARIABLE = "LPFA_OFF"
 TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"

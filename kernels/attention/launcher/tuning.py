@@ -20,7 +20,8 @@ import torch
 import triton
 from triton.runtime import _async_compile  # whether an AsyncCompileMode is active
 
-from ...env import RESULTS_DIR, interpreting
+from ...env import RESULTS_DIR
+from ...interpreter import interpreting
 from . import switches
 
 MAX_COMPILE_THREADS = 16
