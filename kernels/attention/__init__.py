@@ -6,7 +6,7 @@ nothing in it imports from ``lab``, ``gpt2`` or ``gpu``.
 * :mod:`.options`    :class:`AttentionOptions` (validated once), :func:`check_tensors` and
   :func:`~.options.checked_call` (all of a call's checks, and its rounding path); the offset
   rules and δ sources the kernels know, listed once
-* :mod:`.jit`        Triton helpers shared by the kernels (tiles, MMAs, ``offset_update``,
+* :mod:`.tile_ops`   Triton helpers shared by the kernels (tiles, MMAs, ``offset_update``,
   ``accumulate``)
 * :mod:`.flash_fwd`, :mod:`.flash_bwd`   the FlashAttention-2 kernels (Algorithms 1 and 2) and
   their host side; the eager backward pass (:func:`~.flash_bwd.backward_gradients`) sits

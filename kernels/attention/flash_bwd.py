@@ -46,19 +46,6 @@ import triton.language as tl
 from ..interpreter import interpreting
 from ..numerics.triton_rounding import round_low
 from .flash_fwd import flash_forward, kernel_params, new_output
-from .jit import (
-    BF16,
-    batch_head,
-    exp_shifted,
-    load_rows,
-    load_tile,
-    load_tile_pair,
-    mma,
-    mma_acc,
-    program_tile,
-    store_tile,
-    to_operand,
-)
 from .launcher import (
     Launch,
     autotuners,
@@ -72,6 +59,19 @@ from .launcher import (
     switches,
 )
 from .options import LOW_CODES, AttentionOptions
+from .tile_ops import (
+    BF16,
+    batch_head,
+    exp_shifted,
+    load_rows,
+    load_tile,
+    load_tile_pair,
+    mma,
+    mma_acc,
+    program_tile,
+    store_tile,
+    to_operand,
+)
 
 
 @triton.jit(do_not_specialize=not_specialised("N_Q"))

@@ -19,8 +19,8 @@ both numerics modes: ``PAPER=False`` is the FA2 recipe above; ``PAPER=True`` hol
 and acc in the low format like the paper's PyTorch code. ``STABLE`` picks the offset rule: off,
 ``TILE`` (the paper's per-tile Algorithm 3) or ``CROSS`` (Algorithm 3 on the running (max, tie
 count) of all tiles so far, which also sees a tie split between two tiles). The two steps of the
-tile loop are the jit helpers :func:`~kernels.attention.jit.offset_update` and
-:func:`~kernels.attention.jit.accumulate`.
+tile loop are the Triton helpers :func:`~kernels.attention.tile_ops.offset_update` and
+:func:`~kernels.attention.tile_ops.accumulate`.
 
 The same source serves every machine through two compile-time switches:
 
@@ -58,7 +58,19 @@ import triton.language as tl
 
 from ..numerics.rounding import work_dtype
 from ..numerics.triton_rounding import round_low
-from .jit import (
+from .launcher import (
+    Launch,
+    autotuners,
+    base_two,
+    cdiv,
+    launcher,
+    not_specialised,
+    pick_blocks,
+    switches,
+    tma_usable,
+)
+from .options import LOW_CODES, AttentionOptions, checked_call, options_from
+from .tile_ops import (
     BF16,
     accumulate,
     batch_head,
@@ -72,18 +84,6 @@ from .jit import (
     row_block,
     store_tile,
 )
-from .launcher import (
-    Launch,
-    autotuners,
-    base_two,
-    cdiv,
-    launcher,
-    not_specialised,
-    pick_blocks,
-    switches,
-    tma_usable,
-)
-from .options import LOW_CODES, AttentionOptions, checked_call, options_from
 
 
 @triton.jit

@@ -23,7 +23,6 @@ import triton.language as tl
 import kernels  # noqa: F401
 from kernels.attention import emulator as emulate, speedups, tma_usable
 from kernels.attention.flash_fwd import flash_forward
-from kernels.attention.jit import offset_update
 from kernels.attention.options import (
     KERNEL_STABLE,
     KERNEL_STABLE_MODES,
@@ -33,6 +32,7 @@ from kernels.attention.options import (
     SUPPORTED_HEAD_DIMS,
 )
 from kernels.attention.reference import attention_fp64, lse_fp64, relative_error
+from kernels.attention.tile_ops import offset_update
 from kernels.env import native_bf16
 from kernels.numerics.rounding import ulp_distance
 
@@ -400,7 +400,7 @@ def test_base_two_only_where_it_is_the_same_arithmetic(dtype, numerics):
 
 @triton.jit
 def _offset_of_one_tile(QK, M, STABLE: tl.constexpr, LOW: tl.constexpr):
-    """The offset :func:`~kernels.attention.jit.offset_update` gives a 16×16 tile of fp32
+    """The offset :func:`~kernels.attention.tile_ops.offset_update` gives a 16×16 tile of fp32
     scores, from a row that has seen nothing yet (β = 1, ε = 0, no cap)."""
     rows, cols = tl.arange(0, 16), tl.arange(0, 16)
     qk = tl.load(QK + rows[:, None] * 16 + cols[None, :])

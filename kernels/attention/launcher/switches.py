@@ -229,7 +229,7 @@ def tma_usable(*tensors) -> bool:
 
 def base_two(paper: bool, dtype) -> bool:
     """Whether the kernels exponentiate in base 2 (``exp2``,
-    :func:`~kernels.attention.jit.exp_shifted`): FA2 numerics with bf16/fp16 inputs only. The
+    :func:`~kernels.attention.tile_ops.exp_shifted`): FA2 numerics with bf16/fp16 inputs only. The
     paper's numerics round S and S − m to the low format, which in base 2 would be other
     roundings; fp32/fp64 inputs (the references) keep e^x."""
     return CURRENT.exp2 and not paper and dtype in (torch.bfloat16, torch.float16)
