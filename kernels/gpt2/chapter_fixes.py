@@ -113,6 +113,8 @@ def fix_numbers(fixes: dict) -> dict:
         "g7_clamp_nan_gap": outs["K"][0]["step"] - clamped["monitor"][-1]["step"],
         "g7_dp_lo": min(o["steps"] for o in outs["P"]),
         "g7_dp_hi": max(o["steps"] for o in outs["P"]),
+        "g7_dp_runs": len(outs["P"]),
+        "g7_dp_boom": sum(o["step"] is not None for o in outs["P"]),
     }
 
 

@@ -91,8 +91,8 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     )
     print("step at which the failing run's tie share and its ‖W_Q‖ left the control's,")
     print("step of the explosion; lead: steps from the ties leaving to ‖W_Q‖ leaving")
-    real = deps.failing.str.startswith(("bf16-", "tb-"))
-    for title, rows in (("amplified", show[~real]), ("long, real BF16", show[real])):
+    real = deps.obits == 7  # BF16's own 7 bits, whatever the schedule; fewer bits magnify
+    for title, rows in (("fewer bits (amplified)", show[~real]), ("real BF16", show[real])):
         print(f"\n{title}:")
         print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
     for ratio in (1.05, 1.2):
@@ -148,6 +148,21 @@ def ladder_lines(rungs: dict) -> None:
         print(f"{VARIANT_NAMES[variant]:50s} {verdict}")
 
 
+def seed_counts(real: dict) -> dict:
+    """How many real-BF16 seeds of the first testbed each arm has, and how many exploded
+    (``real``: :func:`.report.real_bf16_runs`), as g7_real_seeds / g7_real_boom (the failing
+    path) and g7_fix_p_seeds / g7_fix_p_boom (δ from rowsum(dP∘P))."""
+    seeds = {v: sum(w == v for w, _ in real) for v in "UP"}
+    booms = {v: sum(outcome(r)["step"] is not None for (w, _), r in real.items() if w == v)
+             for v in "UP"}  # fmt: skip
+    return {
+        "g7_real_seeds": seeds["U"],
+        "g7_real_boom": booms["U"],
+        "g7_fix_p_seeds": seeds["P"],
+        "g7_fix_p_boom": booms["P"],
+    }
+
+
 def head_numbers(head: dict, runs: dict, seeds=(1, 2, 3)) -> dict:
     """One runaway head on the control's route against the failing path and the control, at the
     failing path's explosion, per seed."""
@@ -178,6 +193,7 @@ def head_numbers(head: dict, runs: dict, seeds=(1, 2, 3)) -> dict:
         "g7_head_steps": min(head_steps),
         "g7_head_boom_hi": max(booms),
         "g7_head_calm": calm_seeds,
+        "g7_head_seeds": len(seeds),
     }
 
 

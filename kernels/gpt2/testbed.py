@@ -23,7 +23,10 @@ from ..results import RESULTS_DIR, load
 from .plans import plan
 from .report import outcome
 from .runs import FONT, VARIANT_COLOURS, VARIANT_NAMES, monitor_series, parse_name
-from .screen import MAX_LOGIT_LIMIT as LIMIT  # |S| at or above it: the runaway has begun
+from .screen import (
+    MAX_LOGIT_LIMIT as LIMIT,  # |S| at or above it: the runaway has begun
+    SCREEN_STEPS,
+)
 
 ARMS = "UWAFPZS"  # the testbed's arms, in the order tables and legends list them
 ARM_WORDS = {
@@ -240,6 +243,7 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_reached"] = len(begins)  # runs whose layer 0 reached LIMIT
         numbers[f"g7_tb_{arm}_begin_lo"] = min(begins) if begins else 0
         numbers[f"g7_tb_{arm}_begin_hi"] = max(begins) if begins else 0
+    numbers["g7_screen_steps"] = SCREEN_STEPS  # how long the screen watched the control
     for arm in "AF":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]
@@ -276,18 +280,21 @@ def pair_label(name: str, run: dict) -> str:
 
 def departure_numbers(deps) -> dict:
     """Who left the control first, tie share or ‖W_Q‖, counted apart for the amplified pairs
-    (Ō with fewer bits, or BF16 on the short schedule) and the long real-BF16 pairs."""
+    (Ō with fewer than BF16's 7 bits) and the real-BF16 pairs (any schedule); the lag of the
+    tie share behind ‖W_Q‖ over the real-BF16 pairs where ‖W_Q‖ led."""
     left = deps.dropna(subset=["wq"])
-    real = left.failing.str.startswith(("bf16-", "tb-"))
-    amplified, long = left[~real], left[real]
-    lag = long.rows_tied_bf16.astype(float) - long.wq
+    real = left.obits == 7
+    amplified, bf16 = left[~real], left[real]
+    ties_first = bf16.rows_tied_bf16 < bf16.wq
+    lag = (bf16.rows_tied_bf16.astype(float) - bf16.wq)[~ties_first]
     return {
         "g7_ties_first": int((left.rows_tied_bf16 < left.wq).sum()),
         "g7_pairs": len(left),
         "g7_amp_ties_first": int((amplified.rows_tied_bf16 < amplified.wq).sum()),
         "g7_amp_pairs": len(amplified),
-        "g7_real_wq_first": int((long.wq <= long.rows_tied_bf16).sum()),
-        "g7_real_pairs": len(long),
+        "g7_real_ties_first": int(ties_first.sum()),
+        "g7_real_wq_first": int((~ties_first).sum()),
+        "g7_real_pairs": len(bf16),
         "g7_real_lag_lo": float(lag.min()),
         "g7_real_lag_hi": float(lag.max()),
     }
