@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..results import save
@@ -36,6 +35,10 @@ MODELS = {
 TINY = {"tiny GPT-2": (2, 32, 2, 32, 2, 64)}  # for a CPU: checks the code, times nothing real
 IMPLEMENTATIONS = ("sdpa", "book, δ from dP∘P")
 MODES = ("eager", "compiled")
+# Hugging Face's GPT2LMHeadModel (the attention registered by name) and nanoGPT's model as the
+# book writes it (kernels.gpt2.GPT: the attention chosen by its spec, as chapter 7 trains it)
+LOOPS = ("Hugging Face", "nanoGPT")
+NANOGPT_ATTN = {"sdpa": "sdpa", "book, δ from dP∘P": "triton:delta=dp"}
 
 
 def _attn_name(implementation: str) -> str:
@@ -44,12 +47,20 @@ def _attn_name(implementation: str) -> str:
     return "sdpa" if implementation == "sdpa" else hf_attention.register()
 
 
-def build(sizes: tuple, implementation: str, device) -> torch.nn.Module:
-    """A freshly initialised ``GPT2LMHeadModel`` of ``sizes`` with ``implementation``."""
+def build(sizes: tuple, implementation: str, device, loop: str = "Hugging Face"):
+    """A freshly initialised model of ``sizes`` with ``implementation``: Hugging Face's
+    ``GPT2LMHeadModel`` or the book's nanoGPT-style :class:`kernels.gpt2.GPT` (``loop``)."""
+    layers, width, heads, context, _, vocab = sizes
+    torch.manual_seed(0)
+    if loop == "nanoGPT":
+        from ..gpt2 import GPT, GPTConfig
+
+        config = GPTConfig(vocab_size=vocab, block_size=context, n_layer=layers, n_head=heads,
+                           n_embd=width, attn=NANOGPT_ATTN[implementation])  # fmt: skip
+        return GPT(config).to(device)
     from transformers import GPT2Config, GPT2LMHeadModel, logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    layers, width, heads, context, _, vocab = sizes
     config = GPT2Config(
         n_layer=layers,
         n_embd=width,
@@ -61,11 +72,20 @@ def build(sizes: tuple, implementation: str, device) -> torch.nn.Module:
         embd_pdrop=0.0,
         attn_implementation=_attn_name(implementation),
     )
-    torch.manual_seed(0)
     return GPT2LMHeadModel(config).to(device)
 
 
-def train_steps(model, sizes: tuple, steps: int, device, compiled: bool = False) -> list:
+def _loss(step_fn, tokens, loop: str):
+    """The language-model loss of one batch: Hugging Face's model takes labels (and shifts
+    them), the book's GPT targets (here the same tokens: a timing, not a lesson)."""
+    if loop == "nanoGPT":
+        return step_fn(tokens, tokens)[1]
+    return step_fn(tokens, labels=tokens).loss
+
+
+def train_steps(
+    model, sizes: tuple, steps: int, device, compiled: bool = False, loop: str = "Hugging Face"
+) -> list:
     """Train ``steps`` steps (a reader's loop) and return the losses as tensors (no host sync
     inside the loop, as a loop that logs every hundredth step would have)."""
     *_, context, batch, vocab = sizes
@@ -76,7 +96,7 @@ def train_steps(model, sizes: tuple, steps: int, device, compiled: bool = False)
     losses = []
     for step in range(steps):
         with torch.autocast(torch.device(device).type, dtype=dtype):
-            loss = step_fn(tokens[step], labels=tokens[step]).loss
+            loss = _loss(step_fn, tokens[step], loop)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -90,18 +110,21 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def steps_per_second(sizes, implementation, mode, device, steps, warmup) -> dict:
+def steps_per_second(
+    sizes, implementation, mode, device, steps, warmup, loop: str = "Hugging Face"
+) -> dict:
     """One row: warm up (compiling and autotuning happen there), then time ``steps`` steps."""
-    model = build(sizes, implementation, device)
+    model = build(sizes, implementation, device, loop)
     compiled = mode == "compiled"
-    losses = train_steps(model, sizes, warmup, device, compiled)
+    losses = train_steps(model, sizes, warmup, device, compiled, loop)
     _sync(device)
     start = time.perf_counter()
-    losses += train_steps(model, sizes, steps, device, compiled)
+    losses += train_steps(model, sizes, steps, device, compiled, loop)
     _sync(device)
     seconds = time.perf_counter() - start
     final = float(losses[-1])
     return {
+        "loop": loop,
         "implementation": implementation,
         "mode": mode,
         "steps": steps,
@@ -112,44 +135,54 @@ def steps_per_second(sizes, implementation, mode, device, steps, warmup) -> dict
 
 
 def measure(
-    models: dict, device, steps: int, warmup: int, modes=MODES, log=print, keep=None
-) -> list:
-    """Every model × implementation × mode, each row with its ratio to SDPA (SDPA's row of a
-    model and mode runs first). ``keep(rows)`` is called after every row, so a run stopped by
-    a time limit keeps what it measured."""
+    models: dict, device, steps: int, warmup: int, modes=MODES, log=print, keep=None,
+    loops=LOOPS,
+) -> list:  # fmt: skip
+    """Every loop × model × implementation × mode, each row with its ratio to SDPA (SDPA's
+    row of a loop, model and mode runs first). ``keep(rows)`` is called after every row, so a
+    run stopped by a time limit keeps what it measured."""
     from tqdm.auto import tqdm
 
     rows = []
-    plan = [(m, mode, i) for m in models for mode in modes for i in IMPLEMENTATIONS]
-    for name, mode, implementation in tqdm(plan, desc="practitioner steps"):
+    plan = [(loop, m, mode, i) for loop in loops for m in models for mode in modes
+            for i in IMPLEMENTATIONS]  # fmt: skip
+    for loop, name, mode, implementation in tqdm(plan, desc="practitioner steps"):
         sizes = models[name]
-        row = steps_per_second(sizes, implementation, mode, device, steps, warmup)
+        row = steps_per_second(sizes, implementation, mode, device, steps, warmup, loop)
         layers, width, heads, context, batch, vocab = sizes
         row = {"model": name, "layers": layers, "width": width, "heads": heads,
                "context": context, "batch": batch, "vocab": vocab, **row}  # fmt: skip
+        where = f"{loop}, {name}, {implementation}, {mode}"
         if not math.isfinite(row["final_loss"]):
-            raise FloatingPointError(f"{name}, {implementation}, {mode}: the loss is not finite")
-        sdpa = next(
-            r for r in rows + [row]
-            if (r["model"], r["mode"], r["implementation"]) == (name, mode, "sdpa")
-        )  # fmt: skip
+            raise FloatingPointError(f"{where}: the loss is not finite")
+        sdpa = next(r for r in rows + [row] if _same_setting(r, row) and r["implementation"]
+                    == "sdpa")  # fmt: skip
         row["ratio_to_sdpa"] = row["steps_per_s"] / sdpa["steps_per_s"]
         rows.append(row)
-        log(f"{name:18s} {implementation:18s} {mode:9s} {row['steps_per_s']:8.1f} steps/s")
+        log(f"{where:60s} {row['steps_per_s']:8.1f} steps/s")
         if keep is not None:
             keep(rows)
     return rows
 
 
+def _same_setting(a: dict, b: dict) -> bool:
+    """Two rows of one loop, model and mode (rows stored before loops were named are Hugging
+    Face's)."""
+    loop = (a.get("loop", LOOPS[0]), b.get("loop", LOOPS[0]))
+    return loop[0] == loop[1] and (a["model"], a["mode"]) == (b["model"], b["mode"])
+
+
 def plot_steps(rows: list):
-    """Steps per second of each model, SDPA beside the book's attention, eager and compiled;
-    the book's ratio to SDPA over its bar."""
+    """Steps per second of each loop (a row of panels) and model (a column), SDPA beside the
+    book's attention, eager and compiled; the book's ratio to SDPA over its bar."""
     import matplotlib.pyplot as plt
 
+    loops = list(dict.fromkeys(row.get("loop", LOOPS[0]) for row in rows))
     models = list(dict.fromkeys(row["model"] for row in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(6.8, 2.8), layout="constrained")
-    for ax, model in zip(np.atleast_1d(axes), models):
-        mine = [row for row in rows if row["model"] == model]
+    fig, axes = plt.subplots(len(loops), len(models), figsize=(6.8, 0.6 + 2.4 * len(loops)),
+                             layout="constrained", squeeze=False)  # fmt: skip
+    for (loop, model), ax in zip([(lp, m) for lp in loops for m in models], axes.flat):
+        mine = [r for r in rows if r["model"] == model and r.get("loop", LOOPS[0]) == loop]
         modes = list(dict.fromkeys(row["mode"] for row in mine))
         for offset, implementation in zip((-0.2, 0.2), IMPLEMENTATIONS):
             here = {r["mode"]: r for r in mine if r["implementation"] == implementation}
@@ -164,10 +197,12 @@ def plot_steps(rows: list):
                     ratio = here[mode]["ratio_to_sdpa"]
                     ax.text(x, height, f"{ratio:.2f}×", ha="center", va="bottom", fontsize=9)
         ax.set_xticks(range(len(modes)), modes, fontsize=10)
-        ax.set_title(f"{model} (B {mine[0]['batch']}, N {mine[0]['context']})", fontsize=10)
+        shape = f"B {mine[0]['batch']}, N {mine[0]['context']}"
+        ax.set_title(f"{loop}: {model} ({shape})", fontsize=9.5)
         ax.margins(y=0.15)
-    np.atleast_1d(axes)[0].set_ylabel("training steps per second", fontsize=10)
-    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    for ax in axes[:, 0]:
+        ax.set_ylabel("steps per second", fontsize=10)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=9)
     return fig
 
@@ -189,6 +224,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--eager-only", action="store_true", help="skip torch.compile")
+    parser.add_argument("--loops", default=",".join(LOOPS), help=f"some of {', '.join(LOOPS)}")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     models = MODELS if device == "cuda" else TINY
@@ -201,7 +237,11 @@ def main(argv=None) -> int:
     def keep(rows):
         return save("practitioner_step", {"device": device, "rows": rows}, command, out)
 
-    measure(models, device, args.steps, args.warmup, modes, keep=keep)
+    loops = tuple(loop.strip() for loop in args.loops.split(","))
+    unknown = [loop for loop in loops if loop not in LOOPS]
+    if unknown:
+        parser.error(f"unknown loop {unknown[0]!r}; choose from {', '.join(LOOPS)}")
+    measure(models, device, args.steps, args.warmup, modes, keep=keep, loops=loops)
     print("saved practitioner_step.json in", out or "results/")
     return 0
 

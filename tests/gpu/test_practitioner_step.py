@@ -19,8 +19,9 @@ def test_each_row_trains_its_implementation_and_gets_its_ratio(monkeypatch):
     layers = practitioner.TINY["tiny GPT-2"][0]
     kept = []
     rows = practitioner.measure(
-        practitioner.TINY, "cpu", 2, 1, ("eager",), log=lambda _: None, keep=kept.append
-    )
+        practitioner.TINY, "cpu", 2, 1, ("eager",), log=lambda _: None, keep=kept.append,
+        loops=("Hugging Face",),
+    )  # fmt: skip
     assert [len(k) for k in kept] == [2, 2] and kept[0] is rows  # saved after every row
     by_name = {row["implementation"]: row for row in rows}
     assert set(by_name) == set(practitioner.IMPLEMENTATIONS)
@@ -65,3 +66,20 @@ def test_the_figure_and_the_glued_ratios_come_from_the_rows():
     compiled = [r["ratio_to_sdpa"] for r in rows[2:4] + rows[6:8] if r["implementation"] != "sdpa"]
     assert numbers["c10_step_compiled_lo"] == min(compiled)
     assert numbers["c10_step_compiled_hi"] == max(compiled)
+
+
+def test_the_nanogpt_loop_trains_the_books_gpt_with_each_attention(monkeypatch):
+    from kernels.gpt2 import attention as gpt2_attention
+
+    calls = []
+    real = gpt2_attention.flash_attention
+    monkeypatch.setattr(
+        gpt2_attention, "flash_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k)
+    )
+    rows = practitioner.measure(
+        practitioner.TINY, "cpu", 1, 1, ("eager",), log=lambda _: None, loops=("nanoGPT",)
+    )
+    layers = practitioner.TINY["tiny GPT-2"][0]
+    assert [r["loop"] for r in rows] == ["nanoGPT", "nanoGPT"]
+    assert len(calls) == 2 * layers and all(opts.delta_source == "dp" for opts in calls)
+    assert rows[0]["ratio_to_sdpa"] == 1.0 and rows[1]["ratio_to_sdpa"] > 0
