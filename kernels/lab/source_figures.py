@@ -77,13 +77,16 @@ def kernel_excess(bias_records, settings):
     return table
 
 
-def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
-    """What each GPU kernel adds to the mean error beyond the ideal, per setting."""
+def plot_kernel_excess(stored, settings, impls=KERNELS, ax=None):
+    """What each GPU kernel adds to the mean error beyond the ideal, per setting, from the
+    stored result of bias_sources_gpu (its records, and its GPU for the title)."""
     import matplotlib.pyplot as plt
+
+    from ..results import gpu_short
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.8, 3.8), layout="constrained")
-    table = kernel_excess(bias_records, settings)
+    table = kernel_excess(stored["data"]["records"], settings)
     width = 0.8 / len(impls)
     x = np.arange(len(settings))
     for i, impl in enumerate(impls):
@@ -101,7 +104,7 @@ def plot_kernel_excess(bias_records, settings, impls=KERNELS, ax=None):
     ax.set_xticks(x, [f"k={k}\nV {vt:+g} / {vr:+g}" for k, vt, vr in settings])
     ax.set(
         ylabel="kernel bias − ideal's bias [ulp]",
-        title="what GPU kernels add beyond the ideal (H100)",
+        title=f"what GPU kernels add beyond the ideal ({gpu_short(stored)})",
     )
     ax.legend(ncols=2, loc="upper left")
     return ax.figure

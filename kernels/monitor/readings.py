@@ -372,11 +372,31 @@ def summary_frame(summary):
     return pd.DataFrame(rows)
 
 
+def _first_alerts(table) -> dict:
+    """The first alerts of the runaway controls, least and most, in three groups: the
+    screen's (``m9_all_runaway``), the second testbed's long ones (``m9_all_long_tb``) and
+    the long real-BF16 ones (``m9_all_long_real``). Raises on a runaway control in none."""
+    runaway = table[table.kind == "runaway control"]
+    groups = {
+        "m9_all_runaway": ~runaway.long,
+        "m9_all_long_tb": runaway.long & runaway.file.str.startswith("gpt2_testbed"),
+        "m9_all_long_real": runaway.long & runaway.file.str.startswith("gpt2_bf16_real"),
+    }
+    if sum(int(mask.sum()) for mask in groups.values()) != len(runaway):
+        raise ValueError("a runaway control is in none of the prose's three groups")
+    out = {}
+    for name, mask in groups.items():
+        first = runaway.first_alert[mask].dropna()
+        out |= {f"{name}_first_lo": int(first.min()), f"{name}_first_hi": int(first.max())}
+    return out
+
+
 def alert_numbers(table) -> dict:
     """The numbers chapter 9's prose glues from :func:`alert_table`: the failing runs that
     departed (``m9_all_failing``) and how many were flagged first, with the median and
     least lead; the healthy controls, those that alerted and their false alarms and rules;
-    the runaway controls (the screen's, the long ones' first alert); and the largest |S|
+    the runaway controls (the screen's, the long ones'; the first alerts of each: the
+    screen's, the second testbed's and the long real-BF16 ones apart); and the largest |S|
     over its own early level (:func:`own_growth`) of the healthy and the long controls."""
     from .alerts import WARMUP_STEPS
 
@@ -404,6 +424,7 @@ def alert_numbers(table) -> dict:
         "m9_all_runaway_alerted": runaway["alerted"],
         "m9_all_long": long["runs"],
         "m9_all_long_first": long["first_alert_min"],
+        **_first_alerts(table),
         "m9_all_growth_healthy": float(np.nanmax(growth)),
         "m9_all_growth_long": float(np.nanmin(long_growth)),
         "m9_all_warmup": WARMUP_STEPS,

@@ -118,3 +118,6 @@ def test_what_chapter_9_says_of_the_table(stored):
     assert numbers["m9_all_flagged"] == numbers["m9_all_failing"]
     assert numbers["m9_all_runaway_alerted"] == numbers["m9_all_runaway"]
     assert numbers["m9_all_growth_long"] > 10 * numbers["m9_all_growth_healthy"]
+    # the long real-BF16 controls alert last, after the screen's and the second testbed's
+    firsts = [numbers[f"m9_all_{g}_first_hi"] for g in ("runaway", "long_tb")]
+    assert max(firsts) < numbers["m9_all_long_real_first_lo"]
