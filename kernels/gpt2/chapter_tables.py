@@ -151,7 +151,7 @@ def ladder_lines(rungs: dict) -> None:
 def seed_counts(real: dict) -> dict:
     """How many real-BF16 seeds of the first testbed each arm has, and how many exploded
     (``real``: :func:`.report.real_bf16_runs`), as g7_real_seeds / g7_real_boom (the failing
-    path) and g7_fix_p_seeds / g7_fix_p_boom (δ from rowsum(dP∘P))."""
+    path) and g7_fix_p_seeds / g7_fix_p_exploded (δ from rowsum(dP∘P))."""
     seeds = {v: sum(w == v for w, _ in real) for v in "UP"}
     booms = {v: sum(outcome(r)["step"] is not None for (w, _), r in real.items() if w == v)
              for v in "UP"}  # fmt: skip
@@ -159,7 +159,7 @@ def seed_counts(real: dict) -> dict:
         "g7_real_seeds": seeds["U"],
         "g7_real_boom": booms["U"],
         "g7_fix_p_seeds": seeds["P"],
-        "g7_fix_p_boom": booms["P"],
+        "g7_fix_p_exploded": booms["P"],
     }
 
 

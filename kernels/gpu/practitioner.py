@@ -35,10 +35,9 @@ MODELS = {
 TINY = {"tiny GPT-2": (2, 32, 2, 32, 2, 64)}  # for a CPU: checks the code, times nothing real
 IMPLEMENTATIONS = ("sdpa", "book, δ from dP∘P")
 MODES = ("eager", "compiled")
-# Hugging Face's GPT2LMHeadModel (the attention registered by name) and nanoGPT's model as the
-# book writes it (kernels.gpt2.GPT: the attention chosen by its spec, as chapter 7 trains it)
+# Hugging Face's GPT2LMHeadModel (the attention registered by name) and nanoGPT's model (its
+# one scaled_dot_product_attention call replaced by the book's drop-in, :class:`NanoGPT`)
 LOOPS = ("Hugging Face", "nanoGPT")
-NANOGPT_ATTN = {"sdpa": "sdpa", "book, δ from dP∘P": "triton:delta=dp"}
 
 
 def _attn_name(implementation: str) -> str:
@@ -47,17 +46,60 @@ def _attn_name(implementation: str) -> str:
     return "sdpa" if implementation == "sdpa" else hf_attention.register()
 
 
+class NanoBlock(torch.nn.Module):
+    """nanoGPT's block: pre-LayerNorm attention and MLP; ``attend`` is the attention call, with
+    ``torch.nn.functional.scaled_dot_product_attention``'s signature."""
+
+    def __init__(self, width: int, heads: int, attend):
+        super().__init__()
+        self.heads, self.attend = heads, attend
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.c_attn, self.c_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (t.view(b, n, self.heads, c // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = self.attend(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, n, c))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(torch.nn.Module):
+    """nanoGPT's GPT (tied embedding, learned positions) of ``sizes``; returns (logits, loss)."""
+
+    def __init__(self, sizes: tuple, attend):
+        super().__init__()
+        layers, width, heads, context, _, vocab = sizes
+        self.wte, self.wpe = torch.nn.Embedding(vocab, width), torch.nn.Embedding(context, width)
+        self.blocks = torch.nn.ModuleList(NanoBlock(width, heads, attend) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(width)
+        self.lm_head = torch.nn.Linear(width, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        flat = logits.float().view(-1, logits.shape[-1])
+        return logits, torch.nn.functional.cross_entropy(flat, targets.reshape(-1))
+
+
 def build(sizes: tuple, implementation: str, device, loop: str = "Hugging Face"):
     """A freshly initialised model of ``sizes`` with ``implementation``: Hugging Face's
-    ``GPT2LMHeadModel`` or the book's nanoGPT-style :class:`kernels.gpt2.GPT` (``loop``)."""
+    ``GPT2LMHeadModel`` or :class:`NanoGPT` (``loop``)."""
+    from ..attention import hf_attention
+
     layers, width, heads, context, _, vocab = sizes
     torch.manual_seed(0)
     if loop == "nanoGPT":
-        from ..gpt2 import GPT, GPTConfig
-
-        config = GPTConfig(vocab_size=vocab, block_size=context, n_layer=layers, n_head=heads,
-                           n_embd=width, attn=NANOGPT_ATTN[implementation])  # fmt: skip
-        return GPT(config).to(device)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        book = hf_attention.scaled_dot_product_attention  # the drop-in for nanoGPT's one call
+        return NanoGPT(sizes, sdpa if implementation == "sdpa" else book).to(device)
     from transformers import GPT2Config, GPT2LMHeadModel, logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -77,7 +119,7 @@ def build(sizes: tuple, implementation: str, device, loop: str = "Hugging Face")
 
 def _loss(step_fn, tokens, loop: str):
     """The language-model loss of one batch: Hugging Face's model takes labels (and shifts
-    them), the book's GPT targets (here the same tokens: a timing, not a lesson)."""
+    them), nanoGPT's targets (here the same tokens: a timing, not a lesson)."""
     if loop == "nanoGPT":
         return step_fn(tokens, tokens)[1]
     return step_fn(tokens, labels=tokens).loss

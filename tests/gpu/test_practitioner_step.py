@@ -68,13 +68,11 @@ def test_the_figure_and_the_glued_ratios_come_from_the_rows():
     assert numbers["c10_step_compiled_hi"] == max(compiled)
 
 
-def test_the_nanogpt_loop_trains_the_books_gpt_with_each_attention(monkeypatch):
-    from kernels.gpt2 import attention as gpt2_attention
-
+def test_the_nanogpt_loop_calls_the_drop_in_in_every_layer(monkeypatch):
     calls = []
-    real = gpt2_attention.flash_attention
+    real = hf_attention.flash_attention
     monkeypatch.setattr(
-        gpt2_attention, "flash_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k)
+        hf_attention, "flash_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k)
     )
     rows = practitioner.measure(
         practitioner.TINY, "cpu", 1, 1, ("eager",), log=lambda _: None, loops=("nanoGPT",)
