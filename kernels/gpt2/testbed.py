@@ -269,12 +269,15 @@ def long_pairs(real: dict, runs: dict) -> tuple[dict, tuple]:
 
 def pair_label(name: str, run: dict) -> str:
     """A failing run of a departure table in words: the amplified and first-testbed runs as
-    :func:`.runs.run_label` says them, this testbed's by arm ('SDPA flash, seed 1, lr 5e-4')."""
+    :func:`.runs.run_label` says them (chapter 7's earlier seed-0 BF16 run marked so, as section 2
+    names it), this testbed's by arm ('SDPA flash, seed 1, lr 5e-4')."""
+    from .report import EARLIER_BF16
     from .runs import run_label
 
     config, arm, seed = parse_name(name)
     if config != "tb":
-        return run_label(name, run, schedule=True)
+        earlier = ", earlier run" if name in EARLIER_BF16.values() else ""
+        return run_label(name, run, schedule=True) + earlier
     return f"{ARM_WORDS[arm]}, seed {seed[1:]}, lr 5e-4"
 
 
