@@ -335,17 +335,17 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, de
         probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
     d_v = probs.transpose(-1, -2) @ d_out  # dV = Pᵀ dO
     d_probs = d_out @ vw.transpose(-1, -2)  # dP = dO Vᵀ
-    source = opts.delta_source
+    source, out_work = opts.delta_source, out_low.to(work)
     delta = delta_rowsum(
         source,
         d_out,
-        out=out_low.to(work),
+        out=out_work,
         out_fp32=(probs @ vw) if source == "o_fp32" else None,  # PV in the working dtype
         d_probs=d_probs,
         probs=probs,
     )
     if delta_hook is not None:
-        delta = delta_hook(delta, d_out=d_out, out_low=out_low.to(work), probs=probs, values=vw)
+        delta = delta_hook(delta, d_out=d_out, out_low=out_work, probs=probs, values=vw)
     if use_fused and fused.usable(probs, low):
         d_scores = fused.d_scores(d_probs, probs, delta)  # written over dP
     else:

@@ -145,7 +145,7 @@ def _control_hook(delta, *, d_out, out_low, probs, values, control, probe):
     """The δ hook of :func:`kernels.attention.emulator.paper_backward` for one control: δ from
     the spec's source, perturbed by :func:`perturb_delta`; on monitoring steps ``probe`` gets
     Σ_T(δ_used − δ_hp)."""
-    delta_hp = (d_out * (probs @ values)).sum(-1)  # δ_hp = rowsum(dO ∘ PV), PV in fp32
+    delta_hp = delta_rowsum("o_fp32", d_out, out_fp32=probs @ values)  # PV in fp32
     used = perturb_delta(
         delta, delta_hp, dshift=control.dshift, dnoise=control.dnoise, derr=control.derr
     )

@@ -71,6 +71,12 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=2 * BUDGET_S, help="seconds per chapter")
     args = parser.parse_args(argv)
     command = "python -m kernels.gpu.chapters " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    def record(rows: list) -> tuple[list, str]:
+        late = over_budget(rows)
+        data = {"budget_s": BUDGET_S, "chapters": rows, "over_budget": late}
+        return late, save("chapter_times", data, command.strip(), directory=args.out)
+
     rows = []
     for path in args.notebooks or sorted(BOOK_DIR.glob("*.ipynb")):  # the appendix too
         row = run_chapter(path, args.timeout)
@@ -79,9 +85,9 @@ def main(argv=None) -> int:
             print(row["tail"], flush=True)
         rows.append(row)
         # saved after every chapter: a call stopped by its time limit keeps what it measured
-        late = over_budget(rows)
-        data = {"budget_s": BUDGET_S, "chapters": rows, "over_budget": late}
-        saved = save("chapter_times", data, command.strip(), directory=args.out)
+        late, saved = record(rows)
+    if not rows:  # no notebook to run: the record says so
+        late, saved = record(rows)
     print("saved", saved)
     print("over budget or failed: " + (", ".join(late) if late else "none"))
     return 1 if late else 0

@@ -207,11 +207,14 @@ def measure(
     return rows
 
 
+def loop_of(row: dict) -> str:
+    """A row's training loop (rows stored before loops were named are Hugging Face's)."""
+    return row.get("loop", LOOPS[0])
+
+
 def _same_setting(a: dict, b: dict) -> bool:
-    """Two rows of one loop, model and mode (rows stored before loops were named are Hugging
-    Face's)."""
-    loop = (a.get("loop", LOOPS[0]), b.get("loop", LOOPS[0]))
-    return loop[0] == loop[1] and (a["model"], a["mode"]) == (b["model"], b["mode"])
+    """Two rows of one loop, model and mode."""
+    return (loop_of(a), a["model"], a["mode"]) == (loop_of(b), b["model"], b["mode"])
 
 
 def plot_steps(rows: list):
@@ -219,12 +222,12 @@ def plot_steps(rows: list):
     book's attention, eager and compiled; the book's ratio to SDPA over its bar."""
     import matplotlib.pyplot as plt
 
-    loops = list(dict.fromkeys(row.get("loop", LOOPS[0]) for row in rows))
+    loops = list(dict.fromkeys(loop_of(row) for row in rows))
     models = list(dict.fromkeys(row["model"] for row in rows))
     fig, axes = plt.subplots(len(loops), len(models), figsize=(6.8, 0.6 + 2.4 * len(loops)),
                              layout="constrained", squeeze=False)  # fmt: skip
     for (loop, model), ax in zip([(lp, m) for lp in loops for m in models], axes.flat):
-        mine = [r for r in rows if r["model"] == model and r.get("loop", LOOPS[0]) == loop]
+        mine = [r for r in rows if r["model"] == model and loop_of(r) == loop]
         modes = list(dict.fromkeys(row["mode"] for row in mine))
         for offset, implementation in zip((-0.2, 0.2), IMPLEMENTATIONS):
             here = {r["mode"]: r for r in mine if r["implementation"] == implementation}
