@@ -3,17 +3,25 @@
 A chapter that cannot measure something on the machine it runs on (a GPU speed, a long
 training run) loads the stored file instead and says so. Every file records the GPU, the
 torch and triton versions, the date and the exact command that produced it.
+
+Files over :data:`PACK_OVER` bytes (the GPT-2 runs' loss curves) are stored gzip-compressed as
+``<name>.json.gz`` (``python -m kernels.results pack``), which keeps the repository small enough
+to clone quickly and to send to a GPU machine; :func:`load` reads either form.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import platform
 import re
 import sys
+from pathlib import Path
 
 from .env import RESULTS_DIR
+
+PACK_OVER = 1 << 20  # a results file larger than this (1 MiB) is stored compressed
 
 
 def provenance(command: str) -> dict:
@@ -44,7 +52,7 @@ def provenance(command: str) -> dict:
 
 def save(name: str, data, command: str, directory=None) -> str:
     """Write ``data`` with its provenance to ``results/<name>.json``; returns the path."""
-    directory = RESULTS_DIR if directory is None else directory
+    directory = RESULTS_DIR if directory is None else Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     with open(path, "w") as f:
@@ -52,16 +60,51 @@ def save(name: str, data, command: str, directory=None) -> str:
     return str(path)
 
 
+def record_path(name: str, directory=None):
+    """The stored file of measurement ``name``: ``<name>.json`` or ``<name>.json.gz``."""
+    directory = RESULTS_DIR if directory is None else Path(directory)
+    for path in (directory / f"{name}.json", directory / f"{name}.json.gz"):
+        if path.exists():
+            return path
+    raise FileNotFoundError(
+        f"no stored measurement {directory / name}.json; run the GPU script named in the chapter"
+    )
+
+
+def stored_names(prefix: str, directory=None) -> list[str]:
+    """The names of every stored measurement whose name starts with ``prefix``, sorted."""
+    directory = RESULTS_DIR if directory is None else Path(directory)
+    paths = list(directory.glob(f"{prefix}*.json")) + list(directory.glob(f"{prefix}*.json.gz"))
+    return sorted({path.name.removesuffix(".gz").removesuffix(".json") for path in paths})
+
+
 def load(name: str, directory=None) -> dict:
-    """Read ``results/<name>.json``: a dict with 'provenance' and 'data'."""
-    directory = RESULTS_DIR if directory is None else directory
-    path = directory / f"{name}.json"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no stored measurement {path}; run the GPU script named in the chapter"
-        )
-    with open(path) as f:
+    """Read ``results/<name>.json`` (or its compressed ``.json.gz``): a dict with 'provenance'
+    and 'data'."""
+    path = record_path(name, directory)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
         return json.load(f)
+
+
+def pack(directory=None, over: int = PACK_OVER) -> list[str]:
+    """Compress every ``<name>.json`` in ``directory`` larger than ``over`` bytes to
+    ``<name>.json.gz`` (same bytes on every machine: no time stamp inside) and remove the
+    original; returns the names packed."""
+    directory = RESULTS_DIR if directory is None else Path(directory)
+    packed = []
+    for path in sorted(directory.glob("*.json")):
+        if path.stat().st_size <= over:
+            continue
+        target = path.with_name(path.name + ".gz")
+        with open(target, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            gz.write(path.read_bytes())
+        with gzip.open(target, "rt") as f:
+            if f.read() != path.read_text():  # pragma: no cover - a full disk, say
+                raise RuntimeError(f"{target} does not read back as {path}")
+        path.unlink()
+        packed.append(path.stem)
+    return packed
 
 
 def gpu_short(record: dict) -> str:
@@ -93,3 +136,10 @@ def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     return textwrap.fill(
         text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
     ).replace("\0", " ")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["pack"]:
+        sys.exit("usage: python -m kernels.results pack")
+    for name in pack():
+        print(f"packed results/{name}.json.gz")

@@ -6,11 +6,9 @@ logged series (a variant's name and colour are views of :data:`.plans.VARIANT_TA
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from ..results import RESULTS_DIR, load
+from ..results import load, stored_names
 from .plans import VARIANT_COLOURS, VARIANT_NAMES  # noqa: F401  (views of plans.VARIANT_TABLE)
 
 FONT = 9  # smallest font size in the chapter's figures (points): legible at 720 px
@@ -25,8 +23,8 @@ def real_bf16_runs(directory=None) -> dict:
     """Every stored long real-BF16 run (``results/gpt2_bf16_real_long*.json``) as
     {(variant, seed): run}; a run stored in two files counts where it went further."""
     found: dict = {}
-    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_bf16_real_long*.json")):
-        for name, run in load(path.stem, directory)["data"]["runs"].items():
+    for stem in stored_names("gpt2_bf16_real_long", directory):
+        for name, run in load(stem, directory)["data"]["runs"].items():
             _, variant, seed = parse_name(name)
             old = found.get((variant, seed))
             if old is None or run["summary"]["steps_done"] > old["summary"]["steps_done"]:
@@ -38,8 +36,8 @@ def control_runs(directory=None) -> dict:
     """Every stored run of plan ``controls`` (``results/gpt2_controls*.json``: one file per
     sitting that made some of them) as {name: run}."""
     found: dict = {}
-    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_controls*.json")):
-        found.update(load(path.stem, directory)["data"]["runs"])
+    for stem in stored_names("gpt2_controls", directory):
+        found.update(load(stem, directory)["data"]["runs"])
     return found
 
 

@@ -2,7 +2,7 @@
 (variant ``F``) stays healthy while the failing path (``U``) leaves it.
 
 Plan ``screen`` of :mod:`.plans` trained U and F of four configurations for the first 20,000
-steps of the paper's 80,000-step schedule (``results/gpt2_screen.json``). The stored testbed's
+steps of the paper's 80,000-step schedule (``results/gpt2_screen.json.gz``). The stored testbed's
 real-BF16 pairs of seeds 0 and 1 (``results/gpt2_bf16_real_long*.json``, plan ``bf16_real``),
 cut to the same 20,000 steps and the screen's checks every 200 steps, are the reference rows.
 

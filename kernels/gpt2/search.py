@@ -64,8 +64,9 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # (results/gpt2_testbed_F.json) and about half that two to a GPU: one run per GPU, two calls
     # (8.4 minutes, then the rest). Issue the second call at once: a machine idle for 30 s goes
     # back with its disk, and the runs start again from step 0 (it happened twice: the second
-    # calls became repeats). Done so far: W and A in seeds 1-4, U in seeds 1-4 (all exploded),
-    # F in seeds 1-4, P and Z in seed 1; still to run: S, P and Z in seed 2, every arm to 80,000.
+    # calls became repeats). Done so far: W in seeds 1-4 and U in seeds 1-4 (all exploded), A in
+    # seeds 1-4 to 80,000 (two per GPU on 2 H200s, 105 steps/s each: 8.4 then 4.8 minutes),
+    # F in seeds 1-4, P, Z and S in seeds 1-2; still to run: F, P and Z to 80,000.
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """

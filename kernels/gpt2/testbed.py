@@ -4,7 +4,7 @@ and how each layer's and head's ‖W_Q‖ grew on the way.
 The testbed is the screen's configuration whose control stayed healthy for 20,000 steps (lr 5e-4,
 the paper's schedule over 80,000 steps, :mod:`.screen`). Its runs live in several files, because a
 machine lends its disk only while it is held: ``gpt2_testbed*.json``, plus the screen's own two
-runs of that configuration (``gpt2_screen.json``, the first 20,000 steps of the same training). A
+runs of that configuration (``gpt2_screen.json.gz``, the first 20,000 steps of the same training). A
 run stored twice with the same name is a *repeat*: the same command started again from step 0 (GPU
 training here is not deterministic, so a repeat is a second sample, not a copy).
 
@@ -15,11 +15,10 @@ runs at risk until then.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from ..results import RESULTS_DIR, load
+from .. import results
+from ..results import load
 from .plans import plan
 from .report import outcome
 from .runs import FONT, VARIANT_COLOURS, VARIANT_NAMES, monitor_series, parse_name
@@ -54,8 +53,7 @@ def same_training(run: dict, planned: dict) -> bool:
 
 def stored_names(directory=None) -> list[str]:
     """The names :func:`.runs.load_search` opens the testbed's result files by ('testbed_U')."""
-    files = sorted(Path(directory or RESULTS_DIR).glob("gpt2_testbed*.json"))
-    return [path.stem.removeprefix("gpt2_") for path in files]
+    return [stem.removeprefix("gpt2_") for stem in results.stored_names("gpt2_testbed", directory)]
 
 
 def testbed_runs(directory=None) -> dict:
@@ -63,8 +61,8 @@ def testbed_runs(directory=None) -> dict:
     repeats. The screen's two runs of this configuration count (its U and F in seed 1, cut at
     20,000 steps) once their training settings are checked to be the testbed's."""
     found: dict = {}
-    for path in sorted(Path(directory or RESULTS_DIR).glob("gpt2_testbed*.json")):
-        for name, run in load(path.stem, directory)["data"]["runs"].items():
+    for stem in results.stored_names("gpt2_testbed", directory):
+        for name, run in load(stem, directory)["data"]["runs"].items():
             _, variant, seed = parse_name(name)
             found.setdefault(f"{variant}-{seed}", []).append(run)
     planned = dict(plan("testbed"))
@@ -85,6 +83,13 @@ def ending(run: dict) -> tuple[int, bool]:
     if ended["step"] is not None:
         return int(ended["step"]), True
     return int(run["summary"]["steps_done"]), False
+
+
+def last_loss(run: dict, steps: int = 500) -> float:
+    """The mean training loss over a run's last ``steps`` steps."""
+    step = np.asarray(run["history"]["step"])
+    loss = np.asarray(run["history"]["loss"], dtype=float)
+    return float(np.mean(loss[step > step[-1] - steps]))
 
 
 def arm_endings(runs: dict, arm: str, repeats: bool = False) -> list[tuple[str, int, bool]]:
@@ -244,6 +249,15 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_begin_lo"] = min(begins) if begins else 0
         numbers[f"g7_tb_{arm}_begin_hi"] = max(begins) if begins else 0
     numbers["g7_screen_steps"] = SCREEN_STEPS  # how long the screen watched the control
+    planned = dict(plan("testbed"))["tb-A-s1"]["steps"]
+    numbers["g7_tb_steps"] = planned  # the schedule's length
+    for arm in ARMS:  # seeds trained to the schedule's end, and their last losses
+        whole = [runs[key][0] for key in runs if key[0] == arm]
+        whole = [r for r in whole if r["summary"]["steps_done"] >= planned and not ending(r)[1]]
+        ends = [last_loss(r) for r in whole]
+        numbers[f"g7_tb_{arm}_full"] = len(whole)
+        numbers[f"g7_tb_{arm}_end_lo"] = min(ends, default=0.0)
+        numbers[f"g7_tb_{arm}_end_hi"] = max(ends, default=0.0)
     for arm in "AF":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]

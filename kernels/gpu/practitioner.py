@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -252,15 +253,29 @@ def plot_steps(rows: list):
     return fig
 
 
-def step_numbers(rows: list) -> dict:
-    """The ratios to SDPA chapter 10 states: the lowest and highest, eager and compiled."""
+def step_numbers(rows: list, prefix: str = "c10_step") -> dict:
+    """The ratios to SDPA chapter 10 states: the lowest and highest, eager and compiled, glued
+    as ``<prefix>_<mode>_lo`` and ``_hi``."""
     numbers = {}
     for mode in MODES:
         ratios = [r["ratio_to_sdpa"] for r in rows if r["mode"] == mode and r["implementation"]
                   != "sdpa"]  # fmt: skip
-        numbers[f"c10_step_{mode}_lo"] = min(ratios)
-        numbers[f"c10_step_{mode}_hi"] = max(ratios)
+        numbers[f"{prefix}_{mode}_lo"] = min(ratios)
+        numbers[f"{prefix}_{mode}_hi"] = max(ratios)
     return numbers
+
+
+def sdpa_drift(rows: list, earlier: list) -> float:
+    """The largest relative change of SDPA's steps/s between two records of the same settings
+    (loop, model, mode): how far one 50-step run moves, the spread to read ratios against."""
+    before = {(loop_of(r), r["model"], r["mode"]): r["steps_per_s"] for r in earlier
+              if r["implementation"] == "sdpa"}  # fmt: skip
+    changes = [abs(r["steps_per_s"] / before[key] - 1) for r in rows
+               if r["implementation"] == "sdpa"
+               and (key := (loop_of(r), r["model"], r["mode"])) in before]  # fmt: skip
+    if not changes:
+        raise ValueError("the two records share no SDPA setting to compare")
+    return max(changes)
 
 
 def main(argv=None) -> int:
@@ -274,7 +289,7 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     models = MODELS if device == "cuda" else TINY
     modes = ("eager",) if args.eager_only else MODES
-    command = "python -m kernels.gpu.practitioner " + " ".join(
+    command = "python -m kernels.gpu.practitioner " + shlex.join(
         sys.argv[1:] if argv is None else argv
     )
     out = Path(args.out) if args.out else None

@@ -234,15 +234,20 @@ def run_kind(name: str, run: dict) -> str:
 def stored_runs(directory=None) -> list[tuple]:
     """(file stem, name, run) of every run with monitor readings in the stored
     ``gpt2_*.json`` files of ``directory`` (default the book's results/)."""
+    import gzip
     import json
 
     found = []
-    for path in sorted(Path(directory or RESULTS).glob("gpt2_*.json")):
-        record = json.loads(path.read_text())
+    folder = Path(directory or RESULTS)
+    paths = list(folder.glob("gpt2_*.json")) + list(folder.glob("gpt2_*.json.gz"))
+    for path in sorted(paths, key=lambda path: path.name.split(".")[0]):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:  # stored compressed over 1 MiB (kernels.results.pack)
+            record = json.load(f)
         runs = record.get("data", record).get("runs")
         for name, run in runs.items() if isinstance(runs, dict) else ():
             if run.get("monitor"):
-                found.append((path.stem, name, run))
+                found.append((path.name.split(".")[0], name, run))
     return found
 
 

@@ -81,3 +81,30 @@ def test_the_nanogpt_loop_calls_the_drop_in_in_every_layer(monkeypatch):
     assert [r["loop"] for r in rows] == ["nanoGPT", "nanoGPT"]
     assert len(calls) == 2 * layers and all(opts.delta_source == "dp" for opts in calls)
     assert rows[0]["ratio_to_sdpa"] == 1.0 and rows[1]["ratio_to_sdpa"] > 0
+
+
+def test_the_stored_command_runs_as_printed(monkeypatch, tmp_path):
+    """A loop name with a space survives into the record's command quoted, so the command a
+    chapter prints under the figure can be pasted into a shell."""
+    import json
+    import shlex
+
+    monkeypatch.setattr(practitioner, "measure", lambda *a, keep, **k: keep([]))
+    argv = ["--loops", "Hugging Face", "--eager-only", "--out", str(tmp_path)]
+    assert practitioner.main(argv) == 0
+    command = json.loads((tmp_path / "practitioner_step.json").read_text())["provenance"]["command"]
+    assert shlex.split(command)[3:] == argv
+
+
+def test_sdpa_drift_compares_the_same_setting_only():
+    rng = np.random.default_rng()
+    speeds = rng.uniform(10, 90, size=3)
+    earlier = [{"model": "m", "mode": mode, "implementation": "sdpa", "steps_per_s": float(v)}
+               for mode, v in zip(("eager", "compiled", "other"), speeds)]  # fmt: skip
+    factor = float(rng.uniform(1.1, 1.5))
+    rows = [dict(earlier[0], steps_per_s=earlier[0]["steps_per_s"] * factor),
+            dict(earlier[1], implementation="book, δ from dP∘P", steps_per_s=1.0),
+            dict(earlier[2], model="another", steps_per_s=1.0)]  # fmt: skip
+    assert practitioner.sdpa_drift(rows, earlier) == pytest.approx(factor - 1)
+    with pytest.raises(ValueError, match="share no SDPA setting"):
+        practitioner.sdpa_drift(rows[1:], earlier)
