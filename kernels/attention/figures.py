@@ -6,6 +6,7 @@ it (the chapter calls ``plt.show()``).
 * :func:`plot_error_bars`        relative errors of the kernel and naive attention (ch. 3, 4)
 * :func:`plot_measured_memory`   peak memory against N measured on this machine (ch. 3)
 * :func:`plot_stored_memory`     the stored GPU peak memory, forward and backward (ch. 3)
+* :func:`chapter3_speed_rows`    the stored speed rows chapter 3 shows (bf16, causal)
 * :func:`plot_stored_speed`      the stored GPU TFLOP/s per shape (ch. 3)
 * :func:`print_speed_table`      the same TFLOP/s as a printed table (ch. 3)
 * :func:`tflops_at`              one row's TFLOP/s, picked by implementation and call (ch. 3)
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import FLASH_BENCH, label
+from .registry import label
 
 GRADS = ("dq", "dk", "dv")
 
@@ -110,23 +111,46 @@ def plot_measured_memory(memory, sizes, element_bytes, title, head_dim=64):
 
 
 def plot_stored_memory(rows):
-    """The rows of ``results/flash_memory.json``: peak GPU memory of naive attention and the
-    flash kernel against N, forward (solid) and forward + backward (dashed)."""
+    """The rows of ``results/perf_memory.json``: peak GPU memory beyond the inputs of SDPA's
+    math backend (which stores S and P) and of the book's flash kernel against N, forward
+    (solid) and forward + backward (dashed)."""
     fig, ax = _plt().subplots()
     for mode, style in [("fwd", "-"), ("fwd+bwd", "--")]:
         rows_m = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["n"])
         for key, marker, color, name in [
-            ("naive_peak_bytes", "o", "tab:blue", "naive"),
-            ("flash_peak_bytes", "D", "tab:green", "Triton flash"),
+            ("math_peak_bytes", "o", "tab:blue", "SDPA math (stores S, P)"),
+            ("book_peak_bytes", "D", "tab:green", "the book's flash kernel"),
         ]:
-            pts = [(r["n"], r[key]) for r in rows_m if r[key] is not None]
-            ax.loglog(*zip(*pts), style, marker=marker, color=color, label=f"{name}, {mode}")
+            pts = [(r["n"], r[key]) for r in rows_m if r.get(key) is not None]
+            if pts:
+                ax.loglog(*zip(*pts), style, marker=marker, color=color, label=f"{name}, {mode}")
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("peak GPU memory beyond the inputs (bytes)")
     first = rows[0]
     ax.set_title(f"stored GPU measurement: B={first['batch']} H={first['heads']} d={first['d']}")
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=9, loc="upper right")  # the quadratic lines end before the right edge
     return fig
+
+
+# the implementations chapter 3 compares, in the order of its bars and columns
+CHAPTER3_IMPLS = {
+    "triton": "book",
+    "triton/cross": "book+rule",
+    "sdpa-flash": "SDPA flash",
+    "sdpa-cudnn": "cuDNN",
+}
+
+
+def chapter3_speed_rows(rows) -> list:
+    """The timed rows of ``results/perf_speed.json`` chapter 3 shows: bf16, causal, the
+    implementations of :data:`CHAPTER3_IMPLS`, in that order."""
+    order = {label(name): i for i, name in enumerate(CHAPTER3_IMPLS)}
+    kept = [
+        r
+        for r in rows
+        if r["impl"] in order and r["dtype"] == "bf16" and r["causal"] and r.get("tflops")
+    ]
+    return sorted(kept, key=lambda r: order[r["impl"]])
 
 
 def shape_of(row) -> tuple:
@@ -134,7 +158,7 @@ def shape_of(row) -> tuple:
 
 
 def plot_stored_speed(rows):
-    """The rows of ``results/flash_bench.json`` that were timed: TFLOP/s of each
+    """Timed rows of ``results/perf_speed.json`` (:func:`chapter3_speed_rows`): TFLOP/s of each
     implementation per shape, forward (left) and forward + backward (right)."""
     shapes = sorted({shape_of(r) for r in rows}, key=lambda s: s[2])
     impls = list(dict.fromkeys(r["impl"] for r in rows))
@@ -147,9 +171,10 @@ def plot_stored_speed(rows):
             ax.bar(
                 np.arange(len(shapes)) + (i - (len(impls) - 1) / 2) * width, tf, width, label=impl
             )
-        ax.set_xticks(np.arange(len(shapes)), [f"B{b} H{h}\nN{n} d{d}" for b, h, n, d in shapes])
+        ticks = [f"N {n // 1024}k\nd {d}" for _, _, n, d in shapes]
+        ax.set_xticks(np.arange(len(shapes)), ticks, fontsize=9)
         ax.set_title(f"{mode}, bf16, causal")
-        ax.set_xlabel("shape")
+        ax.set_xlabel("sequence length, head dim")
     axes[0].set_ylabel("TFLOP/s")
     fig.legend(
         *axes[0].get_legend_handles_labels(),
@@ -162,20 +187,16 @@ def plot_stored_speed(rows):
 
 
 def print_speed_table(rows) -> None:
-    """Print the timed rows of ``results/flash_bench.json``: TFLOP/s of the book's kernel
-    (with and without the cross-tile rule), SDPA flash and cuDNN per shape and pass, and the
-    ratio book / SDPA flash."""
-    columns = {
-        FLASH_BENCH["triton"]: "book",
-        FLASH_BENCH["triton/cross"]: "book+rule",
-        FLASH_BENCH["sdpa-flash"]: "SDPA flash",
-        FLASH_BENCH["sdpa-cudnn"]: "cuDNN",
-    }
+    """Print timed rows of ``results/perf_speed.json`` (:func:`chapter3_speed_rows`): TFLOP/s
+    of the book's kernel (with and without the cross-tile rule), SDPA flash and cuDNN per shape
+    and pass, and the ratio book / SDPA flash."""
+    columns = {label(name): short for name, short in CHAPTER3_IMPLS.items()}
+    book, flash = label("triton"), label("sdpa-flash")
     print("TFLOP/s. book: the book's kernel; book+rule: with the cross-tile β rule;")
     print("ratio: book / SDPA flash; shape: batch B, heads H, sequence length N, head dim d;")
     print("pass: forward alone (fwd) or forward and backward (fwd+bwd)")
     header = "".join(f"{c:>11s}" for c in columns.values())
-    print(f"{'shape':18s}{'pass':9s}{header}{'ratio':>7s}")
+    print(f"{'shape':19s}{'pass':9s}{header}{'ratio':>7s}")
     for b, h, n, d in sorted({shape_of(r) for r in rows}, key=lambda s: s[2]):
         for mode in ["fwd", "fwd+bwd"]:
             got = {
@@ -184,10 +205,8 @@ def print_speed_table(rows) -> None:
                 if r["mode"] == mode and shape_of(r) == (b, h, n, d)
             }
             tf = "".join(f"{got[k]:11.0f}" if k in got else f"{'-':>11s}" for k in columns)
-            ratio = got.get(FLASH_BENCH["triton"], np.nan) / got.get(
-                FLASH_BENCH["sdpa-flash"], np.nan
-            )
-            print(f"{f'B{b} H{h} N{n} d{d}':18s}{mode:9s}{tf}{ratio:7.2f}")
+            ratio = got.get(book, np.nan) / got.get(flash, np.nan)
+            print(f"{f'B{b} H{h} N{n} d{d}':19s}{mode:9s}{tf}{ratio:7.2f}")
 
 
 def tflops_at(rows, impl: str, **call) -> float:

@@ -119,15 +119,7 @@ GROUPS = {
     "golden": ("baseline", "baseline_fp32", "fa2", "paper", "fa1"),
     "golden-run": ("triton", "sdpa_flash", "torch_math"),
 }
-# the spellings of results/flash_bench.json (python -m kernels.gpu.check), read by chapters 3,
-# 6 and 10: an earlier table of the same implementations
-FLASH_BENCH = {
-    "triton": "ours (stable off)",
-    "triton/cross": "ours (stable cross)",
-    "sdpa-flash": "SDPA flash",
-    "sdpa-cudnn": "SDPA cuDNN",
-}
-# ... and of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
+# the spellings of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
 FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
 # ... and the rows of results/bias_sources_gpu.json (python -m kernels.lab.fixes_gpu), read by
 # chapter 5: the book's kernel once per fix ("triton/none", "triton/delta_dp", ...)

@@ -6,14 +6,17 @@
    forward and backward (fraction of bit-identical elements, largest ulp difference), both
    against the fp64 golden output and next to torch SDPA;
 4. relative errors against fp64 for every dtype and head dim (ours, SDPA, standard attention);
-5. speed on three standard shapes (GPT-2 size, long, wide heads) (bf16, causal): ours (offset
-   fix off / cross) against SDPA flash and cuDNN, forward and forward+backward, TFLOP/s;
-6. peak memory against sequence length: the flash kernel (O(N)) against naive attention (O(N²));
+5. speed at three of chapter 10's shapes (GPT-2 size, long, wide heads), bf16, causal, every
+   implementation of :mod:`kernels.gpu.perf` (its functions and its rows' format), forward and
+   forward + backward, TFLOP/s;
+6. peak memory against sequence length, the book's kernel (O(N)) against SDPA's math backend
+   (O(N²)), by :func:`kernels.gpu.perf.memory`;
 7. the first forward + backward at new sequence lengths of one tuned bucket, with autotuning by
    bucket on and off (:mod:`kernels.gpu.first_call`): ``gpu_check.json["first_call"]``.
 
-Results go to ``<out>/gpu_check.json``, ``<out>/flash_bench.json`` and ``<out>/flash_memory.json``
-(with provenance, via :mod:`kernels.results`); a summary table is printed last. ``--budget``
+Results go to ``<out>/gpu_check.json`` (with provenance, via :mod:`kernels.results`); its speed
+and memory rows have the format of chapter 10's ``perf_speed.json`` and ``perf_memory.json``. A
+summary table is printed last. ``--budget``
 bounds the wall time: sections that would not fit are skipped and say so.
 """
 
@@ -34,10 +37,9 @@ from kernels.attention import flash_attention, tune_every_bucket
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.options import DELTA_SOURCES
 from kernels.attention.reference import attention_fp64, relative_error, standard_attention
-from kernels.attention.registry import FLASH_BENCH, runner
+from kernels.attention.registry import runner
 from kernels.env import REPO_ROOT
-from kernels.gpu import first_call
-from kernels.gpu.memory import BENCH_SHAPES, measure_memory
+from kernels.gpu import first_call, perf
 from kernels.numerics.rounding import ulp_distance
 from kernels.numerics.triton_rounding import round_tensor
 
@@ -52,6 +54,9 @@ TEST_FILES = [
     "tests/gpt2/test_gpt2.py",
 ]
 COMMAND = "python -m kernels.gpu.check"
+SPEED_SHAPES = [perf.SHAPES[0], perf.SHAPES[2], perf.SHAPES[3]]  # GPT-2's, long, wide heads
+SPEED_SETTINGS = [("bf16", True)]
+MEMORY_NS = (1024, 2048, 4096, 8192, 16384)
 START = time.time()
 
 
@@ -288,39 +293,18 @@ def errors_per_dtype(n=512, batch=1, heads=4):
     return rows
 
 
-def speed(shapes=BENCH_SHAPES):
-    rows = []
-    # the names of results/flash_bench.json, which chapters 3, 6 and 10 read
-    impls = [(stored, runner(name, causal=True)) for name, stored in FLASH_BENCH.items()]
-    for shape in shapes:
-        for mode in ("fwd", "fwd+bwd"):
-            for name, attn in impls:
-                row = timing.measure_speed(name, attn, shape, mode)
-                rows.append(row)
-                shown = (
-                    f"{row['tflops']:.0f} TFLOP/s ({row['ms']:.3f} ms)"
-                    if row["ms"]
-                    else row["error"]
-                )
-                log(
-                    f"speed B{shape[0]} H{shape[1]} N{shape[2]} D{shape[3]} {mode:8s} {name:20s} "
-                    f"{shown}"
-                )
-    return rows
+def speed(budget):
+    """:func:`kernels.gpu.perf.speed` at three of its shapes (GPT-2's, long, wide heads), bf16,
+    causal: rows of ``perf_speed.json``'s table, in the check's report."""
+    rows, skipped = [], []
+    for _ in perf.speed(False, budget, rows, skipped, shapes=SPEED_SHAPES, settings=SPEED_SETTINGS):
+        pass
+    return dict(rows=rows, skipped_groups=skipped)
 
 
-def memory(ns=(1024, 2048, 4096, 8192, 16384)):
-    rows = []
-    for mode in ("fwd", "fwd+bwd"):
-        for n in ns:
-            if mode == "fwd+bwd" and n > 8192:
-                continue
-            row = measure_memory(n, mode=mode)
-            rows.append(row)
-            fmt = lambda b: "OOM" if b is None else f"{b / 2**20:9.1f} MiB"  # noqa: E731
-            peaks = ", ".join(f"{k} {fmt(row[f'{k}_peak_bytes'])}" for k in ("flash", "naive"))
-            log(f"memory {mode:8s} N={n:6d}: {peaks}")
-    return rows
+def memory(budget):
+    """:func:`kernels.gpu.perf.memory` up to N = 16,384: rows of ``perf_memory.json``'s table."""
+    return perf.memory(False, budget, ns=MEMORY_NS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,17 +329,17 @@ def summary_table(report, bench_rows, memory_rows):
         if shown:
             print(f"  first fwd+bwd at a new N, tune_by_bucket {switch:3s}: {shown}")
     for r in bench_rows:
-        if r["ms"]:
+        if r.get("ms"):
             print(
-                f"  speed N{r['n']:5d} D{r['d']:3d} {r['mode']:8s} {r['impl']:20s} "
+                f"  speed N{r['n']:5d} D{r['d']:3d} {r['mode']:8s} {r['impl']:22s} "
                 f"{r['tflops']:6.1f} TFLOP/s"
             )
     for r in memory_rows:
-        f, nv = r["flash_peak_bytes"], r["naive_peak_bytes"]
+        book, math = r.get("book_peak_bytes"), r.get("math_peak_bytes")
         print(
-            f"  memory {r['mode']:8s} N{r['n']:6d} flash "
-            f"{f / 2**20 if f else float('nan'):9.1f} MiB"
-            f"  naive {nv / 2**20 if nv else float('nan'):9.1f} MiB"
+            f"  memory {r['mode']:8s} N{r['n']:6d} book "
+            f"{book / 2**20 if book else float('nan'):9.1f} MiB"
+            f"  SDPA math {math / 2**20 if math else float('nan'):9.1f} MiB"
         )
 
 
@@ -382,19 +366,15 @@ def main(argv=None):
         f", torch {torch.__version__}"
     )
     report = {}
-    tables = {"flash_bench": [], "flash_memory": []}  # saved as files of their own
 
     def save_all():
         for directory in dirs:
             results.save("gpu_check", report, COMMAND, directory=directory)
-            for stem, rows in tables.items():
-                if rows:
-                    results.save(stem, rows, COMMAND, directory=directory)
 
     budget = timing.Budget(args.budget, log, start=START)
 
-    def section(name, fn, need, key, into=report):
-        """Run one section and store its value as ``into[key]`` before the files are saved."""
+    def section(name, fn, need, key):
+        """Run one section and store its value as ``report[key]`` before the file is saved."""
         value = None
         if not budget.allows(name, need):
             report.setdefault("skipped", []).append(budget.skipped[-1])
@@ -405,7 +385,7 @@ def main(argv=None):
             except Exception:
                 report.setdefault("failures", {})[name] = traceback.format_exc()[-3000:]
                 log(f"FAILED {name}:\n{traceback.format_exc()}")
-        into[key] = value
+        report[key] = value
         save_all()
 
     if args.tests_only:
@@ -423,9 +403,11 @@ def main(argv=None):
         report["pytest"] = finish_tests(procs, args.budget - 200)
         save_all()
     section("first call", lambda: first_call.first_calls(log=log), 90, "first_call")
-    section("speed", speed, 90, "flash_bench", tables)
-    section("memory", memory, 20, "flash_memory", tables)
-    summary_table(report, tables["flash_bench"] or [], tables["flash_memory"] or [])
+    section("speed", lambda: speed(budget), 90, "speed")
+    section("memory", lambda: memory(budget), 20, "memory")
+    summary_table(
+        report, (report["speed"] or {}).get("rows", []), (report["memory"] or {}).get("rows", [])
+    )
     log("done")
 
 

@@ -1,10 +1,9 @@
 """Memory of attention implementations, reusable by the chapters (timing:
 :mod:`kernels.timing`).
 
-:func:`kernels.timing.peak_memory_cuda` measures the extra peak allocation of a call on the
-GPU (:func:`measure_memory` uses it); :func:`materialized_bytes` counts, on any device (the
-CPU included), the bytes of the tensors that naive attention materialises versus the ones the
-flash kernel writes.
+:func:`materialized_bytes` counts, on any device (the CPU included), the bytes of the tensors
+that naive attention materialises versus the ones the flash kernel writes; the GPU's peak
+allocation is measured by :func:`kernels.gpu.perf.memory` (``perf_memory.json``).
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ import math
 import torch
 
 from .. import timing
-from ..attention import registry
 from ..attention.reference import default_scale
-
-BENCH_SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 128)]  # (B, H, N, D)
 
 
 def naive_attention_tensors(q, k, v, causal=True) -> dict:
@@ -65,26 +61,3 @@ def materialized_bytes(
         naive_parts=naive,
         flash_parts=flash,
     )
-
-
-def measure_memory(
-    n, shape=(1, 16, None, 64), dtype=torch.bfloat16, causal=True, mode="fwd"
-) -> dict:
-    """Peak extra GPU memory of the flash kernel and of naive attention at sequence length n."""
-    batch, heads, _, d = shape
-    q, k, v, grad_out = timing.inputs((batch, heads, n, d), dtype, "cuda", seed=None)
-    row = dict(
-        n=n, batch=batch, heads=heads, d=d, mode=mode, causal=causal, inputs_bytes=3 * q.nbytes
-    )
-    for name, attn in (
-        ("flash", registry.runner("triton", causal=causal)),
-        ("naive", registry.runner("torch_math", causal=causal)),
-    ):
-        step = timing.step(attn, q, k, v, grad_out, mode)
-        try:
-            step()  # warm-up: compilation and autotuning allocate scratch memory once
-            row[f"{name}_peak_bytes"] = timing.peak_memory_cuda(step)
-        except torch.cuda.OutOfMemoryError:
-            row[f"{name}_peak_bytes"] = None
-            torch.cuda.empty_cache()
-    return row

@@ -48,7 +48,7 @@ from kernels import results, timing
 from kernels.attention import speedups, tune_every_bucket, tuned_entries
 from kernels.attention.registry import get, group, label, runner
 from kernels.gpu.precompile import DTYPES, NO_GPU, compile_jobs, grads, precompile
-from kernels.gpu.records import PEAK_TFLOPS  # dense bf16 matmul, H100/H200
+from kernels.gpu.records import PEAK_TFLOPS, SETTINGS  # PEAK: dense bf16 matmul, H100/H200
 from kernels.timing import on_gpu
 
 COMMAND = "python -m kernels.gpu.perf"
@@ -232,14 +232,15 @@ def checks(small):
 
 
 # --- 2. memory ------------------------------------------------------------------------
-def memory(small, budget):
+def memory(small, budget, ns=MEMORY_NS):
+    """Peak memory of the book's kernel and SDPA's math backend at each N of ``ns``."""
     if not on_gpu():
         return dict(rows=[], skipped=f"{NO_GPU}: peak memory needs CUDA's allocator statistics")
     batch, heads, d = MEMORY_SHAPE
     free = torch.cuda.mem_get_info()[0]
     rows = []
     for mode in ("fwd", "fwd+bwd"):
-        for n in MEMORY_NS:
+        for n in ns:
             if not budget.allows(f"memory {mode} N={n}", 5):
                 break
             tensors = timing.inputs((batch, heads, n, d), torch.bfloat16, "cuda")
@@ -274,43 +275,39 @@ def memory(small, budget):
 
 
 # --- 3. speed -------------------------------------------------------------------------
-def speed(small, budget, rows, skipped, reserve=0):
-    """Every implementation at every shape; ``rows`` grows as it goes (saved by the caller).
+def speed(small, budget, rows, skipped, reserve=0, shapes=None, settings=SETTINGS):
+    """Every implementation at every shape (default :data:`SHAPES`) in every (dtype, causal)
+    of ``settings``; ``rows`` grows as it goes and the caller saves after each setting.
     ``reserve``: seconds kept back for the ablation."""
     device = "cuda" if on_gpu() else "cpu"
-    shapes = SMALL_SHAPES if small else SHAPES
-    for dtype_name, dtype in DTYPES.items():
-        for causal in (True, False):
-            for shape in shapes:
-                group = f"speed {dtype_name} {'causal' if causal else 'full'} {shape}"
-                if not budget.allows(group, (2 if small else 12) + reserve):
-                    skipped.append(group)
-                    continue
-                tensors = timing.inputs(shape, dtype, device)
-                for mode in ("fwd", "fwd+bwd"):
-                    for name, impl in IMPLS.items():
-                        if get(impl).kind == "sdpa" and not on_gpu():
-                            row = timing.row_of(name, shape, dtype_name, causal, mode)
-                            row.update(ms=None, tflops=None, fraction_of_peak=None)
-                            row["error"] = f"{NO_GPU}: SDPA's CUDA backends cannot run"
-                        else:
-                            row = timing.speed_row(
-                                name,
-                                runner(impl, causal=causal),
-                                tensors,
-                                shape,
-                                dtype_name,
-                                causal,
-                                mode,
-                                peak=PEAK_TFLOPS,
-                                **TIMING,
-                            )
-                        rows.append(row)
-                        log(_show(row))
-                del tensors
-                if on_gpu():
-                    torch.cuda.empty_cache()
-            yield  # let the caller save after each (dtype, causal) block
+    shapes = shapes or (SMALL_SHAPES if small else SHAPES)
+    for dtype_name, causal in settings:
+        for shape in shapes:
+            group = f"speed {dtype_name} {'causal' if causal else 'full'} {shape}"
+            if not budget.allows(group, (2 if small else 12) + reserve):
+                skipped.append(group)
+                continue
+            tensors = timing.inputs(shape, DTYPES[dtype_name], device)
+            for mode in ("fwd", "fwd+bwd"):
+                for name, impl in IMPLS.items():
+                    rows.append(_speed_row(name, impl, tensors, shape, dtype_name, causal, mode))
+                    log(_show(rows[-1]))
+            del tensors
+            if on_gpu():
+                torch.cuda.empty_cache()
+        yield  # let the caller save after each (dtype, causal) block
+
+
+def _speed_row(name, impl, tensors, shape, dtype_name, causal, mode) -> dict:
+    if get(impl).kind == "sdpa" and not on_gpu():
+        row = timing.row_of(name, shape, dtype_name, causal, mode)
+        row.update(ms=None, tflops=None, fraction_of_peak=None)
+        row["error"] = f"{NO_GPU}: SDPA's CUDA backends cannot run"
+        return row
+    attn = runner(impl, causal=causal)
+    return timing.speed_row(
+        name, attn, tensors, shape, dtype_name, causal, mode, peak=PEAK_TFLOPS, **TIMING
+    )
 
 
 # --- 4. ablation ----------------------------------------------------------------------

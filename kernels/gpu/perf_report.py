@@ -2,7 +2,7 @@
 and the live benchmark, with the rest of its figures and models gathered here from the modules
 that hold them, one job each:
 
-* :mod:`kernels.gpu.records`       ``results/perf_*.json`` and ``flash_bench.json`` as rows
+* :mod:`kernels.gpu.records`       ``results/perf_*.json`` as rows
 * :mod:`kernels.gpu.perf_figures`  the figures (speed, ablation, memory, host, first call, targets)
 * :mod:`kernels.gpu.roofline`      the roofline model and what an ``exp2`` rewrite changes
 * :mod:`kernels.gpu.targets`       the kernel's speed targets
@@ -31,7 +31,6 @@ from .perf_figures import (
 from .records import (
     BOOK_CROSS,
     BOOK_OFF,
-    EARLIER,
     HBM_TB_S,
     IMPL_ORDER,
     PEAK_TFLOPS,
@@ -39,7 +38,6 @@ from .records import (
     SETTINGS,
     STYLE,
     call_cost_record,
-    earlier_speed_rows,
     first_call_times,
     host_label,
     impls_in,
@@ -66,7 +64,6 @@ from .targets import (
 __all__ = [
     "BOOK_CROSS",
     "BOOK_OFF",
-    "EARLIER",
     "HBM_TB_S",
     "IMPL_ORDER",
     "PEAK_TFLOPS",
@@ -79,7 +76,6 @@ __all__ = [
     "attainable_tflops",
     "bytes_per_score",
     "call_cost_record",
-    "earlier_speed_rows",
     "exp2_changes",
     "first_call_times",
     "fp16_over_bf16",

@@ -1,18 +1,17 @@
 """Chapter 10's measurements as records: ``results/perf_*.json`` (written by
-``python -m kernels.gpu.perf`` on a GPU), the earlier ``results/flash_bench.json`` and
-``results/call_cost.json`` (``python -m kernels.gpu.call_cost``).
+``python -m kernels.gpu.perf`` on a GPU) and ``results/call_cost.json`` (``python -m
+kernels.gpu.call_cost``).
 
 :func:`load` returns what there is and never treats a CPU record (provenance without a GPU,
-e.g. from ``--small``) as a GPU measurement; :func:`earlier_speed_rows` reads
-``flash_bench.json`` (an earlier version of the book's kernel, fewer shapes) in the same row
-format. The implementations' labels come from :mod:`kernels.attention.registry`.
+e.g. from ``--small``) as a GPU measurement. The implementations' labels come from
+:mod:`kernels.attention.registry`.
 """
 
 from __future__ import annotations
 
 from .. import results
 from ..attention import TMA_MIN_HEAD_DIM
-from ..attention.registry import FLASH_BENCH, group, label
+from ..attention.registry import group, label
 
 PEAK_TFLOPS = 790.0  # dense bf16 matmul on an H100/H200: the ceiling of every speed
 HBM_TB_S = 3.35  # H100 SXM5 80 GB HBM3 bandwidth, NVIDIA's datasheet (TB/s)
@@ -30,7 +29,6 @@ STYLE = dict(
         ),
     )
 )
-EARLIER = {stored: label(name) for name, stored in FLASH_BENCH.items()}
 BOOK_OFF, BOOK_CROSS = label("triton"), label("triton/cross")
 SETTINGS = [("bf16", True), ("bf16", False), ("fp16", True), ("fp16", False)]
 
@@ -50,22 +48,6 @@ def load(directory=None) -> dict:
             record = None
         found[name] = record if is_gpu_record(record) else None
     return found
-
-
-def earlier_speed_rows(directory=None) -> tuple[list, dict]:
-    """``flash_bench.json`` (an earlier kernel version, bf16 causal, three shapes) in the
-    rows format of ``perf_speed.json``; returns (rows, record)."""
-    record = results.load("flash_bench", directory=directory)
-    rows = []
-    for r in record["data"]:
-        if r.get("tflops") is None or r["impl"] not in EARLIER:
-            continue
-        rows.append(
-            dict(
-                r, impl=EARLIER[r["impl"]], dtype="bf16", fraction_of_peak=r["tflops"] / PEAK_TFLOPS
-            )
-        )
-    return rows, record
 
 
 def call_cost_record(directory=None) -> dict:

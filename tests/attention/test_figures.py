@@ -8,7 +8,7 @@ import numpy as np
 
 import kernels  # noqa: F401
 from kernels import results
-from kernels.attention import figures, tiling
+from kernels.attention import figures, registry, tiling
 from kernels.tools import style
 
 matplotlib.use("Agg")
@@ -23,8 +23,10 @@ def assert_legible(fig):
 
 def test_figures_from_stored_records():
     style.apply()
-    assert_legible(figures.plot_stored_memory(results.load("flash_memory")["data"]))
-    bench = [r for r in results.load("flash_bench")["data"] if r.get("tflops")]
+    assert_legible(figures.plot_stored_memory(results.load("perf_memory")["data"]["rows"]))
+    bench = figures.chapter3_speed_rows(results.load("perf_speed")["data"]["rows"])
+    assert {r["impl"] for r in bench} == {registry.label(n) for n in figures.CHAPTER3_IMPLS}
+    assert all(r["dtype"] == "bf16" and r["causal"] and r["tflops"] > 0 for r in bench)
     assert_legible(figures.plot_stored_speed(bench))
     check = results.load("gpu_check")["data"]["explicit_vs_native"]
     assert_legible(figures.plot_stored_backward([r for r in check if r["pass_"] == "bwd"]))

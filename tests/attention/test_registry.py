@@ -30,12 +30,6 @@ def test_labels_are_the_stored_ones():
     assert registry.get("sdpa_flash").name == "sdpa-flash"  # chapter 8's stored spelling
     assert registry.short("triton/cross") == "Triton/cross"
     assert list(registry.FIX_SPEED.values()) == ["SDPA flash", "SDPA cudnn"]
-    assert set(registry.FLASH_BENCH.values()) == {
-        "ours (stable off)",
-        "ours (stable cross)",
-        "SDPA flash",
-        "SDPA cuDNN",
-    }
 
 
 def test_unknown_names_say_what_there_is():
@@ -84,7 +78,7 @@ def test_one_place_for_backends_and_switches():
 def test_stored_spellings_and_figure_labels_come_from_the_registry():
     from kernels.lab import source_figures
 
-    for table in (registry.FLASH_BENCH, registry.FIX_SPEED, registry.BIAS_SOURCES):
+    for table in (registry.FIX_SPEED, registry.BIAS_SOURCES):
         for name in table:
             registry.parse(name)  # every key is a registry name
     assert source_figures.KERNEL_LABELS == {

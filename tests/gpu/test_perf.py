@@ -2,7 +2,6 @@
 
 * the plotting and table code on a synthetic GPU record made here (never committed);
 * CPU records (``--small``) are never taken for GPU measurements;
-* the earlier ``flash_bench.json`` converts to the same rows;
 * the roofline model, the exp2 measurement, issue 15's target ratios;
 * the tables the chapter prints fit the column (88 characters, at most 12 rows);
 * ``python -m kernels.gpu.perf --small`` runs end to end on the CPU and records why the GPU-only
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 import kernels  # noqa: F401
-from kernels import results
+from kernels import results, timing
 from kernels.env import native_bf16
 from kernels.gpu import perf, perf_report as pr
 from kernels.tools import style
@@ -206,14 +205,6 @@ def test_cpu_records_are_not_gpu_measurements(tmp_path):
     assert pr.load(tmp_path / "nothing here")["speed"] is None
 
 
-def test_earlier_bench_converts_to_rows():
-    rows, record = pr.earlier_speed_rows()
-    assert pr.is_gpu_record(record)
-    assert {r["impl"] for r in rows} <= set(pr.IMPL_ORDER)
-    assert {"book, rule off", "SDPA flash"} <= {r["impl"] for r in rows}
-    assert all(abs(r["fraction_of_peak"] - r["tflops"] / pr.PEAK_TFLOPS) < 1e-12 for r in rows)
-
-
 def test_targets_are_the_issue_ratios(capsys):
     rows = synthetic_speed_rows()
     table = pr.targets(rows)
@@ -304,3 +295,26 @@ def test_small_run_end_to_end(tmp_path):
     assert [r["step"] for r in ablation["rows"][::2]] == ablation["steps"]
     assert all(v is None for v in pr.load(tmp_path).values()), "CPU files are not GPU data"
     assert math.isfinite(host["data"]["elapsed_s"])
+
+
+def test_the_gpu_check_times_with_perfs_functions_and_rows(monkeypatch):
+    """``python -m kernels.gpu.check`` keeps no speed table of its own: its speed section is
+    :func:`kernels.gpu.perf.speed` (bf16, causal) and its rows have perf_speed.json's fields."""
+    from kernels.gpu import check
+
+    shape = perf.SMALL_SHAPES[0]
+    monkeypatch.setattr(check, "SPEED_SHAPES", [shape])
+    got = check.speed(timing.Budget(600))
+    rows, skipped = [], []
+    for _ in perf.speed(True, timing.Budget(600), rows, skipped, shapes=[shape]):
+        pass
+    assert got["skipped_groups"] == []
+    assert {(r["impl"], r["mode"]) for r in got["rows"]} == {
+        (name, mode) for name in perf.IMPLS for mode in ("fwd", "fwd+bwd")
+    }
+    assert all(r["dtype"] == "bf16" and r["causal"] for r in got["rows"])
+    assert [sorted(r) for r in got["rows"]] == [
+        sorted(r) for r in rows if r["dtype"] == "bf16" and r["causal"]
+    ]
+    if not torch.cuda.is_available():
+        assert check.memory(timing.Budget(600))["rows"] == []  # needs CUDA's allocator
