@@ -85,6 +85,32 @@ def ending(run: dict) -> tuple[int, bool]:
     return int(run["summary"]["steps_done"]), False
 
 
+COMPARE_STEP = 30_000  # after every runaway began, before any W run exploded
+
+
+def wq_at(run: dict, step: int, layer: int = 0) -> float:
+    """Layer ``layer``'s largest-head ‖W_Q‖₂ at the last monitor reading at or before
+    ``step``."""
+    steps, norms = monitor_series(run, "wq", layer)
+    if not len(steps) or steps[0] > step:
+        raise ValueError(f"no ‖W_Q‖ reading at or before step {step:,}")
+    return float(norms[steps <= step][-1])
+
+
+def wq_ratios(runs: dict, arm: str, other: str, step: int) -> list[float]:
+    """Seed by seed (seeds with both arms' longest runs reaching ``step``), ``arm``'s layer-0
+    ‖W_Q‖ over ``other``'s at ``step``."""
+    ratios = []
+    for key in sorted(k for k in runs if k.split("-")[0] == arm):
+        seed = key.split("-")[1]
+        pair = runs[key][0], runs.get(f"{other}-{seed}", [None])[0]
+        if pair[1] is not None and all(r["summary"]["steps_done"] >= step for r in pair):
+            ratios.append(wq_at(pair[0], step) / wq_at(pair[1], step))
+    if not ratios:
+        raise ValueError(f"no seed has both {arm} and {other} at step {step:,}")
+    return ratios
+
+
 def last_loss(run: dict, steps: int = 500) -> float:
     """The mean training loss over a run's last ``steps`` steps."""
     step = np.asarray(run["history"]["step"])
@@ -258,6 +284,10 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_full"] = len(whole)
         numbers[f"g7_tb_{arm}_end_lo"] = min(ends, default=0.0)
         numbers[f"g7_tb_{arm}_end_hi"] = max(ends, default=0.0)
+    if any(k[0] == "W" for k in runs) and any(k[0] == "A" for k in runs):
+        ratios = wq_ratios(runs, "W", "A", COMPARE_STEP)  # how much faster the runaway went
+        numbers["g7_tb_wa_step"] = COMPARE_STEP
+        numbers["g7_tb_wa_lo"], numbers["g7_tb_wa_hi"] = min(ratios), max(ratios)
     for arm in "AF":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]

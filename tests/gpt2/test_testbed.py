@@ -153,3 +153,27 @@ def test_stored_arms_recounted_from_the_logs():
             booms.append(bool((smooth[-40:] > floor[-40:] + 0.5).all()))
         assert numbers[f"g7_tb_{arm}_boom"] == sum(booms), arm
         assert numbers[f"g7_tb_{arm}_seeds"] == len(longest)
+
+
+def test_wq_ratios_pair_seeds_at_the_reading_before_the_step():
+    """Seed by seed, one arm's layer-0 largest ‖W_Q‖ over another's at the last reading at or
+    before the step; seeds missing either arm, or too short, are left out; none left is an
+    error."""
+    rng = np.random.default_rng()
+    runs = {
+        "W-s1": [_run(rng, "tb-W-s1", 2_000)],
+        "A-s1": [_run(rng, "tb-A-s1", 2_000)],
+        "W-s2": [_run(rng, "tb-W-s2", 2_000)],  # no A in seed 2
+        "W-s3": [_run(rng, "tb-W-s3", 1_000)],  # too short
+        "A-s3": [_run(rng, "tb-A-s3", 2_000)],
+    }
+    step = int(rng.integers(500, 1_900))
+    reading = (step // 200) * 200  # the monitor reads every 200 steps
+    norms = {}
+    for key in ("W-s1", "A-s1"):
+        check = next(c for c in runs[key][0]["monitor"] if c["step"] == reading)
+        check["wq_norms"][0][int(rng.integers(HEADS))] = norms[key] = float(rng.uniform(5, 50))
+    got = testbed.wq_ratios(runs, "W", "A", step)
+    assert got == [pytest.approx(norms["W-s1"] / norms["A-s1"])]
+    with pytest.raises(ValueError, match="no seed has both"):
+        testbed.wq_ratios(runs, "W", "A", 5_000)
