@@ -6,7 +6,7 @@ Importing this package first decides whether Triton runs natively or in its CPU 
 The layers, each importing only from the ones above it (``tests/tools/test_layout.py`` checks
 that there are at most five and no import cycle between files):
 
-1. :mod:`kernels.checking` the rules every exercise check follows; :mod:`kernels.tools` book
+1. :mod:`kernels.exercise_rules` the rules every exercise check follows; :mod:`kernels.tools` book
    tooling (setup cells, showing source, figure style); :mod:`kernels.interpreter` Triton's CPU
    interpreter, switched on without a GPU and mended; :mod:`kernels.triton_intro` chapter 2's
    first kernels; :mod:`kernels.reduction_guard` the guard of exercise ch2-rowmax (the grader's

@@ -189,7 +189,7 @@ def profile_kernels(step, calls):
 def host_us_per_call(fn, calls, repeats) -> tuple[float, float]:
     """(median, best) µs per call of ``fn()`` on the host, over ``repeats`` runs of ``calls``
     calls after two unmeasured ones (caches fill): the wrapper's cost with the GPU taken out
-    (:mod:`kernels.gpu.host`)."""
+    (:mod:`kernels.gpu.host_cost`)."""
     fn()
     fn()
     per_call = []

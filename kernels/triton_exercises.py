@@ -1,4 +1,4 @@
-"""Checks of chapter 2's exercises (rules: :mod:`kernels.checking`).
+"""Checks of chapter 2's exercises (rules: :mod:`kernels.exercise_rules`).
 
 * ``ch2-grid`` :func:`check_launch_grid`: programs and masked lanes of a 1-D launch
 * ``ch2-rowmax`` :func:`check_row_max`: a Triton kernel for the maximum of each row
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import checking as ck
+from . import exercise_rules as ck
 from .interpreter import interpreting
 from .reduction_guard import triton_only
 

@@ -50,7 +50,7 @@ from ..numerics.rounding import (
     round_to_dtype,
     work_dtype,
 )
-from . import fused
+from . import emulator_fused
 from .options import AttentionOptions, check_tensors
 
 FA2_STEPS = """``numerics="fa2"``  (FlashAttention-2, torch SDPA's flash backend, the Triton \
@@ -193,8 +193,8 @@ def accumulate(s, v_j, m, m_new, ell, acc, r: _Rounding):
     """ℓ = α ℓ + rowsum(P̄) and Ō = α Ō + rnd(P̄) V_j (the kernel's ``accumulate``)."""
     # A row with no visible key yet keeps m = -inf; exp(-inf - -inf) must give 0, not NaN.
     m_safe = torch.where(torch.isinf(m_new) & (m_new < 0), torch.zeros_like(m_new), m_new)
-    if r.is_paper and fused.usable(s, r.low):  # the same bits in one pass (CUDA)
-        p = fused.p_bar(s, m_safe)
+    if r.is_paper and emulator_fused.usable(s, r.low):  # the same bits in one pass (CUDA)
+        p = emulator_fused.p_bar(s, m_safe)
     else:
         p = _exp_offset(s - m_safe.unsqueeze(-1), r)
     alpha = _exp_offset(m - m_safe, r)
@@ -240,8 +240,8 @@ def flash_forward(
     grew = torch.zeros_like(m)
     for start in range(0, n_k, block_n):
         k_j, v_j = k[..., start : start + block_n, :], v[..., start : start + block_n, :]
-        if r.is_paper and fused.usable(q, low):  # the same bits in one pass (CUDA)
-            s = fused.scores(q, k_j, scale, opts.causal, col0=start)
+        if r.is_paper and emulator_fused.usable(q, low):  # the same bits in one pass (CUDA)
+            s = emulator_fused.scores(q, k_j, scale, opts.causal, col0=start)
         else:
             s = r.paper(r.paper(q @ k_j.transpose(-1, -2)) * scale)
             if opts.causal:
@@ -328,8 +328,8 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, de
     qw, kw, vw = (round_to_dtype(t.to(work), low) for t in (q, k, v))
     d_out = d_out.to(work)
     scale = opts.scale_for(q.shape[-1])
-    if use_fused and fused.usable(qw, low):  # the same bits, fewer passes
-        probs = fused.probs(qw, kw, lse.to(work), scale, opts.causal)
+    if use_fused and emulator_fused.usable(qw, low):  # the same bits, fewer passes
+        probs = emulator_fused.probs(qw, kw, lse.to(work), scale, opts.causal)
     else:
         scores = paper_scores(qw, kw, scale, low, opts.causal)  # recompute S as the forward did
         probs = torch.exp(scores - lse.to(work).unsqueeze(-1))  # P = exp(S - L)
@@ -346,8 +346,8 @@ def paper_backward(q, k, v, out_low, lse, d_out, opts: AttentionOptions, low, de
     )
     if delta_hook is not None:
         delta = delta_hook(delta, d_out=d_out, out_low=out_work, probs=probs, values=vw)
-    if use_fused and fused.usable(probs, low):
-        d_scores = fused.d_scores(d_probs, probs, delta)  # written over dP
+    if use_fused and emulator_fused.usable(probs, low):
+        d_scores = emulator_fused.d_scores(d_probs, probs, delta)  # written over dP
     else:
         d_scores = probs * (d_probs - delta.unsqueeze(-1))  # dS = P ∘ (dP − δ)
     d_q = (d_scores @ kw) * scale  # dQ = α dS K

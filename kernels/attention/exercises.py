@@ -1,4 +1,4 @@
-"""Checks of the exercises of chapters 3 and 4 (rules: :mod:`kernels.checking`).
+"""Checks of the exercises of chapters 3 and 4 (rules: :mod:`kernels.exercise_rules`).
 
 * ``ch3-merge`` :func:`check_merge`: combine two halves' (O, L) without overflow
 * ``ch3-bytes`` :func:`check_peak_bytes`: predict naive attention's peak memory
@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import checking as ck
+from .. import exercise_rules as ck
 from ..interpreter import interpreting
 from . import reference, tiling
 from .autograd import backward_pass

@@ -1,7 +1,7 @@
 """Checks for chapter 8's exercises.
 
-The checks follow the book's rules (:mod:`kernels.checking`): a blank answer fails with
-"no answer yet", a wrong one with :class:`~kernels.checking.WrongAnswer` and a hint that
+The checks follow the book's rules (:mod:`kernels.exercise_rules`): a blank answer fails with
+"no answer yet", a wrong one with :class:`~kernels.exercise_rules.WrongAnswer` and a hint that
 names what to re-examine, never the answer; a right one prints a line starting with
 "correct"."""
 
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..checking import WrongAnswer, forbid, fresh_rng, need, need_function
+from ..exercise_rules import WrongAnswer, forbid, fresh_rng, need, need_function
 from .implementations import expected_record_count
 
 TILES = 32

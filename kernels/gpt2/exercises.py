@@ -1,4 +1,4 @@
-"""Checks of the GPT-2 chapter's exercises (rules: :mod:`kernels.checking`).
+"""Checks of the GPT-2 chapter's exercises (rules: :mod:`kernels.exercise_rules`).
 
 * ``ex-gpt2-tokens`` :func:`check_minutes`: how long our model needs to see the paper's tokens
 * ``ex-gpt2-ties`` :func:`check_tie_counts`: two ways of counting repeated maxima in a row
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checking import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
+from ..exercise_rules import call, correct, fail, forbid, fresh_generator, fresh_rng, need_function
 from .report import departure
 
 PAPER_TOKENS = 6_600 * 524_288  # the paper's run before it failed: steps × tokens/step

@@ -25,7 +25,7 @@ The GPU plans of the GPT-2 chapter, one command each (repeat the command until e
 ended; each line says how many calls that takes at the speeds measured on H200s):
 
     # real bf16 on one GPU, the fast step (fused kernels + CUDA graphs, checked first by
-    # python -m kernels.gpt2.fastpath, which writes fast.env): one H100 trains ~82 steps/s
+    # python -m kernels.gpt2.fast_step_check, which writes fast.env): one H100 trains ~82 steps/s
     # in all, alone or shared, so a 30-minute lease (checkpoints stay on its disk, not
     # beyond it) takes ~130,000 steps. Done: U, F, P and Z in seed 0 to 80,000 steps (one
     # lease each, two calls: 8.0 then 8.6 minutes), U in seed 1 (exploded at step 53,110),
@@ -314,7 +314,7 @@ def main(argv=None):
     parser.add_argument(
         "--fast",
         action="store_true",
-        help="replay each step as a CUDA graph (kernels.gpt2.graphs; same numbers)",
+        help="replay each step as a CUDA graph (kernels.gpt2.graphed_step; same numbers)",
     )
     args = parser.parse_args(argv)
     from ..results import provenance

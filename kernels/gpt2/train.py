@@ -14,8 +14,8 @@ logged step) and ``<name>.json`` (config, history, diagnostics, summary).
 Resumable runs. ``--checkpoint-every N`` writes ``<name>.ckpt.pt`` every N steps and whenever a
 call stops early (``--max-minutes``, the time limit of *this* call, or ``--stop-at``, a step);
 ``--resume`` continues from it, bit-identically (:mod:`.checkpoint` says what a checkpoint holds).
-``--cuda-graph`` replays each step as a CUDA graph on one GPU (:mod:`.graphs`): the same kernels,
-one launch.
+``--cuda-graph`` replays each step as a CUDA graph on one GPU (:mod:`.graphed_step`): the same
+kernels, one launch.
 
 ``--autocast bf16`` works on CUDA GPUs of sm_80 and newer and on the CPU (PyTorch's CPU autocast
 supports bf16); on older GPUs (T4) pass ``--autocast off``: the model then runs in fp32 around the
@@ -120,7 +120,7 @@ class Trainer(Checkpointing):
             self.load_checkpoint()
         self.graphed = None
         if cfg.cuda_graph:
-            from .graphs import GraphedStep
+            from .graphed_step import GraphedStep
 
             self.graphed = GraphedStep(self)
 

@@ -8,8 +8,8 @@ in :mod:`kernels.attention.registry`.
 * :mod:`.call_cost` ``python -m kernels.gpu.call_cost``: what a call costs besides its kernels,
   the first call at a new length (:mod:`.first_call`, also part of the check) and the host time
   of a call issued eagerly and replayed as a CUDA graph
-* :mod:`.host`      the host cost of one call with the GPU taken out
-  (``python -m kernels.gpu.host``)
+* :mod:`.host_cost` the host cost of one call with the GPU taken out
+  (``python -m kernels.gpu.host_cost``)
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
 * :mod:`.compiled`  the kernels compiled for an H100 on any machine: their PTX's multiply-adds
   (``python -m kernels.gpu.compiled``)
@@ -18,7 +18,7 @@ in :mod:`kernels.attention.registry`.
 * :mod:`.practitioner`  ``python -m kernels.gpu.practitioner``: Hugging Face GPT-2 trained with
   SDPA and with the book's fix, eager and compiled, in steps/s (``practitioner_step.json``)
 * :mod:`.perf_report`  what chapter 10 imports: :mod:`.records`, :mod:`.perf_figures`,
-  :mod:`.roofline`, :mod:`.targets` and its tables; :mod:`.exercises` the chapter's checks
+  :mod:`.roofline`, :mod:`.speed_targets` and its tables; :mod:`.exercises` the chapter's checks
 
 Results go to ``results/*.json`` with provenance (:mod:`kernels.results`).
 """

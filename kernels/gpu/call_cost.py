@@ -22,7 +22,7 @@
    targets' yardstick (forward >= 0.8x cuDNN, forward + backward >= 0.7x).
 
 A graph replays fixed addresses: new inputs are copied into the recorded ones, as a training
-step does (:mod:`kernels.gpt2.graphs`). The eager host time is what a plain PyTorch loop pays.
+step does (:mod:`kernels.gpt2.graphed_step`). The eager host time is what a plain PyTorch loop pays.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks of chapter 10's exercises (rules: :mod:`kernels.checking`).
+"""Checks of chapter 10's exercises (rules: :mod:`kernels.exercise_rules`).
 
 * ``ch10-intensity`` :func:`check_flop_per_byte`: the roofline model's arithmetic intensity
 * ``ch10-stream`` :func:`check_stream_tflops`: the speed of a stream of calls, host against GPU
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .. import checking as ck
+from .. import exercise_rules as ck
 from .roofline import intensity
 
 

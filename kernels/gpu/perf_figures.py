@@ -20,7 +20,7 @@ from .records import (
     setting,
     tma_ratios,
 )
-from .targets import TARGET_TEXT
+from .speed_targets import TARGET_TEXT
 
 
 def log2_axis(ax, ns):

@@ -2,11 +2,11 @@
 and the live benchmark, with the rest of its figures and models gathered here from the modules
 that hold them, one job each:
 
-* :mod:`kernels.gpu.records`       ``results/perf_*.json`` as rows
-* :mod:`kernels.gpu.perf_figures`  the figures (speed, ablation, memory, host, first call, targets)
-* :mod:`kernels.gpu.roofline`      the roofline model and what an ``exp2`` rewrite changes
-* :mod:`kernels.gpu.targets`       the kernel's speed targets
-* :mod:`kernels.gpu.exercises`     the checks of the chapter's exercises
+* :mod:`kernels.gpu.records`        ``results/perf_*.json`` as rows
+* :mod:`kernels.gpu.perf_figures`   the figures (speed, ablation, memory, host, first call, targets)
+* :mod:`kernels.gpu.roofline`       the roofline model and what an ``exp2`` rewrite changes
+* :mod:`kernels.gpu.speed_targets`  the kernel's speed targets
+* :mod:`kernels.gpu.exercises`      the checks of the chapter's exercises
 
 The measurements themselves are made by ``python -m kernels.gpu.perf`` (:mod:`kernels.gpu.perf`).
 """
@@ -52,7 +52,7 @@ from .records import (
     tma_summary,
 )
 from .roofline import attainable_tflops, exp2_changes, intensity, p_bar, plot_roofline
-from .targets import (
+from .speed_targets import (
     TARGET_TESTS,
     TARGET_TEXT,
     print_targets,

@@ -1,4 +1,4 @@
-"""Checks of the exercises of chapters 5 and 6 (rules: :mod:`kernels.checking`).
+"""Checks of the exercises of chapters 5 and 6 (rules: :mod:`kernels.exercise_rules`).
 
 * ``ex-sources-mirror`` :func:`check_mirror`: the sign of the ideal's bias in the mirrored setting
 * ``ex-sources-midpoint`` :func:`check_ideal_error`: predict the ideal output's error from the two
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from .. import checking as ck
+from .. import exercise_rules as ck
 from ..attention.emulator import offset_rule
 from ..numerics.formats import round_to as round_np
 from .cases import EXP_ROUNDS_TO_ONE, VDist, small_lab_case

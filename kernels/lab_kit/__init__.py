@@ -18,7 +18,7 @@ The instructor's page of the book (``book/instructor.md``) says how to use it.
 * :mod:`.sandbox`   where the answers run: own user, hidden folders, no network, limits,
   time budgets
 * :mod:`.isolate`   a student's answer in a worker process; values cross as plain data
-  (:mod:`.codec`); what an answer may not do is :func:`kernels.checking.scan`, which the
+  (:mod:`.codec`); what an answer may not do is :func:`kernels.exercise_rules.scan`, which the
   checks use too
 * :mod:`.worker`    the script that forks the workers, without the book's package
 * :mod:`.class_timing` how long grading a class takes (the instructor page quotes it)

@@ -6,7 +6,7 @@ two-digit prefix of its file name) and, for each exercise of that chapter:
 1. takes the **source** of the student's answer cell (and of any code cell the student added
    before it) from the submitted file: nothing else of the submission is used, so a deleted or
    edited check cell, or a deleted held-back test, changes nothing;
-2. scans it (:func:`kernels.checking.scan`, the rule the notebook's checks use too): an
+2. scans it (:func:`kernels.exercise_rules.scan`, the rule the notebook's checks use too): an
    answer that imports the grader, patches a module, calls a checks' function or a library
    call that does the exercise's work scores 0, and the feedback names the call;
 3. runs it in a fresh worker process (:mod:`.isolate`) and runs the chapter's check and the
@@ -34,8 +34,8 @@ import io
 import types
 from pathlib import Path
 
-from .. import checking as scan
-from ..checking import WrongAnswer
+from .. import exercise_rules as scan
+from ..exercise_rules import WrongAnswer
 from . import isolate, notebook
 from .notebook import POINTS, points  # noqa: F401  (the weights, here too)
 from .submissions import cell_grade_id, explanation

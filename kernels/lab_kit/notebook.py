@@ -15,7 +15,7 @@ A chapter marks its exercise cells with tags; nothing else is needed to make a l
 ``remove-from-student``  the folded solution's prose, its fences and demonstration cells
 
 An exercise is **keyed by its** ``:label:`` (``ch2-rowmax``): its points (:data:`POINTS`), the
-rule of what its answer may not use (:data:`kernels.checking.FORBIDDEN`), its nbgrader cells
+rule of what its answer may not use (:data:`kernels.exercise_rules.FORBIDDEN`), its nbgrader cells
 (``ex2_ch2-rowmax-answer``) and the grader's tables all use the label, so inserting an exercise
 moves nothing else. Its **number** ("Exercise 2.2") is for display only, derived from its
 position: per chapter, in the order of the ``{exercise}`` directives, the chapter number being

@@ -1,7 +1,7 @@
 """Checks for the monitor chapter's exercises.
 
-They follow the book's rules (:mod:`kernels.checking`): fresh random inputs on every run, "no
-answer yet" for a blank, a :class:`~kernels.checking.WrongAnswer` that says what is wrong
+They follow the book's rules (:mod:`kernels.exercise_rules`): fresh random inputs on every run, "no
+answer yet" for a blank, a :class:`~kernels.exercise_rules.WrongAnswer` that says what is wrong
 without the answer, and a line starting with "correct" for a right one.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checking import correct, fail, fresh_rng, need
+from ..exercise_rules import correct, fail, fresh_rng, need
 
 
 def check_slowdown_fn(fn, thorough: bool = False) -> None:

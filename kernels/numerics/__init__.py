@@ -1,7 +1,7 @@
 """Numbers: floating-point formats, exact rounding traces, rounding helpers, statistics.
 
 The bottom layer of the package; it imports nothing else from ``kernels`` but the exercise
-checks' shared rules, :mod:`kernels.checking`.
+checks' shared rules, :mod:`kernels.exercise_rules`.
 
 * :mod:`.formats`          formats, bit patterns, ``round_to`` / ``ulp`` on NumPy values
                             (any format)

@@ -1,4 +1,5 @@
-"""Chapter 1's worked example and the checks of its exercises (rules: :mod:`kernels.checking`).
+"""Chapter 1's worked example and the checks of its exercises (rules:
+:mod:`kernels.exercise_rules`).
 
 * ``ex-bf16-count`` :func:`check_binade_count`: how many BF16 values one binade holds
 * ``ex-bf16-round-bits`` :func:`check_round_bits`: round an FP32 bit pattern to BF16 with integers
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ..checking import call, correct, fail, forbid, fresh_rng, need, need_function
+from ..exercise_rules import call, correct, fail, forbid, fresh_rng, need, need_function
 from .addition import add_trace
 from .formats import get_format
 

@@ -366,7 +366,7 @@ def test_plans_follow_the_memory_layout():
 # --- the host-cost harness ------------------------------------------------------------------
 @pytest.mark.skipif(ON_GPU, reason="measures the CPU-side path; a GPU runs kernels.gpu.perf")
 def test_host_cost_harness_runs_and_launches_directly():
-    from kernels.gpu.host import host_cost, table
+    from kernels.gpu.host_cost import host_cost, table
 
     stub = host_cost("stub", calls=5, repeats=2)
     assert stub["forward+backward"]["best_us"] > stub["forward"]["best_us"] > 0

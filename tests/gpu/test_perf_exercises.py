@@ -11,7 +11,7 @@ from kernels.gpu.roofline import intensity
 
 
 def test_exercise_checks_accept_only_the_solution():
-    from kernels.checking import WrongAnswer
+    from kernels.exercise_rules import WrongAnswer
 
     for check in (ex.check_flop_per_byte, ex.check_stream_tflops, ex.check_bit_changes):
         with pytest.raises(WrongAnswer, match="no answer yet"):
@@ -41,7 +41,7 @@ def test_which_changes_move_bits():
     assert ex._bit_changes_expected() == {"tile shape", "exp2"}
     ex.check_bit_changes({"tile shape", "exp2"})
     ex.check_bit_changes(["exp2", "tile shape"])
-    from kernels.checking import WrongAnswer
+    from kernels.exercise_rules import WrongAnswer
 
     for wrong in (
         {"exp2"},

@@ -11,7 +11,7 @@ import re
 from lab_kit_helpers import CHAPTERS, chapter_exercises, labels
 from test_lab_exercises import WRONG
 
-from kernels import checking
+from kernels import exercise_rules
 from kernels.env import REPO_ROOT
 from kernels.lab_kit import course, grading, notebook
 
@@ -31,7 +31,7 @@ def test_every_key_names_an_exercise_and_every_exercise_has_its_entries():
     for table, name in (
         (notebook.POINTS, "notebook.POINTS"),
         (WRONG, "test_lab_exercises.WRONG"),
-        (checking.FORBIDDEN, "checking.FORBIDDEN"),
+        (exercise_rules.FORBIDDEN, "exercise_rules.FORBIDDEN"),
     ):
         unknown = sorted(set(table) - book)
         assert not unknown, f"{name} names labels that no chapter has: {unknown}"
@@ -56,7 +56,7 @@ def test_the_checks_cite_exercises_by_label_not_number():
         *REPO_ROOT.glob("kernels/*/exercises.py"),
         REPO_ROOT / "kernels/triton_exercises.py",
         REPO_ROOT / "kernels/reduction_guard.py",
-        REPO_ROOT / "kernels/checking.py",
+        REPO_ROOT / "kernels/exercise_rules.py",
         *REPO_ROOT.glob("kernels/lab_kit/*.py"),
     ]
     for path in paths:
@@ -132,7 +132,9 @@ def test_inserting_an_exercise_moves_no_other_exercises_points(tmp_path):
         assert now.points == notebook.points(ex.label)
     assert plans["new"]["ch2-rowmax"].number == "2.3" and plans["old"]["ch2-rowmax"].number == "2.2"
     # and the rule of what an answer may not use stays with its exercise
-    assert "ch2-rowmax" in checking.FORBIDDEN and "ex-inserted" not in checking.FORBIDDEN
+    assert (
+        "ch2-rowmax" in exercise_rules.FORBIDDEN and "ex-inserted" not in exercise_rules.FORBIDDEN
+    )
 
 
 def test_a_duplicate_or_malformed_label_is_refused():

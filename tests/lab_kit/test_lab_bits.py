@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 import kernels  # noqa: F401  (the Triton interpreter switch, before anything imports triton)
-from kernels.checking import WrongAnswer
+from kernels.exercise_rules import WrongAnswer
 from kernels.gpu import exercises as ex
 
 RIGHT = {"tile shape", "exp2"}

@@ -1,5 +1,5 @@
 """The review's cheat list, re-run against the current grader's scan (one rule, shared with the
-notebook's checks: :func:`kernels.checking.scan`).
+notebook's checks: :func:`kernels.exercise_rules.scan`).
 
 ``CHEATS`` is the stored table: each row is a cheat of the review (or a close variant), the
 exercise it targets, and the thing the scan must name when it scores that exercise 0. The scan
@@ -18,7 +18,7 @@ import ast
 import pytest
 from lab_kit_helpers import chapter_exercises, chapter_of_label
 
-from kernels.checking import SETUP_MODULES, Forbidden, bindings, scan
+from kernels.exercise_rules import SETUP_MODULES, Forbidden, bindings, scan
 from kernels.lab_kit import notebook
 from kernels.lab_kit.grading import chapter_imports
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from lab_kit_helpers import CHAPTERS, chapter_exercises, fresh_namespace, hidden_tests, run
 
 import kernels  # noqa: F401,I001  first: the Triton interpreter switch
-from kernels.checking import WrongAnswer
+from kernels.exercise_rules import WrongAnswer
 from kernels.lab_kit import notebook
 
 CHECK_CALL = re.compile(r"ex\.(\w+)\((\w+)\)")
@@ -289,7 +289,7 @@ def test_row_max_refuses_torch_reductions_and_restores_them():
 
 
 def test_checks_draw_fresh_inputs_and_leave_the_global_seed_alone():
-    from kernels.checking import fresh_generator, fresh_seed
+    from kernels.exercise_rules import fresh_generator, fresh_seed
 
     torch.manual_seed(0)
     before = torch.rand(3)

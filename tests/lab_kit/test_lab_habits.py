@@ -10,7 +10,7 @@ import json
 import pytest
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
-from kernels.checking import Forbidden, scan
+from kernels.exercise_rules import Forbidden, scan
 from kernels.lab_kit import build, grade, notebook
 
 pytest.importorskip("nbgrader")

@@ -12,7 +12,7 @@ import torch
 from lab_kit_helpers import CHAPTERS, chapter_exercises
 
 import kernels  # noqa: F401  (the Triton interpreter switch, before anything imports triton)
-from kernels import checking as scan
+from kernels import exercise_rules as scan
 from kernels.lab_kit import isolate, notebook
 
 SETUP_NAMES = ("ex", "torch", "triton", "tl", "np", "math")
@@ -171,7 +171,7 @@ def test_no_public_function_of_a_checks_module_returns_an_answer(name):
 def test_a_check_refuses_a_forbidden_call_in_the_notebook_already():
     """The checks scan the reader's function where Python finds its source: a forbidden call
     fails in the notebook, not only when graded; a function without source is not scanned."""
-    from kernels.checking import WrongAnswer
+    from kernels.exercise_rules import WrongAnswer
     from kernels.golden import exercises as golden
     from kernels.numerics import exercises as numerics
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import kernels  # noqa: F401
-from kernels.checking import WrongAnswer
+from kernels.exercise_rules import WrongAnswer
 from kernels.monitor import exercises as ex, layer_table
 
 

@@ -92,8 +92,8 @@ class Speedups:
         it (:mod:`kernels.gpu.call_cost` measures both, in two processes).
     ``fused``
         the emulator's paper numerics run their elementwise chains as fused Triton kernels on a
-        CUDA GPU (:mod:`kernels.attention.fused`, the same bits in fewer passes); off, op by op,
-        as on a CPU.
+        CUDA GPU (:mod:`kernels.attention.emulator_fused`, the same bits in fewer passes); off,
+        op by op, as on a CPU.
     ``poison_outputs``
         not a speed-up but the check it gives up: output buffers start as NaN, so an entry a
         kernel never writes shows. On by default in the interpreter (the tests); on a GPU it

@@ -4,7 +4,7 @@ The chapter's GPT-2 is small: on an H200 a step of the emulated bf16 attention k
 busy for about 12 ms, but Python and kernel launches take twice that. A CUDA graph records the
 step's kernels once (forward, backward, gradient clipping, AdamW) and replays them with one
 launch. Replaying runs the very kernels eager mode runs, on the same data, so the numbers are
-the same; ``python -m kernels.gpu.check_fused`` trains the same steps both ways on the GPU and
+the same; ``python -m kernels.gpt2.fast_step_check`` trains the same steps both ways on the GPU and
 compares every weight bit for bit.
 
 What a graph needs, and how the trainer provides it:

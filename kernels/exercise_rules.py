@@ -427,7 +427,7 @@ def scan(source: str, exercise: str, module_names=SETUP_MODULES, package_names=(
 
 
 def forbid(fn, exercise: str) -> None:
-    """Fail (:class:`~kernels.checking.WrongAnswer`), naming the call, if the source of the
+    """Fail (:class:`~kernels.exercise_rules.WrongAnswer`), naming the call, if the source of the
     reader's ``fn`` does what the exercise labelled ``exercise`` forbids. Only where Python can
     find the source (a function written in a notebook cell or a file); a lambda is scanned alone,
     not the line around it. The grader scans every answer's cells itself."""

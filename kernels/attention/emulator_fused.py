@@ -14,7 +14,7 @@ Matmuls and row reductions stay torch's own, so every sum is added in the order 
 rounding is the explicit round-to-nearest-even of :mod:`kernels.numerics.triton_rounding`
 (bit-identical to the hardware's), and ``exp`` is libdevice's ``expf``, the function torch's
 CUDA ``exp`` calls. So the fused path must give the *same bits* as the emulator:
-``python -m kernels.gpu.check_fused`` checks that on the GPU before any run relies on it, the
+``python -m kernels.gpt2.fast_step_check`` checks that on the GPU before any run relies on it, the
 ``fused`` speed-up (:mod:`.launcher`) switches the path off, and ``FUSED_EXP = False`` keeps
 torch's own ``exp`` (one more pass) should the two ever differ.
 On a CPU the emulator never calls these kernels (the interpreter would be slower than torch);

@@ -21,7 +21,7 @@ Both are *host overhead on this machine's CPU*: CPU figures, never GPU ones (and
 allocator, not CUDA's caching one). What a whole call costs on a GPU, including the driver
 call, is measured by ``python -m kernels.gpu.perf``.
 
-``python -m kernels.gpu.host`` prints both tables.
+``python -m kernels.gpu.host_cost`` prints both tables.
 """
 
 from __future__ import annotations
@@ -219,7 +219,11 @@ def host_cost(
 
     env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
     report, _ = run_module_json(
-        "kernels.gpu.host", "--child", request, env=env, what="the simulated-launch measurement"
+        "kernels.gpu.host_cost",
+        "--child",
+        request,
+        env=env,
+        what="the simulated-launch measurement",
     )
     return report
 

@@ -1,10 +1,11 @@
 """Is the fast GPT-2 training step the same step? Bits first, then speed (CUDA GPU only).
 
-    python -m kernels.gpt2.fastpath --out $OUT   # gpt2_fastpath.json, and fast.env: what to use
+    python -m kernels.gpt2.fast_step_check --out $OUT  # gpt2_fastpath.json, fast.env: what to use
 
 Two speed-ups change how the chapter's training step is launched, not what it computes:
-the fused elementwise kernels of :mod:`kernels.attention.fused` and the CUDA graph of
-:mod:`.graphs`. Before a training run relies on them this script checks, on the GPU it runs on:
+the fused elementwise kernels of :mod:`kernels.attention.emulator_fused` and the CUDA graph of
+:mod:`.graphed_step`. Before a training run relies on them this script checks, on the GPU it
+runs on:
 
 1. ``exp``: libdevice's expf (the fused kernels) against torch's CUDA ``exp``, 16 M values;
 2. one attention call at the model's shapes, forward and backward, fused against op by op, for
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..attention import OFF_VARIABLE, fused, off_in_children, speedups
+from ..attention import OFF_VARIABLE, emulator_fused, off_in_children, speedups
 from ..attention.emulator import EmulatedAttention
 from .attention import parse_spec
 from .plans import VARIANTS
@@ -44,7 +45,7 @@ def check_exp(n: int = 1 << 24) -> dict:
     zero = torch.zeros(s.shape[0], device="cuda")
     # P̄ = rnd(exp(rnd(S − 0))): compare on values that are already bf16, so rnd(S) = S
     s = s.bfloat16().float()
-    mine = fused.p_bar(s, zero)
+    mine = emulator_fused.p_bar(s, zero)
     theirs = torch.exp(s).bfloat16().float()
     return {"values": n, "mismatches": int((mine != theirs).sum())}
 
@@ -102,7 +103,7 @@ def main(argv=None):
     parser.add_argument("--share", default="2,4,6")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("kernels.gpt2.fastpath checks the GPU path: it needs a CUDA GPU")
+        sys.exit("kernels.gpt2.fast_step_check checks the GPU path: it needs a CUDA GPU")
     from ..results import provenance
 
     data = {"exp": check_exp()}
@@ -156,7 +157,7 @@ def main(argv=None):
             f"{row['processes']} runs sharing: {row['steps_per_s_total']:.1f} steps/s in all",
             flush=True,
         )
-    command = f"python -m kernels.gpt2.fastpath --steps {args.steps} --share {args.share}"
+    command = f"python -m kernels.gpt2.fast_step_check --steps {args.steps} --share {args.share}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpt2_fastpath.json").write_text(
