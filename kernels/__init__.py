@@ -18,10 +18,10 @@ that there are at most five and no import cycle between files):
    :mod:`kernels.attention.registry`, the one place an implementation is named;
    :mod:`kernels.results` measurements with provenance; :mod:`kernels.monitor` the attention
    monitor readers attach to their own training (and the pure metrics it shares with the GPT-2
-   trainer); :mod:`kernels.lab_kit` the course lab (``python -m kernels.lab_kit build``)
-4. the experiments: :mod:`kernels.lab` (the rounding lab), :mod:`kernels.gpt2` (the small GPT-2),
-   :mod:`kernels.gpu` (GPU measurements, chapter 10); siblings that never import each other;
-   and this package's own ``__init__``
+   trainer); :mod:`kernels.course_lab` the course lab (``python -m kernels.course_lab build``)
+4. the experiments: :mod:`kernels.rounding_lab` (the rounding lab), :mod:`kernels.gpt2` (the
+   small GPT-2), :mod:`kernels.gpu` (GPU measurements, chapter 10); siblings that never import
+   each other; and this package's own ``__init__``
 5. :mod:`kernels.golden` chapter 8, built on the lab's cases and the GPT-2 trainer
 
 Why this shape: the numbers (numerics) are defined once and everything else rounds with them;

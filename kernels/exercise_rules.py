@@ -17,7 +17,7 @@ A check (one per exercise, in the chapters' ``exercises.py`` modules) follows fo
   of an exercise that forbids library calls doing its work refuses them
   (:func:`forbid`, which runs the grader's scan, :func:`scan`, on the function's source).
 
-The autograder (:mod:`kernels.lab_kit.grading`) runs the same checks, in its own process, against
+The autograder (:mod:`kernels.course_lab.grading`) runs the same checks, in its own process, against
 the answer running in a fresh process of its own: an answer cannot patch them.
 """
 
@@ -160,7 +160,7 @@ def correct(text: str) -> None:
 # of ``ex`` but its upper-case constants); patching (``ex.check_merge = ...``, ``ex = ...``); or,
 # in an exercise that asks you to implement something, the library calls that would do the work
 # (:data:`FORBIDDEN`). The scan is a second line of defence: the grader also runs each answer
-# in a process of its own (:mod:`kernels.lab_kit.isolate`), so patching changes no score.
+# in a process of its own (:mod:`kernels.course_lab.isolate`), so patching changes no score.
 
 # modules an answer never needs, and names that reach around the language (one rule for the
 # notebook's checks and the grader)

@@ -4,7 +4,7 @@ from the student's kernel.
 
 One module for both places that run the answer: the chapter's check
 (:mod:`kernels.triton_exercises`) imports it, and the grader's worker
-(:mod:`kernels.lab_kit.worker`), which may not import the book's package, loads this file by
+(:mod:`kernels.course_lab.worker`), which may not import the book's package, loads this file by
 its path. So it imports nothing from the package.
 """
 

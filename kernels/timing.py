@@ -1,6 +1,6 @@
 """How every measurement in the book times attention: chapter 10's script
 (``python -m kernels.gpu.perf``), the whole-GPU check (``python -m kernels.gpu.check``) and the
-lab's GPU script (``python -m kernels.lab.fixes_gpu``) all use the functions here.
+lab's GPU script (``python -m kernels.rounding_lab.fixes_gpu``) all use the functions here.
 
 GPU timings use ``triton.testing.do_bench`` (warm-up, then the median of many runs, the L2 cache
 flushed between runs) on random inputs (never zeros: zeros make some hardware paths faster). A

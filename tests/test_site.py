@@ -813,7 +813,7 @@ def save_screenshot(browser, page: str) -> None:
 
 # ---------------------------------------------------------------- the explorers (issue 25)
 # Chapter 5's sources explorer and chapter 6's fixes explorer: HTML controls over a grid computed
-# in Python (kernels/lab/site_explorers.py), drawn as SVG by kernels/tools/explorer.js.
+# in Python (kernels/rounding_lab/site_explorers.py), drawn as SVG by kernels/tools/explorer.js.
 EXPLORERS = {"book/05_bias_sources": "sources", "book/06_fixes": "fixes"}
 MAX_PAGE_BYTES = 2_000_000
 MAX_FIRST_PAINT_MS = 1000
@@ -821,7 +821,7 @@ MAX_FIRST_PAINT_MS = 1000
 
 def explorer_spec(name: str) -> dict:
     from kernels import results
-    from kernels.lab import site_explorers
+    from kernels.rounding_lab import site_explorers
 
     if name == "fixes":
         return site_explorers.fixes_spec(results.load("fix_explorer")["data"])

@@ -1,5 +1,5 @@
 """Chapter 2's teaching kernels (kernels/triton_intro.py) against torch (the exercise checks are
-tested in tests/lab_kit)."""
+tested in tests/course_lab)."""
 
 import kernels  # noqa: F401,I001  first: without a GPU it turns on the interpreter before triton loads
 

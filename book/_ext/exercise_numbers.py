@@ -12,7 +12,7 @@ its numbers, this extension renumbers the exercises of every page whose file nam
 two digits and an underscore (``book/02_triton_in_one_sitting``) as (chapter, k), k counting
 that page's exercises in order. Solutions ("Solution to Exercise 2.1") and references read the
 same table, so they follow. The lab kit numbers its student notebooks by the same rule
-(``kernels/lab_kit/notebook.py``).
+(``kernels/course_lab/notebook.py``).
 Loaded through ``sphinx.local_extensions`` in _config.yml.
 """
 import re

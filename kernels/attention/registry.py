@@ -48,7 +48,7 @@ class Implementation:
     aliases: tuple[str, ...] = ()  # other spellings found in stored results
 
 
-_LAB = "kernels.lab.implementations"
+_LAB = "kernels.rounding_lab.implementations"
 _GOLDEN = "kernels.golden.implementations"
 _RUNS = {_LAB: f"{_LAB}.run_case", _GOLDEN: f"{_GOLDEN}.run_in_format"}  # of the models
 _ALL = (
@@ -105,7 +105,7 @@ GROUPS = {
     # chapter 10's speed table (python -m kernels.gpu.perf)
     "perf": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "triton", "triton/cross"),
     "perf-legend": ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "triton", "triton/cross"),
-    # the rounding lab (kernels.lab): run on the CPU, and only on a GPU
+    # the rounding lab (kernels.rounding_lab): run on the CPU, and only on a GPU
     "lab": ("ideal", "fa2-fma", "paper", "fa2", "paper-untiled", "fa2-untiled"),
     "lab-gpu": (
         "sdpa-flash",
@@ -119,10 +119,11 @@ GROUPS = {
     "golden": ("baseline", "baseline_fp32", "fa2", "paper", "fa1"),
     "golden-run": ("triton", "sdpa_flash", "torch_math"),
 }
-# the spellings of results/fix_speed.json (python -m kernels.lab.fixes_gpu), read by chapter 6
+# the spellings of results/fix_speed.json (python -m kernels.rounding_lab.fixes_gpu), read by
+# chapter 6
 FIX_SPEED = {"sdpa-flash": "SDPA flash", "sdpa-cudnn": "SDPA cudnn"}
-# ... and the rows of results/bias_sources_gpu.json (python -m kernels.lab.fixes_gpu), read by
-# chapter 5: the book's kernel once per fix ("triton/none", "triton/delta_dp", ...)
+# ... and the rows of results/bias_sources_gpu.json (python -m kernels.rounding_lab.fixes_gpu),
+# read by chapter 5: the book's kernel once per fix ("triton/none", "triton/delta_dp", ...)
 BIAS_SOURCES = {
     "ideal": "ideal",
     "fa2": "emulator/fa2",

@@ -15,6 +15,6 @@
 * :mod:`.exercises`        the chapter's exercise checks
 * :mod:`.gpu`              the GPU script (``python -m kernels.golden.gpu``)
 
-It sits on top of :mod:`kernels.attention`, :mod:`kernels.lab` (the sink rows) and
+It sits on top of :mod:`kernels.attention`, :mod:`kernels.rounding_lab` (the sink rows) and
 :mod:`kernels.gpt2` (the trainer and its stored runs); nothing imports from it.
 """

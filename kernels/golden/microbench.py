@@ -10,7 +10,7 @@ reference: ``max_abs`` (Golden's "max difference", an upper bound), ``mean_abs``
 
 Two kinds of inputs: Gaussian Q, K, V (what Golden et al. used) and *sink rows*, rows
 whose maximum score is repeated exactly (the bias chapters' construction,
-:mod:`kernels.lab.cases`)."""
+:mod:`kernels.rounding_lab.cases`)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..lab import cases
 from ..numerics.rounding import error_in_ulps
+from ..rounding_lab import cases
 from . import implementations as impl
 from .implementations import FORMATS, format_dtype, format_name, golden, ideal, work_dtype
 
@@ -66,8 +66,8 @@ def sink_inputs(
     n: int, setting: str = "tied V 0, rest -1", seed: int = 0, device="cpu", **case
 ) -> Inputs:
     """Rows whose maximum score is repeated exactly (two tied keys in different tiles),
-    built by :func:`kernels.lab.cases.build` with one of :data:`SINK_SETTINGS` (``case``
-    overrides fields of :class:`kernels.lab.cases.Case`). Q is the identity and the
+    built by :func:`kernels.rounding_lab.cases.build` with one of :data:`SINK_SETTINGS` (``case``
+    overrides fields of :class:`kernels.rounding_lab.cases.Case`). Q is the identity and the
     scale 1, so every score is exact; the inputs are bf16 numbers."""
     if setting not in SINK_SETTINGS:
         raise ValueError(f"setting must be one of {tuple(SINK_SETTINGS)}, got {setting!r}")

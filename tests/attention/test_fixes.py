@@ -8,12 +8,12 @@ import pytest
 import torch
 from test_flash_fwd import assert_close_to_emulator
 
-from kernels import lab
+from kernels import rounding_lab as lab
 from kernels.attention import AttentionOptions, emulator
 from kernels.attention.flash_fwd import flash_forward
 from kernels.attention.reference import attention_fp64
 from kernels.env import native_bf16
-from kernels.lab import fixes
+from kernels.rounding_lab import fixes
 
 DEVICE = "cuda" if native_bf16() else "cpu"
 

@@ -37,7 +37,7 @@ def test_unknown_names_say_what_there_is():
         registry.parse("flash")
     with pytest.raises(ValueError, match="unknown offset rule"):
         registry.parse("triton/sometimes")
-    with pytest.raises(ValueError, match="kernels.lab.implementations"):
+    with pytest.raises(ValueError, match="kernels.rounding_lab.implementations"):
         registry.run("fa2-fma", *torch.randn(3, 1, 1, 8, 16))
 
 
@@ -76,7 +76,7 @@ def test_one_place_for_backends_and_switches():
 
 
 def test_stored_spellings_and_figure_labels_come_from_the_registry():
-    from kernels.lab import source_figures
+    from kernels.rounding_lab import source_figures
 
     for table in (registry.FIX_SPEED, registry.BIAS_SOURCES):
         for name in table:
@@ -91,8 +91,8 @@ def test_one_name_per_function():
     """The torch rounding helpers do not share names with the NumPy ones (issue 23), and the
     registry's run is the only run() among the implementations' modules."""
     from kernels.golden import implementations as golden
-    from kernels.lab import implementations as lab
     from kernels.numerics import formats, rounding
+    from kernels.rounding_lab import implementations as lab
 
     assert {"round_to", "ulp"} <= set(dir(formats))
     assert not {"round_to", "ulp"} & set(dir(rounding))
@@ -102,7 +102,7 @@ def test_one_name_per_function():
 def test_the_experiments_dispatch_through_the_registry():
     """The lab's run_case and chapter 8's run_in_format run the emulator through
     registry.emulator_runner: the same bits as calling the emulator, m, ℓ and ties included."""
-    from kernels import lab
+    from kernels import rounding_lab as lab
     from kernels.golden import implementations as golden
 
     assert registry.split("sdpa_flash/cross") == ("sdpa-flash", "cross")

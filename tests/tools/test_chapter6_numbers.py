@@ -1,6 +1,6 @@
-"""Chapter 6's bookkeeping (kernels/lab/chapter6_numbers.py): every number its prose glues is
-produced by the chapter, each function returns what its sentence reads, and raises when the
-measurements stop saying what the sentence says."""
+"""Chapter 6's bookkeeping (kernels/rounding_lab/chapter6_numbers.py): every number its prose
+glues is produced by the chapter, each function returns what its sentence reads, and raises when
+the measurements stop saying what the sentence says."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.lab import chapter6_numbers as c6
-from kernels.lab.fixes import FIXES
+from kernels.rounding_lab import chapter6_numbers as c6
+from kernels.rounding_lab.fixes import FIXES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = ROOT / "book" / "06_fixes.ipynb"
