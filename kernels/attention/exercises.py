@@ -149,7 +149,10 @@ def check_key_tiles(fn, thorough: bool = False) -> None:
         block_m, block_n = (int(2**x) for x in rng.integers(4, 8, 2))
         n = int(rng.integers(1, 2000))
         i = int(rng.integers(0, -(-n // block_m)))
-        if trial % 3 == 0:  # the last query tile, often a partial one
+        if trial % 3 == 0:  # a partial last query tile reaching a whole key tile past n
+            block_n = int(2 ** rng.integers(4, 6))
+            block_m = block_n * int(2 ** rng.integers(1, 3))
+            n = block_m * int(rng.integers(0, 15)) + int(rng.integers(1, block_m - block_n + 1))
             i = -(-n // block_m) - 1
         got = ck.call(fn, "key_tiles", i, block_m, block_n, n)
         if not _is_int(got):
