@@ -111,24 +111,26 @@ def plot_measured_memory(memory, sizes, element_bytes, title, head_dim=64):
 
 
 def plot_stored_memory(rows):
-    """The rows of ``results/perf_memory.json``: peak GPU memory beyond the inputs of SDPA's
-    math backend (which stores S and P) and of the book's flash kernel against N, forward
-    (solid) and forward + backward (dashed)."""
-    fig, ax = _plt().subplots()
-    for mode, style in [("fwd", "-"), ("fwd+bwd", "--")]:
-        rows_m = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["n"])
-        for key, marker, color, name in [
-            ("math_peak_bytes", "o", "tab:blue", "SDPA math (stores S, P)"),
-            ("book_peak_bytes", "D", "tab:green", "the book's flash kernel"),
-        ]:
-            pts = [(r["n"], r[key]) for r in rows_m if r.get(key) is not None]
+    """The rows of ``results/perf_memory.json``: peak GPU memory beyond the inputs (MiB) of
+    SDPA's math backend (which stores S and P) and of the book's flash kernel against N,
+    forward (solid) and forward + backward (dashed); the legend below the axes."""
+    fig, ax = _plt().subplots(figsize=(6.4, 4.6), layout="constrained")
+    for key, marker, color, name in [
+        ("math_peak_bytes", "o", "tab:blue", "SDPA math (stores S, P)"),
+        ("book_peak_bytes", "D", "tab:green", "the book's flash kernel"),
+    ]:
+        for mode, style in [("fwd", "-"), ("fwd+bwd", "--")]:
+            rows_m = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["n"])
+            pts = [(r["n"], r[key] / 2**20) for r in rows_m if r.get(key) is not None]
             if pts:
                 ax.loglog(*zip(*pts), style, marker=marker, color=color, label=f"{name}, {mode}")
     ax.set_xlabel("sequence length N")
-    ax.set_ylabel("peak GPU memory beyond the inputs (bytes)")
+    ax.set_ylabel("peak GPU memory beyond the inputs (MiB)")
     first = rows[0]
-    ax.set_title(f"stored GPU measurement: B={first['batch']} H={first['heads']} d={first['d']}")
-    ax.legend(fontsize=9, loc="upper right")  # the quadratic lines end before the right edge
+    causal = "causal" if first.get("causal", True) else "full"
+    ax.set_title(f"stored GPU record: B {first['batch']}, H {first['heads']}, d {first['d']}, "
+                 f"bf16, {causal}", fontsize=10)  # fmt: skip
+    fig.legend(loc="outside lower center", ncols=2, fontsize=9)
     return fig
 
 

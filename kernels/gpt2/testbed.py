@@ -56,6 +56,35 @@ def stored_names(directory=None) -> list[str]:
     return [stem.removeprefix("gpt2_") for stem in results.stored_names("gpt2_testbed", directory)]
 
 
+def describe_stored(directory=None, width: int = 80) -> str:
+    """Where the testbed's stored files were measured, in a few lines instead of one per file:
+    the plan's command, how many files, the GPUs, versions and dates (each file's exact command,
+    with the runs it trained, is in results/README.md)."""
+    import textwrap
+
+    records = [load(f"gpt2_{name}", directory) for name in stored_names(directory)]
+    gpus = sorted({r["provenance"]["gpu"] for r in records})
+    versions = sorted({f"torch {r['provenance']['torch']}, triton {r['provenance']['triton']}"
+                       for r in records})  # fmt: skip
+    dates = sorted({r["provenance"]["date"][:10] for r in records})
+    text = (
+        f"stored: {len(records)} files of `python -m kernels.gpt2.search --plan testbed`, "
+        f"measured on {' and '.join(gpus)} ({'; '.join(versions)}) on {', '.join(dates)}; "
+        "each file's command and runs: results/README.md"
+    )
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def wq_ratio_line(runs: dict, arm: str = "W", other: str = "A") -> str:
+    """The per-seed ratios behind chapter 7's ‖W_Q‖ comparison, as one printed line."""
+    ratios = wq_ratios(runs, arm, other, COMPARE_STEP)
+    shown = ", ".join(f"{r:.1f}" for r in ratios)
+    return (
+        f"layer-0 ‖W_Q‖ at step {COMPARE_STEP:,}, {ARM_WORDS[arm]} / {ARM_WORDS[other]}, "
+        f"seed by seed: {shown}"
+    )
+
+
 def testbed_runs(directory=None) -> dict:
     """Every stored run of the testbed as {'W-s1': [run, ...]}: the longest first, then its
     repeats. The screen's two runs of this configuration count (its U and F in seed 1, cut at

@@ -162,14 +162,13 @@ def check_window(fn, thorough: bool = False) -> None:
 # ----------------------------------------------------------------------------------------------
 def check_delta_dp(fn, thorough: bool = False) -> None:
     """Exercise ``ex-fixes-delta``: ``fn(p, d_p) -> δ`` per row from the probabilities and dP = dO
-    Vᵀ, shaped (rows, keys), or with leading batch dimensions (``thorough``: the grader's hidden
-    test)."""
+    Vᵀ, shaped (rows, keys) or with leading batch dimensions: both are checked, in the notebook
+    as in the grader (``thorough`` adds a second batched draw)."""
     ck.need_function(fn, "delta_dp")
     ck.forbid(fn, "ex-fixes-delta")
     gen, rng = ck.fresh_generator(), ck.fresh_rng()
     shapes = [(int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
-    if thorough:
-        shapes += [(2, 3, int(rng.integers(3, 9)), int(rng.integers(20, 60)))]
+    shapes += [(2, 3, int(rng.integers(3, 9)), int(rng.integers(20, 60)))] * (2 if thorough else 1)
     for shape in shapes:
         *lead, rows, keys = shape
         d = int(rng.integers(4, 12))
