@@ -9,10 +9,11 @@ of one configuration differ only in the attention spec:
 ``U`` = the paper's bf16 flash attention (δ from the bf16 O, the failing path),
 ``F`` = the same with δ from O recomputed in fp32 (the paper's stable control), ``S`` = the
 stabilised forward of Algorithm 3 (β = 2, ties detected across the whole row), ``P`` = δ from
-rowsum(dP ∘ P), ``A`` = torch SDPA everywhere, ``R`` = ``U`` with Ō rounded stochastically
-(only with ``obits`` < 7), ``T`` = ``U`` in key tiles of 64 instead of untiled, ``L`` = ``U`` in
-layer 0 only, ``F`` elsewhere (the paper's "only layer 2 matters": in our runs ‖W_Q‖ grows
-first in layer 0, measured in the ``amplify`` plan).
+rowsum(dP ∘ P), ``A`` = torch SDPA everywhere, ``W`` = the book's Triton kernel (FA2 numerics)
+and ``V`` = the same with δ from an fp32 O (W's own control), ``R`` = ``U`` with Ō rounded
+stochastically (only with ``obits`` < 7), ``T`` = ``U`` in key tiles of 64 instead of
+untiled, ``L`` = ``U`` in layer 0 only, ``F`` elsewhere (the paper's "only layer 2 matters": in
+our runs ‖W_Q‖ grows first in layer 0, measured in the ``amplify`` plan).
 
 ``obits`` (the amplifier) holds Ō in a float with bf16's exponent and fewer mantissa bits than
 bf16's 7, in every paper-path variant of a run, controls included: the rounding of Ō is magnified
@@ -66,6 +67,8 @@ VARIANT_TABLE = {
     "A": Variant("sdpa", label("sdpa"), "tab:gray"),
     # the book's Triton kernel, FA2 numerics (fp32 Ō, one rounding)
     "W": Variant("triton:delta=o", "FA2 numerics (the book's Triton kernel)", "black"),
+    # ... and its own control: the same kernel, δ from an fp32 O recomputed
+    "V": Variant("triton:delta=o_fp32", "FA2 numerics, δ from fp32 O (W's control)", "0.55"),
     "R": Variant("paper:delta=o,oround=sr", "failing path, Ō rounded stochastically", "tab:orange"),
     "T": Variant("paper:delta=o,block=64", "failing path, tiles of 64", "tab:brown"),
     # + layer 0 switched to U, see variant_options
@@ -296,7 +299,8 @@ def plan(name: str) -> list[tuple[str, dict]]:
     if name == "testbed":  # the testbed's arms on the screen's healthy configuration, to 80k steps
         arms = dict(SCREEN_BASE, **SCREENS["sb-lr5e-4"], steps=80_000)
         runs = make_runs("tb", arms, "UWAF", [1, 2, 3, 4])
-        return runs + make_runs("tb", arms, "PZS", [1, 2])
+        # V: FA2 numerics' own control (does δ from the rounded O move W's runaway earlier?)
+        return runs + make_runs("tb", arms, "PZS", [1, 2]) + make_runs("tb", arms, "V", [1, 2])
     if name == "screen":  # a testbed whose control stays healthy? 20k-step screens of U and F
         runs = []
         for prefix, changes in SCREENS.items():

@@ -66,7 +66,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # back with its disk, and the runs start again from step 0 (it happened twice: the second
     # calls became repeats). Done so far: W in seeds 1-4 and U in seeds 1-4 (all exploded), A in
     # seeds 1-4 to 80,000 (two per GPU on 2 H200s, 105 steps/s each: 8.4 then 4.8 minutes),
-    # F in seeds 1-4, P, Z and S in seeds 1-2; still to run: F, P and Z to 80,000.
+    # F in seeds 1-4, P, Z and S in seeds 1-2; still to run: V (FA2 numerics' own control,
+    # the book's kernel with δ from an fp32 O) in seeds 1-2, then F, P and Z to 80,000.
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
