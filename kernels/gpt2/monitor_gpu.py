@@ -330,18 +330,24 @@ def plot_overhead(ax, data: dict):
 
 
 def overhead_lines(data: dict) -> list[str]:
-    """The overhead table in words: ms per step without the monitor and per setting."""
+    """The overhead table in words: ms per step without the monitor and per setting, each
+    number named by its statistic: the ms per step are means over all timed steps, the
+    overhead the median over paired steps of (with ÷ without − 1), the reading step a
+    median. The two need not agree: a mean ratio is not the median of the paired ones."""
     rows = data["overhead"]["rows"]
     off = next(r for r in rows if r["setting"] == "off")
-    lines = [f"without the monitor: {off['mean_ms']:.2f} ms per training step"]
+    lines = [
+        f"without the monitor: mean {off['mean_ms']:.2f} ms per training step",
+        "with it: mean ms per step | median overhead over paired steps | median reading step",
+    ]
     for r in rows:
         if r.get("every") is None:
             continue
         how = "with δ" if r["delta"] else "without δ"
         lines.append(
-            f"  every {int(r['every']):3d}, {how:9s}: {r['mean_ms']:6.2f} ms per step "
-            f"({100 * r['overhead_median']:+.1f} %), a reading step "
-            f"{r['reading_median_ms']:.1f} ms"
+            f"  every {int(r['every']):3d}, {how:9s}: mean {r['mean_ms']:6.2f} ms | "
+            f"median {100 * r['overhead_median']:+6.1f} % | "
+            f"reading {r['reading_median_ms']:.1f} ms"
         )
     return lines
 

@@ -190,18 +190,23 @@ def screen_table(runs: dict | None = None, reference: dict | None = None):
 
 def as_text(table) -> str:
     """:func:`screen_table` printed for the page's column: the control's numbers and verdict,
-    then the failing path's end, one line per pair, columns two spaces apart."""
-    runs = [f"{row.config} s{row.seed}" for row in table.itertuples()]
+    then the failing path's end, one line per pair, columns two spaces apart. A pair is named
+    in the page's words, what its configuration changed and its seed (not the run's file name)."""
+    changed, seeds = list(table.changed), [str(x) for x in table.seed]
     control = [
-        ("run", runs, "<"),
-        ("changed", list(table.changed), "<"),
+        ("changed", changed, "<"),
+        ("seed", seeds, ">"),
         ("max |S|", [number(x) for x in table.max_logit], ">"),
         ("layer", [str(x) for x in table.layer], ">"),
         ("‖W_Q‖", [f"{x:.3g}" for x in table.wq_end], ">"),
         ("growth", [f"{x:.3g}×" for x in table.wq_growth], ">"),
         ("verdict", list(table.verdict), "<"),
     ]
-    failing = [("run", runs, "<"), ("failing path (δ from the rounded O)", table.failing_path, "<")]
+    failing = [
+        ("changed", changed, "<"),
+        ("seed", seeds, ">"),
+        ("failing path (δ from the rounded O)", list(table.failing_path), "<"),
+    ]
     return "\n\n".join(_columns(block) for block in (control, failing))
 
 

@@ -296,7 +296,7 @@ def lab_text(result: LabResult) -> str:
     lines = [
         f"{p['impl']} / stable={p['stable']}: k={p['ties']} tied maxima, gap={p['gap']}, "
         f"N={p['n_keys']}, tile={p['block_n']} ({p['placement']})",
-        f"  non-max tokens move O by {result.residual_ulps:.3g} ulp on average",
+        f"  non-max tokens move O by {result.residual_ulps:.3g} ulp (median over the outputs)",
         f"  mean error {st['mean']:+.4f} ulp, 95% CI [{st['lo']:+.4f}, {st['hi']:+.4f}] "
         f"over {st['n_elements']} outputs",
         f"  -> {st['verdict']}",

@@ -104,4 +104,6 @@ def test_the_chapter_figures_draw_a_record_and_a_cpu_run_is_not_one(small_run):
         assert line.get_xdata()[-1] == len(values) - 1
     plt.close(fig)
     lines = gpu.overhead_lines(data)
-    assert lines[0].startswith("without the monitor:") and len(lines) == 1 + 2 * n_every
+    assert lines[0].startswith("without the monitor: mean") and len(lines) == 2 + 2 * n_every
+    # every number says its statistic: means of ms, medians of the paired overhead
+    assert all("mean" in line and "median" in line for line in lines[1:])
