@@ -338,17 +338,15 @@ def overhead_lines(data: dict) -> list[str]:
     off = next(r for r in rows if r["setting"] == "off")
     lines = [
         f"without the monitor: mean {off['mean_ms']:.2f} ms per training step",
-        "with it: mean ms per step | median overhead over paired steps | median reading step",
+        f"{'setting':22s}{'mean ms/step':>13s}{'median overhead':>17s}{'median reading':>16s}",
     ]
     for r in rows:
         if r.get("every") is None:
             continue
-        how = "with δ" if r["delta"] else "without δ"
-        lines.append(
-            f"  every {int(r['every']):3d}, {how:9s}: mean {r['mean_ms']:6.2f} ms | "
-            f"median {100 * r['overhead_median']:+6.1f} % | "
-            f"reading {r['reading_median_ms']:.1f} ms"
-        )
+        name = f"every {int(r['every'])}, {'with δ' if r['delta'] else 'without δ'}"
+        overhead = f"{100 * r['overhead_median']:+.1f} %"
+        reading = f"{r['reading_median_ms']:.1f} ms"
+        lines.append(f"{name:22s}{r['mean_ms']:13.2f}{overhead:>17s}{reading:>16s}")
     return lines
 
 

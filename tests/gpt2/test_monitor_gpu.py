@@ -2,6 +2,8 @@
 at tiny sizes and writes a file the chapter can read; the curve comparison that decides
 "within noise" is checked on constructed curves."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -105,5 +107,9 @@ def test_the_chapter_figures_draw_a_record_and_a_cpu_run_is_not_one(small_run):
     plt.close(fig)
     lines = gpu.overhead_lines(data)
     assert lines[0].startswith("without the monitor: mean") and len(lines) == 2 + 2 * n_every
-    # every number says its statistic: means of ms, medians of the paired overhead
-    assert all("mean" in line and "median" in line for line in lines[1:])
+    # every column says its statistic (means of ms, medians of the paired overhead), and the
+    # header sits over its column: each header field ends where its cells end
+    assert "mean" in lines[1] and lines[1].count("median") == 2
+    ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", lines[1])]
+    for line in lines[2:]:
+        assert [m.end() for m in re.finditer(r"\S+(?: \S+)*", line)][-3:] == ends[-3:]
