@@ -107,6 +107,26 @@ def pack(directory=None, over: int = PACK_OVER) -> list[str]:
     return packed
 
 
+# modules renamed since some records were made: (pattern, today's name)
+RENAMED = (
+    (r"\bkernels\.lab_kit\b", "kernels.course_lab"),
+    (r"\bkernels\.lab_gpu\b", "kernels.rounding_lab.gpu"),
+    (r"\bkernels\.lab\.(?=\w)", "kernels.rounding_lab."),
+    (r"\bkernels\.lab\b(?![.\w])", "kernels.rounding_lab.sweep"),
+    (r"\bkernels\.gpu_check\b", "kernels.gpu.check"),
+    (r"\bkernels\.booktools\b", "kernels.tools.booktools"),
+    (r"\bkernels\.gpt2\.fastpath\b", "kernels.gpt2.fast_step_check"),
+)
+
+
+def current_command(command: str) -> str:
+    """A recorded command as it runs today: modules renamed since carry their current names
+    (the file itself keeps the command as it was recorded)."""
+    for pattern, name in RENAMED:
+        command = re.sub(pattern, name, command)
+    return command
+
+
 def gpu_short(record: dict) -> str:
     """The GPU of a record in a word for a figure's title ("H100" for "NVIDIA H100 80GB
     HBM3"); "CPU" for a record measured without one."""
@@ -127,7 +147,7 @@ def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     p = record["provenance"]
     where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
     # where the measuring machine wrote its files (``--out /root/out``) is not the reader's business
-    command = re.sub(r"\s--out(?:-dir)?[= ]\S+", "", p["command"])
+    command = current_command(re.sub(r"\s--out(?:-dir)?[= ]\S+", "", p["command"]))
     command = command.replace(" ", "\0")  # a command is never split across lines
     text = (
         f"{prefix}{where} (torch {p['torch']}, triton {p['triton']}) on {p['date'][:10]} "

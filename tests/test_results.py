@@ -55,3 +55,22 @@ def test_the_stored_results_stay_small():
     assert not large, f"run `python -m kernels.results pack`: {large}"
     total = sum(path.stat().st_size for path in results.RESULTS_DIR.iterdir())
     assert total < 40 << 20, f"results/ holds {total / 2**20:.1f} MiB"
+
+
+def test_every_stored_command_names_a_module_that_exists_today():
+    """The command a chapter prints under a stored result runs as printed: modules renamed since
+    the record was made are given their current names (``current_command``)."""
+    import importlib.util
+    import re
+
+    stems = results.stored_names("", results.RESULTS_DIR)
+    assert len(stems) > 20
+    missing = {}
+    for stem in stems:
+        command = results.load(stem)["provenance"]["command"]
+        for module in re.findall(r"python -m (\S+)", results.current_command(command)):
+            if importlib.util.find_spec(module) is None:
+                missing[stem] = module
+    assert missing == {}, f"stored commands naming modules that do not exist: {missing}"
+    renamed = results.current_command("python -m kernels.lab.gpu")
+    assert renamed == "python -m kernels.rounding_lab.gpu"
