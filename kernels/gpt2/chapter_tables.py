@@ -143,7 +143,7 @@ def ladder_lines(rungs: dict) -> None:
         verdict = (
             f"{o['event']} at step {o['step']:,}"
             if o["step"] is not None
-            else f"still training after {o['steps']:,} steps"
+            else f"stopped at step {o['steps']:,}, no explosion"
         )
         print(f"{VARIANT_NAMES[variant]:50s} {verdict}")
 
