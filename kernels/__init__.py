@@ -10,13 +10,13 @@ that there are at most five and no import cycle between files):
    tooling (setup cells, showing source, figure style); :mod:`kernels.interpreter` Triton's CPU
    interpreter, switched on without a GPU and mended; :mod:`kernels.triton_intro` chapter 2's
    first kernels; :mod:`kernels.reduction_guard` the guard of exercise ch2-rowmax (the grader's
-   worker loads the same file)
+   worker loads the same file); :mod:`kernels.results` measurements with provenance
 2. :mod:`kernels.env` where we run (and seeding); :mod:`kernels.numerics` formats, rounding
    (NumPy, torch, Triton), statistics; :mod:`kernels.timing` how every measurement times;
    :mod:`kernels.triton_exercises` chapter 2's exercise checks
 3. :mod:`kernels.attention` options, Triton kernels, emulator, fp64 reference, autograd, and
    :mod:`kernels.attention.registry`, the one place an implementation is named;
-   :mod:`kernels.results` measurements with provenance; :mod:`kernels.monitor` the attention
+   :mod:`kernels.monitor` the attention
    monitor readers attach to their own training (and the pure metrics it shares with the GPT-2
    trainer); :mod:`kernels.course_lab` the course lab (``python -m kernels.course_lab build``)
 4. the experiments: :mod:`kernels.rounding_lab` (the rounding lab), :mod:`kernels.gpt2` (the

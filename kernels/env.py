@@ -35,9 +35,9 @@ import sys
 from pathlib import Path
 
 from .interpreter import configure_triton, interpreting
+from .results import RESULTS_DIR  # noqa: F401  (defined once, where measurements are read)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "results"
 
 # Packages a chapter needs beyond torch/triton; installed on Colab only if missing.
 _COLAB_EXTRAS = {

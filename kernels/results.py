@@ -19,9 +19,13 @@ import re
 import sys
 from pathlib import Path
 
-from .env import RESULTS_DIR
-
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"  # the one definition
 PACK_OVER = 1 << 20  # a results file larger than this (1 MiB) is stored compressed
+
+
+def folder(directory=None) -> Path:
+    """Where records are read and written: ``directory`` (a path or a string), else results/."""
+    return RESULTS_DIR if directory is None else Path(directory)
 
 
 def provenance(command: str) -> dict:
@@ -52,7 +56,7 @@ def provenance(command: str) -> dict:
 
 def save(name: str, data, command: str, directory=None) -> str:
     """Write ``data`` with its provenance to ``results/<name>.json``; returns the path."""
-    directory = RESULTS_DIR if directory is None else Path(directory)
+    directory = folder(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     with open(path, "w") as f:
@@ -62,7 +66,7 @@ def save(name: str, data, command: str, directory=None) -> str:
 
 def record_path(name: str, directory=None):
     """The stored file of measurement ``name``: ``<name>.json`` or ``<name>.json.gz``."""
-    directory = RESULTS_DIR if directory is None else Path(directory)
+    directory = folder(directory)
     for path in (directory / f"{name}.json", directory / f"{name}.json.gz"):
         if path.exists():
             return path
@@ -73,7 +77,7 @@ def record_path(name: str, directory=None):
 
 def stored_names(prefix: str, directory=None) -> list[str]:
     """The names of every stored measurement whose name starts with ``prefix``, sorted."""
-    directory = RESULTS_DIR if directory is None else Path(directory)
+    directory = folder(directory)
     paths = list(directory.glob(f"{prefix}*.json")) + list(directory.glob(f"{prefix}*.json.gz"))
     return sorted({path.name.removesuffix(".gz").removesuffix(".json") for path in paths})
 
@@ -91,7 +95,7 @@ def pack(directory=None, over: int = PACK_OVER) -> list[str]:
     """Compress every ``<name>.json`` in ``directory`` larger than ``over`` bytes to
     ``<name>.json.gz`` (same bytes on every machine: no time stamp inside) and remove the
     original; returns the names packed."""
-    directory = RESULTS_DIR if directory is None else Path(directory)
+    directory = folder(directory)
     packed = []
     for path in sorted(directory.glob("*.json")):
         if path.stat().st_size <= over:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 
 import numpy as np
+
+from ..results import load, stored_names
 
 
 def _one_step(model, loss_fn, before=None, sync=None):
@@ -192,7 +193,6 @@ LONG_STEPS = 31_700  # the longest run the thresholds were drawn from (amp_final
 # The screen's rule of a healthy run (kernels.gpt2.screen; kernels.monitor may not import
 # kernels.gpt2, and tests/monitor/test_alert_table.py checks that the two agree).
 RUNAWAY_LOGIT, RUNAWAY_GROWTH, RUNAWAY_BASE = 100.0, 3.0, 2_000
-RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def runs_away(run: dict) -> bool:
@@ -233,21 +233,14 @@ def run_kind(name: str, run: dict) -> str:
 
 def stored_runs(directory=None) -> list[tuple]:
     """(file stem, name, run) of every run with monitor readings in the stored
-    ``gpt2_*.json`` files of ``directory`` (default the book's results/)."""
-    import gzip
-    import json
-
+    ``gpt2_*`` files of ``directory`` (default the book's results/)."""
     found = []
-    folder = Path(directory or RESULTS)
-    paths = list(folder.glob("gpt2_*.json")) + list(folder.glob("gpt2_*.json.gz"))
-    for path in sorted(paths, key=lambda path: path.name.split(".")[0]):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:  # stored compressed over 1 MiB (kernels.results.pack)
-            record = json.load(f)
+    for stem in stored_names("gpt2_", directory):
+        record = load(stem, directory)
         runs = record.get("data", record).get("runs")
         for name, run in runs.items() if isinstance(runs, dict) else ():
             if run.get("monitor"):
-                found.append((path.name.split(".")[0], name, run))
+                found.append((stem, name, run))
     return found
 
 
