@@ -68,7 +68,7 @@ VARIANT_TABLE = {
     # the book's Triton kernel, FA2 numerics (fp32 Ō, one rounding)
     "W": Variant("triton:delta=o", "FA2 numerics (the book's Triton kernel)", "black"),
     # ... and its own control: the same kernel, δ from an fp32 O recomputed
-    "V": Variant("triton:delta=o_fp32", "FA2 numerics, δ from fp32 O (W's control)", "0.55"),
+    "V": Variant("triton:delta=o_fp32", "FA2 numerics' control (δ from fp32 O)", "teal"),
     "R": Variant("paper:delta=o,oround=sr", "failing path, Ō rounded stochastically", "tab:orange"),
     "T": Variant("paper:delta=o,block=64", "failing path, tiles of 64", "tab:brown"),
     # + layer 0 switched to U, see variant_options

@@ -15,6 +15,8 @@ runs at risk until then.
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from .. import results
@@ -27,9 +29,10 @@ from .screen import (
     SCREEN_STEPS,
 )
 
-ARMS = "UWAFPZS"  # the testbed's arms, in the order tables and legends list them
+ARMS = "UWVAFPZS"  # the testbed's arms, in the order tables and legends list them
 ARM_WORDS = {
     "W": "FA2 numerics (Triton)",
+    "V": "FA2 numerics, fp32-O δ",
     "A": "SDPA flash",
     "U": "all-BF16 path",
     "F": "control",
@@ -60,8 +63,6 @@ def describe_stored(directory=None, width: int = 80) -> str:
     """Where the testbed's stored files were measured, in a few lines instead of one per file:
     the plan's command, how many files, the GPUs, versions and dates (each file's exact command,
     with the runs it trained, is in results/README.md)."""
-    import textwrap
-
     records = [load(f"gpt2_{name}", directory) for name in stored_names(directory)]
     gpus = sorted({r["provenance"]["gpu"] for r in records})
     versions = sorted({f"torch {r['provenance']['torch']}, triton {r['provenance']['triton']}"
@@ -83,6 +84,18 @@ def wq_ratio_line(runs: dict, arm: str = "W", other: str = "A") -> str:
         f"layer-0 ‖W_Q‖ at step {COMPARE_STEP:,}, {ARM_WORDS[arm]} / {ARM_WORDS[other]}, "
         f"seed by seed: {shown}"
     )
+
+
+def repeat_line(runs: dict, arm: str, width: int = 88) -> str:
+    """The repeats of ``arm`` (a seed's command started again from step 0) and how each ended,
+    as one printed line ('' when the arm has none)."""
+    repeats = [(key.split("-")[1], *ending(run)) for key in sorted(runs)
+               if key.split("-")[0] == arm for run in runs[key][1:]]  # fmt: skip
+    if not repeats:
+        return ""
+    shown = ", ".join(f"seed {s[1:]} {'exploded at' if b else 'alive at'} {t:,}"
+                      for s, t, b in repeats)  # fmt: skip
+    return textwrap.fill(f"{ARM_WORDS[arm]}, repeats: {shown}", width, subsequent_indent="  ")
 
 
 def testbed_runs(directory=None) -> dict:
@@ -237,7 +250,16 @@ def plot_survival(ax, endings_by_label: dict, colours: dict, title: str):
     ax.grid(alpha=0.3)
 
 
-def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
+# the head-norm figure's column titles, two short lines each
+COLUMN_TITLES = {
+    "W": "FA2 numerics\n(Triton)",
+    "V": "FA2 numerics,\nδ from fp32 O",
+    "A": "SDPA flash\n(torch)",
+    "F": "control\n(all-BF16 path)",
+}
+
+
+def plot_head_norms(fig, runs: dict, arms: str = "WVAF", seed: str = "s1"):
     """The paper's Figures 3 and 11 for the testbed: top row, each head of layer 0; bottom row,
     the largest head of each layer; one column per arm (``seed``); the explosion marked."""
     axes = fig.subplots(2, len(arms), sharex=True, sharey="row", squeeze=False)
@@ -259,12 +281,13 @@ def plot_head_norms(fig, runs: dict, arms: str = "WAF", seed: str = "s1"):
             ax.tick_params(labelsize=FONT)
             if exploded:
                 ax.axvline(step / 1000, color="k", ls=":", lw=1.2)
-        axes[0, col].set_title(legend_name(arm).split(" (")[0], fontsize=FONT + 1)
+        axes[0, col].set_title(COLUMN_TITLES.get(arm, ARM_WORDS[arm]), fontsize=FONT)
         axes[1, col].set_xlabel("step (thousands)", fontsize=FONT + 1)
     axes[0, 0].set_ylabel("layer 0: ‖W_Q‖₂ per head", fontsize=FONT + 1)
     axes[1, 0].set_ylabel("largest head's ‖W_Q‖₂", fontsize=FONT + 1)
-    axes[0, -1].legend(fontsize=FONT, loc="upper left")
-    axes[1, -1].legend(fontsize=FONT, loc="upper left")
+    quiet = arms.index("V") if "V" in arms else -1  # the column whose curves stay low
+    axes[0, quiet].legend(fontsize=FONT, loc="upper left")
+    axes[1, quiet].legend(fontsize=FONT, loc="upper left")
     return axes
 
 
@@ -313,11 +336,16 @@ def testbed_numbers(runs: dict) -> dict:
         numbers[f"g7_tb_{arm}_full"] = len(whole)
         numbers[f"g7_tb_{arm}_end_lo"] = min(ends, default=0.0)
         numbers[f"g7_tb_{arm}_end_hi"] = max(ends, default=0.0)
-    if any(k[0] == "W" for k in runs) and any(k[0] == "A" for k in runs):
-        ratios = wq_ratios(runs, "W", "A", COMPARE_STEP)  # how much faster the runaway went
-        numbers["g7_tb_wa_step"] = COMPARE_STEP
-        numbers["g7_tb_wa_lo"], numbers["g7_tb_wa_hi"] = min(ratios), max(ratios)
-    for arm in "AF":  # the largest layer-0 |S| of the arms that did not explode
+    numbers["g7_tb_wa_step"] = COMPARE_STEP
+    for other, name in (("A", "wa"), ("V", "wv")):  # how much faster W's runaway went
+        if any(k[0] == "W" for k in runs) and any(k[0] == other for k in runs):
+            ratios = wq_ratios(runs, "W", other, COMPARE_STEP)
+            numbers[f"g7_tb_{name}_lo"], numbers[f"g7_tb_{name}_hi"] = min(ratios), max(ratios)
+    for arm in ARMS:  # repeats: runs beyond each seed's longest, and how many exploded
+        repeats = [ending(r) for key in runs if key[0] == arm for r in runs[key][1:]]
+        numbers[f"g7_tb_{arm}_rep"] = len(repeats)
+        numbers[f"g7_tb_{arm}_rep_boom"] = sum(exploded for _, exploded in repeats)
+    for arm in "AFV":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]
         numbers[f"g7_tb_{arm}_logit"] = max(logits, default=0.0)
@@ -393,7 +421,7 @@ def plot_survival_panels(fig, runs: dict):
     control, δ from rowsum(dP∘P), the released fix), with one legend for both under them."""
     axes = fig.subplots(1, 2, sharey=True)
     colours = testbed_colours()
-    here = {legend_name(a): arm_endings(runs, a) for a in "FPZAWUS"}
+    here = {legend_name(a): arm_endings(runs, a) for a in "VFPZAWUS"}
     here = {label: endings for label, endings in here.items() if endings}
     first = {legend_name(a): e for a, e in first_testbed_endings("FZPU").items()}
     plot_survival(axes[0], here, colours, "this testbed (lr 5e-4)")
