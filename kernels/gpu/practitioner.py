@@ -9,7 +9,8 @@ attention refuses attention dropout, so SDPA runs without it too). Run ::
 
     python -m kernels.gpu.practitioner --out $OUT
 
-It writes ``practitioner_step.json`` (provenance: GPU, torch, triton, date, command): one row per
+It writes ``practitioner_step.json`` (``practitioner_step_nanogpt.json`` for ``--loops nanoGPT``
+alone; provenance: GPU, torch, triton, date, command): one row per
 model, implementation and mode, with steps/s and ``ratio_to_sdpa`` (the same model and mode with
 SDPA). On a CPU it runs too, at :data:`TINY` sizes, which checks the code and measures nothing
 worth keeping.
@@ -80,6 +81,16 @@ class NanoGPT(torch.nn.Module):
         self.ln_f = torch.nn.LayerNorm(width)
         self.lm_head = torch.nn.Linear(width, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        """nanoGPT's initialisation: weights from N(0, 0.02²), biases 0 (torch's default
+        N(0, 1) embeddings, tied to the output layer, would start the loss far above ln V)."""
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -119,10 +130,11 @@ def build(sizes: tuple, implementation: str, device, loop: str = "Hugging Face")
 
 
 def _loss(step_fn, tokens, loop: str):
-    """The language-model loss of one batch: Hugging Face's model takes labels (and shifts
-    them), nanoGPT's targets (here the same tokens: a timing, not a lesson)."""
+    """The language-model loss of one batch. Hugging Face's model takes the tokens as labels and
+    shifts them itself; nanoGPT's takes the next tokens as targets, so its batch holds one token
+    more (x = tokens[:, :-1], y = tokens[:, 1:], as nanoGPT's ``get_batch`` cuts them)."""
     if loop == "nanoGPT":
-        return step_fn(tokens, tokens)[1]
+        return step_fn(tokens[:, :-1], tokens[:, 1:])[1]
     return step_fn(tokens, labels=tokens).loss
 
 
@@ -135,7 +147,8 @@ def train_steps(
     step_fn = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
     dtype = torch.bfloat16
-    tokens = torch.randint(0, vocab, (steps, batch, context), device=device)
+    extra = 1 if loop == "nanoGPT" else 0  # nanoGPT's targets are the inputs moved by one
+    tokens = torch.randint(0, vocab, (steps, batch, context + extra), device=device)
     losses = []
     for step in range(steps):
         with torch.autocast(torch.device(device).type, dtype=dtype):
@@ -206,6 +219,25 @@ def measure(
         if keep is not None:
             keep(rows)
     return rows
+
+
+def record_name(loops) -> str:
+    """The results file a run of ``loops`` writes: ``practitioner_step`` when Hugging Face's loop
+    is among them (the record chapter 10 started from), else ``practitioner_step_nanogpt``, so a
+    run of nanoGPT's loop alone does not replace Hugging Face's rows."""
+    return "practitioner_step" if LOOPS[0] in loops else "practitioner_step_nanogpt"
+
+
+RECORDS = ("practitioner_step", "practitioner_step_nanogpt")  # every loop's stored rows
+
+
+def stored_records(directory=None) -> list:
+    """The stored records of :data:`RECORDS` that exist (each with its provenance), the
+    Hugging Face one first."""
+    from .. import results
+
+    present = set(results.stored_names("practitioner_step", directory))
+    return [results.load(name, directory) for name in RECORDS if name in present]
 
 
 def loop_of(row: dict) -> str:
@@ -294,15 +326,17 @@ def main(argv=None) -> int:
     )
     out = Path(args.out) if args.out else None
 
-    def keep(rows):
-        return save("practitioner_step", {"device": device, "rows": rows}, command, out)
-
     loops = tuple(loop.strip() for loop in args.loops.split(","))
     unknown = [loop for loop in loops if loop not in LOOPS]
     if unknown:
         parser.error(f"unknown loop {unknown[0]!r}; choose from {', '.join(LOOPS)}")
+    name = record_name(loops)
+
+    def keep(rows):
+        return save(name, {"device": device, "rows": rows}, command, out)
+
     measure(models, device, args.steps, args.warmup, modes, keep=keep, loops=loops)
-    print("saved practitioner_step.json in", out or "results/")
+    print(f"saved {name}.json in", out or "results/")
     return 0
 
 

@@ -108,3 +108,46 @@ def test_sdpa_drift_compares_the_same_setting_only():
     assert practitioner.sdpa_drift(rows, earlier) == pytest.approx(factor - 1)
     with pytest.raises(ValueError, match="share no SDPA setting"):
         practitioner.sdpa_drift(rows[1:], earlier)
+
+
+def test_nanogpts_targets_are_the_next_tokens(monkeypatch):
+    """nanoGPT's model does not shift its targets (Hugging Face's does): the loop must hand it
+    the batch moved by one, or the model learns to copy its input and the loss falls to 0."""
+    seen = []
+
+    def step_fn(x, y):
+        seen.append((x.clone(), y.clone()))
+        return None, (x.float().sum() * 0).requires_grad_()
+
+    vocab = int(np.random.default_rng().integers(5, 500))
+    tokens = torch.randint(0, vocab, (3, 9))
+    practitioner._loss(step_fn, tokens, "nanoGPT")
+    ((x, y),) = seen
+    assert torch.equal(x, tokens[:, :-1]) and torch.equal(y, tokens[:, 1:])
+
+
+def test_a_nanogpt_row_learns_nothing_from_random_tokens():
+    """On random tokens no model beats a uniform guess: the loss stays near ln(vocabulary)."""
+    rows = practitioner.measure(
+        practitioner.TINY, "cpu", 2, 1, ("eager",), log=lambda _: None, loops=("nanoGPT",)
+    )
+    vocab = practitioner.TINY["tiny GPT-2"][-1]
+    for row in rows:
+        assert abs(row["final_loss"] - np.log(vocab)) < 0.5, row
+
+
+def test_each_loop_writes_its_own_record_and_both_are_read(monkeypatch, tmp_path):
+    rng = np.random.default_rng()
+    speeds = {}
+
+    def measure(*args, keep, loops, **kwargs):
+        speeds[loops] = float(rng.uniform(1, 99))
+        keep([{"loop": loops[0], "steps_per_s": speeds[loops]}])
+
+    monkeypatch.setattr(practitioner, "measure", measure)
+    for loops in ("nanoGPT", "Hugging Face"):
+        assert practitioner.main(["--loops", loops, "--out", str(tmp_path)]) == 0
+    records = practitioner.stored_records(tmp_path)
+    assert [r["data"]["rows"][0]["loop"] for r in records] == ["Hugging Face", "nanoGPT"]
+    assert records[1]["data"]["rows"][0]["steps_per_s"] == speeds[("nanoGPT",)]
+    assert practitioner.record_name(("nanoGPT", "Hugging Face")) == "practitioner_step"
