@@ -239,6 +239,7 @@ def probe_numbers(amp: dict, matched_mean: float) -> dict:
     lean = {n: 100 * report.delta_bias_share(amp[n], before=2000) for n in names}
     for (label, stats), name in zip(probed.items(), names):
         print(f"{label:34s}{stats['mean'][0]:10.2e}{stats['mean_abs'][0]:11.2e}{lean[name]:8.1f} %")
+    print(f"{'bias alone was given (constant)':34s}{matched_mean:10.2e}")
     old, new, exact = (s["mean"][0] for s in probed.values())
     spread_old, spread_new, _ = (s["mean_abs"][0] for s in probed.values())
     return {

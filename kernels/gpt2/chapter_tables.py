@@ -136,6 +136,21 @@ def outcome_numbers(table) -> dict:
     return {"g7_four_lo": four.step.min(), "g7_four_hi": four.step.max()}
 
 
+def ladder_rungs(runs: dict, head: dict) -> dict:
+    """The isolation ladder's rungs, Ō with 4 bits, seed 1, in the order the figure lists them:
+    the failing path, tiles of 64, layer 0 only, one head on the control's route (from plan
+    amp_head's ``head`` runs), δ from rowsum(dP∘P), the control."""
+    rungs = {v: runs[f"k4-{v}-s1"] for v in "UTL"} | {"H": head["k4h-H-s1"]}
+    return rungs | {v: runs[f"k4-{v}-s1"] for v in "PF"}
+
+
+# the similarity figure's panels: (failing run, its control) and the panel's title
+SIMILARITY_PANELS = (
+    (tuple(report.EARLIER_BF16.values()), "real BF16, seed 0"),
+    (("k4-U-s1", "k4-F-s1"), "Ō with 4 bits, seed 1"),
+)
+
+
 def ladder_lines(rungs: dict) -> None:
     """Each rung of the isolation ladder ({variant: run}): when it failed, or how far it trained."""
     for variant, run in rungs.items():

@@ -80,10 +80,11 @@ def wq_ratio_line(runs: dict, arm: str = "W", other: str = "A") -> str:
     """The per-seed ratios behind chapter 7's ‖W_Q‖ comparison, as one printed line."""
     ratios = wq_ratios(runs, arm, other, COMPARE_STEP)
     shown = ", ".join(f"{r:.1f}" for r in ratios)
-    return (
+    text = (
         f"layer-0 ‖W_Q‖ at step {COMPARE_STEP:,}, {ARM_WORDS[arm]} / {ARM_WORDS[other]}, "
         f"seed by seed: {shown}"
     )
+    return textwrap.fill(text, 88, subsequent_indent="  ")
 
 
 def repeat_line(runs: dict, arm: str, width: int = 88) -> str:

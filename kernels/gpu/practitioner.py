@@ -310,6 +310,25 @@ def sdpa_drift(rows: list, earlier: list) -> float:
     return max(changes)
 
 
+def ratio_drift(rows: list, earlier: list) -> float:
+    """The largest change of the book's ratio to SDPA between two records of the same settings
+    (loop, model, mode): how far one run's ratio is from another's."""
+    before = {(loop_of(r), r["model"], r["mode"]): r["ratio_to_sdpa"] for r in earlier
+              if r["implementation"] != "sdpa"}  # fmt: skip
+    changes = [abs(r["ratio_to_sdpa"] - before[key]) for r in rows
+               if r["implementation"] != "sdpa"
+               and (key := (loop_of(r), r["model"], r["mode"])) in before]  # fmt: skip
+    if not changes:
+        raise ValueError("the two records share no setting of the book's attention")
+    return max(changes)
+
+
+def target_count(rows: list, target: float = 0.95) -> tuple[int, int]:
+    """(rows of the book's attention at or above ``target`` × SDPA's steps/s, such rows)."""
+    book = [r["ratio_to_sdpa"] for r in rows if r["implementation"] != "sdpa"]
+    return sum(ratio >= target for ratio in book), len(book)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for practitioner_step.json")

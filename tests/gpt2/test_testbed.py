@@ -102,6 +102,11 @@ def test_runs_repeats_and_the_screens_runs_are_gathered(tmp_path):
     assert numbers["g7_tb_F_runs"] == 3 and numbers["g7_tb_F_begin_lo"] == begin + 400
     assert numbers["g7_tb_F_reached"] == 1 and numbers["g7_tb_W_reached"] == 1
     assert numbers["g7_tb_W_boom"] == 1 and numbers["g7_tb_U_boom"] == 0
+    assert (numbers["g7_tb_F_rep"], numbers["g7_tb_F_rep_boom"]) == (2, 0)
+    assert (numbers["g7_tb_W_rep"], numbers["g7_tb_U_rep"]) == (0, 0)
+    line = testbed.repeat_line(runs, "F")
+    assert "seed 1 alive at 28,000" in line and "seed 1 alive at 20,000" in line
+    assert "32,000" not in line and testbed.repeat_line(runs, "W") == ""
     # a screen run trained otherwise is refused, not silently counted
     screen_u["config"]["lr"] = 1e-3
     _store(tmp_path, "gpt2_screen", {"sb-lr5e-4-U-s1": screen_u, "sb-lr5e-4-F-s1": screen_f})
@@ -143,7 +148,7 @@ def test_stored_arms_recounted_from_the_logs():
     for key, stored in runs.items():
         for run in stored:
             assert testbed.same_training(run, planned[f"tb-{key}"])
-    for arm in "WAF":
+    for arm in "WVAF":
         longest = [runs[key][0] for key in runs if key[0] == arm]
         booms = []
         for run in longest:
@@ -177,3 +182,22 @@ def test_wq_ratios_pair_seeds_at_the_reading_before_the_step():
     assert got == [pytest.approx(norms["W-s1"] / norms["A-s1"])]
     with pytest.raises(ValueError, match="no seed has both"):
         testbed.wq_ratios(runs, "W", "A", 5_000)
+
+
+def test_a_plans_record_is_described_without_its_run_list():
+    """The command a chapter prints under a GPU search keeps the plan and drops the run codes
+    (``--only tb-W-s1,…``), pointing to results/README.md for them; a command without them is
+    printed whole."""
+    from kernels.gpt2 import report
+
+    rng = np.random.default_rng()
+    codes = ",".join(f"tb-{a}-s{int(rng.integers(1, 9))}" for a in rng.choice(list("WAF"), 3))
+    provenance = {"gpu": "H200", "torch": "2", "triton": "3", "date": "2026-11-28",
+                  "command": f"python -m kernels.gpt2.search --plan testbed --only {codes} "
+                             "--fast --minutes 8.4"}  # fmt: skip
+    text = report.describe_plan({"provenance": provenance})
+    assert codes not in text and "tb-" not in text
+    assert "--plan testbed …" in text and "--fast --minutes 8.4" in text
+    assert "results/README.md" in text
+    whole = dict(provenance, command="python -m kernels.gpt2.search --plan ddp")
+    assert "README" not in report.describe_plan({"provenance": whole})

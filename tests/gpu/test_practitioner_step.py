@@ -151,3 +151,19 @@ def test_each_loop_writes_its_own_record_and_both_are_read(monkeypatch, tmp_path
     assert [r["data"]["rows"][0]["loop"] for r in records] == ["Hugging Face", "nanoGPT"]
     assert records[1]["data"]["rows"][0]["steps_per_s"] == speeds[("nanoGPT",)]
     assert practitioner.record_name(("nanoGPT", "Hugging Face")) == "practitioner_step"
+
+
+def test_ratio_drift_and_the_target_count_read_the_books_rows():
+    rng = np.random.default_rng()
+    ratios = rng.uniform(0.5, 1.5, size=2)
+    earlier = [{"model": "m", "mode": mode, "implementation": "book", "ratio_to_sdpa": float(r)}
+               for mode, r in zip(("eager", "compiled"), ratios)]  # fmt: skip
+    shift = float(rng.uniform(0.01, 0.3))
+    rows = [dict(earlier[0], ratio_to_sdpa=ratios[0] + shift),
+            dict(earlier[1], ratio_to_sdpa=ratios[1] - shift / 2),
+            dict(earlier[0], implementation="sdpa", ratio_to_sdpa=1.0)]  # fmt: skip
+    assert practitioner.ratio_drift(rows, earlier) == pytest.approx(shift)
+    with pytest.raises(ValueError, match="share no setting"):
+        practitioner.ratio_drift(rows[2:], earlier)
+    met, count = practitioner.target_count(rows, target=float(np.median(ratios)))
+    assert count == 2 and met == sum(r["ratio_to_sdpa"] >= np.median(ratios) for r in rows[:2])
