@@ -14,7 +14,7 @@ import numpy as np
 from ..exercise_rules import WrongAnswer, forbid, fresh_rng, need, need_function
 from .implementations import expected_record_count
 
-TILES = 32
+TILES = 24
 
 
 def check_growths(answer, tiles: int = TILES) -> None:

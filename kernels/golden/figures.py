@@ -152,9 +152,9 @@ def plot_seqlen(axes, records, impls=("fa2", "paper", "fa1")):
 
 
 def plot_rescalings(axes, records, by_count):
-    """(left) measured running-maximum growths per row against N, with the i.i.d.
-    expectation H_T − 1; (right) each row's relative error grouped by its number of
-    growths, at one N."""
+    """(left) measured running-maximum growths per row against N, with their expectation
+    for i.i.d. scores (exercise 8.1's answer, left unnamed); (right) each row's relative
+    error grouped by its number of growths, at one N."""
     left, right = axes
     rows = sorted(pick(records, impl="fa2"), key=lambda r: r["n"])
     n = [r["n"] for r in rows]
@@ -165,7 +165,8 @@ def plot_rescalings(axes, records, by_count):
         color="tab:blue",
         label="measured in the emulator (mean)",
     )
-    left.plot(n, [r["rescalings_expected"] for r in rows], "k--", label="H_T − 1 (i.i.d. tiles)")
+    expected = [r["rescalings_expected"] for r in rows]
+    left.plot(n, expected, "k--", label="expected for i.i.d. scores")
     left.plot(n, [r["tiles"] for r in rows], ":", color="0.5", label="key tiles T")
     left.set(
         xscale="log", yscale="log", xlabel="sequence length N (keys)", ylabel="per row (count)"

@@ -11,7 +11,10 @@ and two are relative to the run's own history, watched once that history exists 
 
 * ``wq_growth``   the layer's largest ‖W_Q‖₂ divided by its own median over the second half
                   of the warmup (``early``, default steps 500 to 1,000): the form that
-                  carries over to another model
+                  carries over to another model. Where the learning rate warms up for
+                  longer, give ``warmup_steps`` at least twice that warmup, so that the level
+                  is not taken while the rate still climbs (the replay of the stored runs,
+                  :func:`kernels.monitor.stored_alerts.replay_warmup`, does)
 * ``delta_lean``  Σ(δ_lp − δ_hp) / Σ|δ_lp − δ_hp| over the layer's last ``window`` readings
                   (needs ``delta=True``). A lean alone is no warning (healthy bf16 runs
                   lean as much, chapter 9 §6; in exact attention it is noise), so this rule
@@ -23,7 +26,7 @@ the early transient every run shows (while the logits are tiny, many BF16 scores
 below the tie ceiling, so the ceilings can watch from step 0.
 :func:`thresholds_from_runs` draws them again from stored runs, and the tests check that
 the two agree. They were not revised for the runs stored later:
-:func:`kernels.monitor.readings.alert_table` replays every stored run, and where the long
+:func:`kernels.monitor.stored_alerts.alert_table` replays every stored run, and where the long
 real-BF16 controls pass them, their largest |S| runs away far beyond its own early level
 (chapter 9, section 6), so no threshold relative to the run's own history would stay quiet.
 An alert fires once when a reading goes above its threshold (a

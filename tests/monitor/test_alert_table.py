@@ -1,28 +1,32 @@
-"""The replay of every stored GPT-2 run (kernels.monitor.readings.alert_table): the right
+"""The replay of every stored GPT-2 run (kernels.monitor.stored_alerts.alert_table): the right
 lead and false alarms on synthetic runs, every stored failing run flagged before it
 departed, and the false alarms the table reports are those a direct replay gives."""
 
 import pytest
 
 from kernels.gpt2 import screen
-from kernels.monitor.alerts import THRESHOLDS, replay
-from kernels.monitor.readings import (
+from kernels.monitor.alerts import THRESHOLDS, WARMUP_STEPS, replay
+from kernels.monitor.stored_alerts import (
     alert_row,
     alert_summary,
     alert_table,
+    own_growth,
+    replay_warmup,
     run_kind,
     runs_away,
     stored_runs,
 )
 
 
-def synthetic(steps, logits, explosion=None, layers=1):
+def synthetic(steps, logits, explosion=None, layers=1, wq=None, warmup=None):
     """A stored run of readings every 100 steps: calm readings but for ``logits``
-    (step -> largest |S|)."""
+    (step -> largest |S|) and ``wq`` (step -> the largest head's ‖W_Q‖₂, else 1); ``warmup``:
+    the run's learning-rate warmup (config.warmup)."""
+    wq = wq or {}
     monitor = [
         {
             "step": step,
-            "wq_norms": [[1.0, 1.0] for _ in range(layers)],
+            "wq_norms": [[wq.get(step, 1.0), 1.0] for _ in range(layers)],
             "layers": [
                 {"rows": 100, "rows_tied_bf16": 1, "max_logit": logits.get(step, 20.0)}
                 for _ in range(layers)
@@ -31,7 +35,10 @@ def synthetic(steps, logits, explosion=None, layers=1):
         for step in range(0, steps, 100)
     ]
     summary = {"steps_done": steps, "explosion_step": explosion}
-    return {"monitor": monitor, "summary": summary}
+    run = {"monitor": monitor, "summary": summary}
+    if warmup is not None:
+        run["config"] = {"warmup": warmup}
+    return run
 
 
 def test_a_failing_run_that_alerts_before_it_departs_gets_its_lead():
@@ -55,6 +62,50 @@ def test_a_spike_past_the_screens_rule_makes_a_control_runaway_not_a_false_alarm
     run = synthetic(5000, {2500: 500.0})
     row = alert_row("x-F-s1", run, run_kind("x-F-s1", run))
     assert row["kind"] == "runaway control" and row["false_alarms"] == 0 and row["alerts"] == 1
+
+
+def test_the_other_variants_are_each_a_kind_and_a_row_of_their_own():
+    run = synthetic(5000, {})
+    kinds = {name: run_kind(name, run) for name in ("tb-W-s1", "tb-V-s1", "tb-A-s1")}
+    assert kinds == {"tb-W-s1": "FA2 kernel", "tb-V-s1": "FA2 kernel's control", "tb-A-s1": "SDPA"}
+    assert run_kind("k4c-B-s1", run) == run_kind("k4c-N-s1", run) == "perturbed control"
+    assert run_kind("single-paper", run) == "check" and run_kind("x-Q-s1", run) == "other"
+    runs = [
+        ("f", "x-W-s1", synthetic(5000, {3000: 1e3}, explosion=4600)),
+        ("f", "x-A-s1", synthetic(5000, {})),
+        ("f", "x-B-s1", synthetic(5000, {})),
+        ("f", "ddp2-paper", synthetic(300, {})),
+        ("f", "x-U-s1", synthetic(5000, {}, explosion=4000)),
+    ]
+    groups = [g["group"] for g in alert_summary(alert_table(runs))]
+    assert groups == [
+        "failing paths, departed",
+        "FA2 kernel (W), departed",
+        "SDPA (A)",
+        "δ bias or noise (B, N)",
+        "DDP checks",
+    ]
+    w = alert_summary(alert_table(runs))[1]
+    assert (w["runs"], w["alerted"], w["lead_min"]) == (1, 1, 1600)
+
+
+def test_a_long_lr_warmup_moves_the_wq_level_after_it():
+    assert replay_warmup(synthetic(5000, {})) == WARMUP_STEPS
+    assert replay_warmup(synthetic(5000, {}, warmup=200)) == WARMUP_STEPS
+    assert replay_warmup(synthetic(5000, {}, warmup=2000)) == 4000
+    # ‖W_Q‖ low while the learning rate warms up (to step 2,000), then 4 from there on: a
+    # level taken in warmup (steps 500 to 1,000) makes the run look 4 times grown
+    wq = {step: 1.0 if step < 2000 else 4.0 for step in range(0, 8000, 100)}
+    in_warmup = synthetic(8000, {}, wq=wq)
+    after = synthetic(8000, {}, wq=wq, warmup=2000)
+    assert [a.rule for a in replay(in_warmup)] == ["wq_growth"]
+    row = alert_row("x-F-s1", after, run_kind("x-F-s1", after))
+    assert row["alerts"] == 0 and row["rules"] == ""
+    assert alert_row("x-F-s1", in_warmup, "healthy control")["rules"] == "wq_growth"
+    # the largest |S| over its own level uses the same window
+    logits = {step: 10.0 if step < 2000 else 40.0 for step in range(0, 8000, 100)}
+    assert own_growth(synthetic(8000, logits)) == 4.0
+    assert own_growth(synthetic(8000, logits, warmup=2000)) == 1.0
 
 
 def test_the_summary_counts_the_synthetic_runs():
@@ -87,7 +138,8 @@ def test_every_stored_failing_run_is_flagged_before_it_departs(stored):
 def test_the_false_alarms_are_those_a_direct_replay_gives(stored):
     runs, table = stored
     for row in table.itertuples():
-        fired = replay(runs[row.run]) if row.departed != row.departed else []
+        run = runs[row.run]
+        fired = replay(run, warmup_steps=replay_warmup(run)) if row.departed != row.departed else []
         want = len(fired) if row.kind == "healthy control" else 0
         assert row.false_alarms == want, row.run
         if fired:
@@ -108,7 +160,7 @@ def test_what_chapter_9_says_of_the_table(stored):
     """The prose: which healthy controls alarm, that every runaway control alerts, and
     that the long controls' largest |S| grows far more over its own level than a
     healthy control's."""
-    from kernels.monitor.readings import alert_numbers
+    from kernels.monitor.stored_alerts import alert_numbers
 
     _, table = stored
     alarmed = table[table.false_alarms > 0]
@@ -121,3 +173,7 @@ def test_what_chapter_9_says_of_the_table(stored):
     # the long real-BF16 controls alert last, after the screen's and the second testbed's
     firsts = [numbers[f"m9_all_{g}_first_hi"] for g in ("runaway", "long_tb")]
     assert max(firsts) < numbers["m9_all_long_real_first_lo"]
+    # no stored run falls outside the named kinds, and the second testbed's warmup is longer
+    assert "other" not in set(table.kind)
+    assert numbers["m9_all_warmup_max"] == 4000
+    assert numbers["m9_all_w_alerted"] == numbers["m9_all_w"] > 0
