@@ -240,10 +240,12 @@ def plot_call_host(rows):
     return fig
 
 
-def plot_tma(rows, target=0.8):
+def plot_tma(rows, target=0.8, compared=None):
     """The book's forward over cuDNN's at each shape of the ``tma`` rows of ``call_cost.json``,
     K and V read through pointers or through tensor descriptors (TMA): one dot per timing, so
-    two timings of the same kernel show the run-to-run spread; the target as a dotted line."""
+    two timings of the same kernel show the run-to-run spread; the target as a dotted line.
+    With ``compared`` (:func:`kernels.gpu.records.tma_against_speed`) also the speed matrix's
+    forward (``perf_speed.json``, another run) as a cross per shape."""
     import matplotlib.pyplot as plt
 
     table = tma_ratios(rows)
@@ -255,11 +257,23 @@ def plot_tma(rows, target=0.8):
         xs = [i + shift for i, t in enumerate(table) for _ in t[key]]
         ys = [v for t in table for v in t[key]]
         ax.scatter(xs, ys, s=45, color=colour, marker=marker, label=f"{key} (each timing)")
+    if compared:
+        other = {(c["n"], c["d"]): c["speed_fwd"] for c in compared}
+        ax.plot(
+            range(len(table)),
+            [other[t["n"], t["d"]] for t in table],
+            ls="none",
+            marker="x",
+            ms=9,
+            mew=2,
+            color="black",
+            label="speed matrix, another run",
+        )
     ax.axhline(target, color="black", ls=":", lw=1.2, label=f"target: {target:g}")
     ax.set_xticks(range(len(table)), [f"N={t['n'] // 1024}k, d={t['d']}" for t in table])
     ax.set_xlim(-0.5, len(table) - 0.5)
     ax.set_ylabel("forward TFLOP/s ÷ cuDNN's")
     ax.set_ylim(0, 1)
     ax.grid(axis="y", color="0.9")
-    fig.legend(loc="outside lower center", ncol=3, fontsize=9)
+    fig.legend(loc="outside lower center", ncol=2 if compared else 3, fontsize=9)
     return fig

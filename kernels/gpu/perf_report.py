@@ -44,10 +44,12 @@ from .records import (
     is_gpu_record,
     load,
     repeat_spread,
+    runs_numbers,
     select,
     setting,
     specialisation,
     speed_rows,
+    tma_against_speed,
     tma_ratios,
     tma_summary,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "BOOK_OFF",
     "HBM_TB_S",
     "IMPL_ORDER",
+    "MATH_GUARD_BYTES_PER_SCORE",
     "PEAK_TFLOPS",
     "RECORDS",
     "SETTINGS",
@@ -110,6 +113,8 @@ __all__ = [
     "speed_rows",
     "speed_table",
     "targets",
+    "runs_numbers",
+    "tma_against_speed",
     "tma_ratios",
     "tma_summary",
     "repeat_spread",
@@ -170,6 +175,11 @@ def growth_exponent(rows, name, mode) -> float:
     pts = [(r["n"], r.get(f"{name}_peak_bytes")) for r in rows if r["mode"] == mode]
     pts = [(n, b) for n, b in pts if b]
     return float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+
+
+# kernels.gpu.perf.memory tries the math backend only where six fp32 N×N tensors per head (its
+# guard's bytes per score) fit in 80 % of the free GPU memory
+MATH_GUARD_BYTES_PER_SCORE = 6 * 4
 
 
 def bytes_per_score(rows, mode) -> float:
@@ -312,12 +322,24 @@ def print_specialisation(spec: dict) -> None:
     print("\n".join(lines))
 
 
-def print_tma(summary: list) -> None:
-    """Descriptors against pointers and the default's shares of cuDNN, per shape (one print)."""
-    lines = ["forward and forward + backward as a share of cuDNN's; descriptors against pointers"]
-    lines += [
-        f"N = {t['n']:6,d}, d = {t['d']:3d}: descriptors {t['change']:+4.0%}; "
-        f"forward {t['default']:.2f}, f+b {t['fb']:.2f}"
-        for t in summary
+def print_tma(summary: list, compared: list | None = None) -> None:
+    """Descriptors against pointers and the default's shares of cuDNN, per shape (one print);
+    with ``compared`` (:func:`tma_against_speed`) the speed matrix's shares beside them."""
+    lines = [
+        "book ÷ cuDNN, bf16, causal (forward as read by default); descriptors against pointers",
+        f"{'':21s}{'descriptors':>12s}{'call_cost.json':>17s}"
+        + (f"{'perf_speed.json':>19s}" if compared else ""),
+        f"{'':21s}{'vs pointers':>12s}{'fwd':>9s}{'f+b':>8s}"
+        + (f"{'fwd':>11s}{'f+b':>8s}" if compared else ""),
     ]
+    other = {(c["n"], c["d"]): c for c in compared or ()}
+    for t in summary:
+        line = (
+            f"N = {t['n']:6,d}, d = {t['d']:3d}:{t['change']:+12.0%}"
+            f"{t['default']:9.2f}{t['fb']:8.2f}"
+        )
+        if compared:
+            c = other[t["n"], t["d"]]
+            line += f"{c['speed_fwd']:11.2f}{c['speed_fb']:8.2f}"
+        lines.append(line)
     print("\n".join(lines))

@@ -32,10 +32,12 @@ def attainable_tflops(intensity_flop_per_byte, peak=PEAK_TFLOPS, bandwidth_tb_s=
     return min(peak, bandwidth_tb_s * intensity_flop_per_byte)
 
 
-def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
+def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S, measured=None):
     """The roofline with ``series`` placed on it: ``[(label, intensities, TFLOP/s, style)]``
     (FLOP/byte and TFLOP/s may be numbers or lists; the style dict is optional). TFLOP/s None:
-    the model's ceiling at those intensities, drawn as open markers on the roof."""
+    the model's ceiling at those intensities, drawn as open markers on the roof. ``measured``
+    (label, TFLOP/s), e.g. what a large matmul reached on the GPU: a dashed line under the
+    peak."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.4), layout="constrained")
@@ -47,6 +49,8 @@ def plot_roofline(series, peak=PEAK_TFLOPS, bandwidth_tb_s=HBM_TB_S):
         lw=1.5,
         label=f"roof: min({peak:.0f} TFLOP/s, {bandwidth_tb_s:.2f} TB/s × intensity)",
     )
+    if measured is not None:
+        ax.axhline(measured[1], color="gray", ls="--", lw=1, label=measured[0])
     ridge = peak / bandwidth_tb_s
     ax.axvline(ridge, color="gray", ls=":", lw=1)
     ax.annotate(

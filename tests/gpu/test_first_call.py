@@ -289,7 +289,85 @@ def test_tma_summary_and_repeat_spread(capsys):
     assert records.repeat_spread(rows) == max(max(v) / min(v) - 1 for v in pairs)
     perf_report.print_tma(summary)
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + len(summary) and max(map(len, printed)) <= 88
+    assert len(printed) == 3 + len(summary) and max(map(len, printed)) <= 88
+    assert "perf_speed.json" not in "\n".join(printed)
+
+
+def _matrix_rows(rng):
+    """perf_speed.json rows at the shapes of :func:`_tma_rows`: the book (rule off) and cuDNN,
+    bf16 causal, and decoys in other settings that must not be read."""
+    rows = []
+    for n, d in ((1024, 64), (8192, 128)):
+        for impl in ("book, rule off", "SDPA cuDNN", "SDPA flash"):
+            for dtype, causal in (("bf16", True), ("fp16", True), ("bf16", False)):
+                for mode in ("fwd", "fwd+bwd"):
+                    tflops = float(rng.uniform(50, 600))
+                    rows.append(
+                        dict(impl=impl, dtype=dtype, causal=causal, n=n, d=d, mode=mode)
+                        | dict(tflops=tflops)
+                    )
+    return rows
+
+
+def test_tma_rows_beside_the_speed_matrix(capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+
+    from kernels.gpu import perf_figures, perf_report, records
+
+    rng = np.random.default_rng()
+    rows, matrix = _tma_rows(rng), _matrix_rows(rng)
+    compared = records.tma_against_speed(rows, matrix)
+    summary = records.tma_summary(rows)
+
+    def speed(impl, n, mode):
+        return next(
+            r["tflops"]
+            for r in matrix
+            if (r["impl"], r["n"], r["mode"], r["dtype"], r["causal"])
+            == (impl, n, mode, "bf16", True)
+        )
+
+    cudnn = {(r["n"], r["mode"]): r["tflops"] for r in rows if r["loads"] is None}
+    assert [(c["n"], c["d"]) for c in compared] == [(1024, 64), (8192, 128)]
+    for c, s in zip(compared, summary):
+        assert (c["fwd"], c["fb"]) == (s["default"], s["fb"])
+        for mode, key in (("fwd", "speed_fwd"), ("fwd+bwd", "speed_fb")):
+            want = speed("book, rule off", c["n"], mode) / speed("SDPA cuDNN", c["n"], mode)
+            assert c[key] == pytest.approx(want)
+        assert c["cudnn_fb"] == cudnn[c["n"], "fwd+bwd"]
+        assert c["speed_cudnn_fb"] == speed("SDPA cuDNN", c["n"], "fwd+bwd")
+    perf_report.print_tma(summary, compared)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 + len(summary) and max(map(len, printed)) <= 88
+    assert "perf_speed.json" in printed[1]
+    assert printed[-1].split()[-2:] == [f"{compared[-1][k]:.2f}" for k in ("speed_fwd", "speed_fb")]
+    fig = perf_figures.plot_tma(rows, compared=compared)
+    crosses = [line for line in fig.axes[0].get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1
+    assert list(crosses[0].get_ydata()) == [c["speed_fwd"] for c in compared]
+    _legible(fig)
+
+
+def test_runs_numbers_say_where_the_two_runs_part():
+    from kernels.gpu import records
+
+    def row(n, fwd, fb, speed_fwd, speed_fb, cudnn_fb=80.0, speed_cudnn_fb=200.0):
+        return dict(n=n, d=64, fwd=fwd, fb=fb, speed_fwd=speed_fwd, speed_fb=speed_fb) | dict(
+            cudnn_fb=cudnn_fb, speed_cudnn_fb=speed_cudnn_fb
+        )
+
+    compared = [row(1024, 0.9, 1.0, 0.8, 0.4), row(2048, 0.9, 0.8, 0.95, 0.82)]
+    got = records.runs_numbers(compared)
+    assert got["c10_runs_gap"] == pytest.approx(0.05)
+    assert (got["c10_runs_small_fb"], got["c10_runs_small_speed_fb"]) == (1.0, 0.4)
+    assert (got["c10_runs_cudnn_fb"], got["c10_runs_speed_cudnn_fb"]) == (80.0, 200.0)
+    with pytest.raises(ValueError, match="differ most"):
+        records.runs_numbers([row(1024, 0.9, 1.0, 0.88, 0.99), compared[1]])
+    with pytest.raises(ValueError, match="slower"):
+        records.runs_numbers([row(1024, 0.9, 1.0, 0.8, 0.4, 300.0), compared[1]])
 
 
 def test_specialisation_pairs_each_timing_with_its_twin(capsys):

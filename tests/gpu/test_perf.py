@@ -229,6 +229,40 @@ def test_roofline_model():
         pr.intensity(1024, 64, "flash")
 
 
+def test_the_peak_is_above_every_stored_measurement():
+    """A peak cannot be exceeded: the datasheet's bf16 peak and HBM bandwidth lie above what the
+    stored GPU records measured (a large matmul and a copy, every attention timing)."""
+    found = pr.load()
+    if found["host"] is None or found["speed"] is None:
+        pytest.skip("no stored GPU record")
+    ceilings = found["host"]["data"]["ceilings"]
+    assert ceilings["matmul_tflops"] < pr.PEAK_TFLOPS
+    assert ceilings["copy_gb_per_s"] / 1e3 < pr.HBM_TB_S
+    assert max(r["tflops"] for r in pr.speed_rows(found["speed"])) < ceilings["matmul_tflops"]
+
+
+def test_roofline_draws_a_measured_ceiling_under_the_peak():
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = pr.plot_roofline([("fused", [512.0, 2048.0], None)], measured=("matmul", 800.0))
+    dashed = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+    assert [list(line.get_ydata()) for line in dashed] == [[800.0, 800.0]]
+    assert "matmul" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close("all")
+
+
+def test_the_math_guard_is_the_one_the_run_applies():
+    """Chapter 10 quotes the memory run's guard in bytes per score: the constant must be the
+    expression in kernels.gpu.perf.memory (six fp32 N×N tensors per head)."""
+    import inspect
+
+    assert pr.MATH_GUARD_BYTES_PER_SCORE == 6 * 4
+    assert "math_fits = 6 * batch * heads * n * n * 4 < 0.8 * free" in inspect.getsource(
+        perf.memory
+    )
+
+
 def test_exp2_rewrite_changes_p_bar_a_little():
     """The kernels' exp2 rewrite (log₂e folded into the scale and the offset) changes fp32 P̄
     values and some of their bf16 roundings, by a relative 1e-5 at most; the row maximum's P̄
