@@ -287,13 +287,15 @@ def plot_steps(rows: list):
 
 def step_numbers(rows: list, prefix: str = "c10_step") -> dict:
     """The ratios to SDPA chapter 10 states: the lowest and highest, eager and compiled, glued
-    as ``<prefix>_<mode>_lo`` and ``_hi``."""
+    as ``<prefix>_<mode>_lo`` and ``_hi``, and over both modes as ``<prefix>_all_lo``/``_hi``."""
     numbers = {}
     for mode in MODES:
         ratios = [r["ratio_to_sdpa"] for r in rows if r["mode"] == mode and r["implementation"]
                   != "sdpa"]  # fmt: skip
         numbers[f"{prefix}_{mode}_lo"] = min(ratios)
         numbers[f"{prefix}_{mode}_hi"] = max(ratios)
+    numbers[f"{prefix}_all_lo"] = min(numbers[f"{prefix}_{mode}_lo"] for mode in MODES)
+    numbers[f"{prefix}_all_hi"] = max(numbers[f"{prefix}_{mode}_hi"] for mode in MODES)
     return numbers
 
 

@@ -66,6 +66,8 @@ def test_the_figure_and_the_glued_ratios_come_from_the_rows():
     compiled = [r["ratio_to_sdpa"] for r in rows[2:4] + rows[6:8] if r["implementation"] != "sdpa"]
     assert numbers["c10_step_compiled_lo"] == min(compiled)
     assert numbers["c10_step_compiled_hi"] == max(compiled)
+    book = [r["ratio_to_sdpa"] for r in rows if r["implementation"] != "sdpa"]
+    assert (numbers["c10_step_all_lo"], numbers["c10_step_all_hi"]) == (min(book), max(book))
 
 
 def test_the_nanogpt_loop_calls_the_drop_in_in_every_layer(monkeypatch):
