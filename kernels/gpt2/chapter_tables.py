@@ -282,3 +282,18 @@ def real_lean_numbers(early: dict, whole: dict) -> dict:
         "g7_lean_fail_whole_hi": max(failing),
         "g7_lean_ctrl_whole": whole["control, seed 1"],
     }
+
+
+def describe_plan(record: dict) -> str:
+    """:func:`kernels.results.describe` for a record of ``kernels.gpt2.search``, its command cut
+    to the plan: which runs each call trained (``--only …``) and how the calls followed each
+    other are in results/README.md, where every record's full command is."""
+    import re
+
+    from ..results import describe
+
+    provenance = dict(record["provenance"])
+    command, cut = re.subn(r"\s--only[= ]\S+", " …", provenance["command"])
+    provenance["command"] = command
+    note = "\n  (its runs and calls: results/README.md)" if cut else ""
+    return describe({"provenance": provenance}) + note

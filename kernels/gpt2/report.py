@@ -121,21 +121,6 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
 EARLIER_BF16 = {"U": "k7long-U-s0", "F": "k7long-F-s0"}
 
 
-def describe_plan(record: dict) -> str:
-    """:func:`kernels.results.describe` for a record of ``kernels.gpt2.search``, its command cut
-    to the plan: which runs each call trained (``--only …``) and how the calls followed each
-    other are in results/README.md, where every record's full command is."""
-    import re
-
-    from ..results import describe
-
-    provenance = dict(record["provenance"])
-    command, cut = re.subn(r"\s--only[= ]\S+", " …", provenance["command"])
-    provenance["command"] = command
-    note = "\n  (its runs and calls: results/README.md)" if cut else ""
-    return describe({"provenance": provenance}) + note
-
-
 PAIRS = (
     ("k3-U-s0", "k3-F-s0"),
     ("k4-U-s1", "k4-F-s1"),

@@ -327,19 +327,30 @@ def print_tma(summary: list, compared: list | None = None) -> None:
     with ``compared`` (:func:`tma_against_speed`) the speed matrix's shares beside them."""
     lines = [
         "book ÷ cuDNN, bf16, causal (forward as read by default); descriptors against pointers",
-        f"{'':21s}{'descriptors':>12s}{'call_cost.json':>17s}"
-        + (f"{'perf_speed.json':>19s}" if compared else ""),
-        f"{'':21s}{'vs pointers':>12s}{'fwd':>9s}{'f+b':>8s}"
-        + (f"{'fwd':>11s}{'f+b':>8s}" if compared else ""),
+        "run A: call_cost.json" + ("; run B: perf_speed.json" if compared else ""),
+        f"{'':21s}{'TMA vs ptr':>12s}{'A fwd':>9s}{'A f+b':>8s}"
+        + (f"{'B fwd':>11s}{'B f+b':>8s}" if compared else ""),
     ]
     other = {(c["n"], c["d"]): c for c in compared or ()}
     for t in summary:
-        line = (
-            f"N = {t['n']:6,d}, d = {t['d']:3d}:{t['change']:+12.0%}"
-            f"{t['default']:9.2f}{t['fb']:8.2f}"
-        )
+        label = f"N = {t['n']:,}, d = {t['d']}:"
+        line = f"{label:21s}{t['change']:+12.0%}{t['default']:9.2f}{t['fb']:8.2f}"
         if compared:
             c = other[t["n"], t["d"]]
             line += f"{c['speed_fwd']:11.2f}{c['speed_fb']:8.2f}"
         lines.append(line)
     print("\n".join(lines))
+
+
+def roofline_series(fwd_rows: list, impls: tuple) -> list:
+    """Section 1's points for :func:`plot_roofline`: each implementation's forward speeds
+    (``fwd_rows``, d = 64) at the fused model's intensity, then the math backend's model
+    ceiling at N = 4,096 for d = 64 and 128 (not timed: open markers on the roof)."""
+    series = []
+    for impl in impls:
+        pts = sorted((r["n"], r["tflops"]) for r in fwd_rows if r["impl"] == impl)
+        xs = [intensity(n, 64) for n, _ in pts]
+        series.append((impl, xs, [t for _, t in pts], dict(STYLE[impl], ms=6)))
+    math = [intensity(4096, d, "math") for d in (64, 128)]
+    ceiling = ("SDPA math, model ceiling (d = 64, 128)", math, None)
+    return series + [(*ceiling, dict(color="tab:red", marker="o", ms=7))]

@@ -188,16 +188,16 @@ def test_a_plans_record_is_described_without_its_run_list():
     """The command a chapter prints under a GPU search keeps the plan and drops the run codes
     (``--only tb-W-s1,…``), pointing to results/README.md for them; a command without them is
     printed whole."""
-    from kernels.gpt2 import report
+    from kernels.gpt2 import chapter_tables as tables
 
     rng = np.random.default_rng()
     codes = ",".join(f"tb-{a}-s{int(rng.integers(1, 9))}" for a in rng.choice(list("WAF"), 3))
     provenance = {"gpu": "H200", "torch": "2", "triton": "3", "date": "2026-11-28",
                   "command": f"python -m kernels.gpt2.search --plan testbed --only {codes} "
                              "--fast --minutes 8.4"}  # fmt: skip
-    text = report.describe_plan({"provenance": provenance})
+    text = tables.describe_plan({"provenance": provenance})
     assert codes not in text and "tb-" not in text
     assert "--plan testbed …" in text and "--fast --minutes 8.4" in text
     assert "results/README.md" in text
     whole = dict(provenance, command="python -m kernels.gpt2.search --plan ddp")
-    assert "README" not in report.describe_plan({"provenance": whole})
+    assert "README" not in tables.describe_plan({"provenance": whole})

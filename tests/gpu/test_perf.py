@@ -352,3 +352,22 @@ def test_the_gpu_check_times_with_perfs_functions_and_rows(monkeypatch):
     ]
     if not torch.cuda.is_available():
         assert check.memory(timing.Budget(600))["rows"] == []  # needs CUDA's allocator
+
+
+def test_roofline_series_places_each_forward_speed_at_its_intensity():
+    import numpy as np
+
+    from kernels.gpu import perf_report as pr
+
+    rng = np.random.default_rng()
+    impls = tuple(pr.STYLE)[:2]
+    lengths = [512, 1024, 2048, 4096]
+    rows = [{"impl": impl, "n": int(n), "tflops": float(rng.uniform(50, 500))}
+            for impl in impls for n in rng.choice(lengths, 3, replace=False)]  # fmt: skip
+    series = pr.roofline_series(rows, impls)
+    assert [s[0] for s in series[:-1]] == list(impls)
+    for impl, xs, ys, _ in series[:-1]:
+        mine = sorted((r["n"], r["tflops"]) for r in rows if r["impl"] == impl)
+        assert xs == [pr.intensity(n, 64) for n, _ in mine] and ys == [t for _, t in mine]
+    math_points = [pr.intensity(4096, d, "math") for d in (64, 128)]
+    assert series[-1][2] is None and series[-1][1] == math_points
