@@ -309,6 +309,18 @@ def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
         print(f"{ARM_WORDS[arm]:22s} layer 0's |S| ≥ {LIMIT:.0f} from step {span} ({runs})")
 
 
+def end_loss_line(numbers: dict, arms: str = "VA") -> str:
+    """The loss over the last 500 steps of each arm's runs that trained the whole schedule, as
+    one printed line (from :func:`testbed_numbers`)."""
+    parts = []
+    for a in arms:
+        lo, hi, full = (numbers[f"g7_tb_{a}_{k}"] for k in ("end_lo", "end_hi", "full"))
+        if full:
+            parts.append(f"{ARM_WORDS[a]} {lo:.3f}–{hi:.3f} ({full} runs)")
+    text = f"loss over the last 500 of {numbers['g7_tb_steps']:,} steps: " + "; ".join(parts)
+    return textwrap.fill(text, 88, subsequent_indent="  ")
+
+
 def testbed_numbers(runs: dict) -> dict:
     """The numbers chapter 7's testbed section states, under their glue names."""
     numbers = {}

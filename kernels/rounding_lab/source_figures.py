@@ -238,3 +238,14 @@ def plot_running_error(run, sums, title):
     bottom.set(ylabel="mean error of final Ō [ulp]", title="every output, at the last key")
     bottom.legend()
     return fig
+
+
+def largest_excess(records: list, impl: str) -> float:
+    """The largest |mean error| that ``impl`` adds beyond the ideal, over the sweep's cells (ulps):
+    the kernel's own bias, with the ideal's storage bias taken out cell by cell."""
+    ideal = {r["cell"]: r["mean"] for r in records if r["impl"] == "ideal" and "mean" in r}
+    excess = [abs(r["mean"] - ideal[r["cell"]]) for r in records
+              if r["impl"] == impl and "mean" in r and r["cell"] in ideal]  # fmt: skip
+    if not excess:
+        raise ValueError(f"no cell has both {impl!r} and the ideal")
+    return max(excess)

@@ -201,3 +201,13 @@ def test_a_plans_record_is_described_without_its_run_list():
     assert "results/README.md" in text
     whole = dict(provenance, command="python -m kernels.gpt2.search --plan ddp")
     assert "README" not in tables.describe_plan({"provenance": whole})
+
+
+def test_the_end_loss_line_names_only_arms_that_trained_the_whole_schedule():
+    rng = np.random.default_rng()
+    lo, hi = sorted(rng.uniform(0.2, 0.5, 2))
+    numbers = {"g7_tb_steps": 80_000, "g7_tb_V_end_lo": lo, "g7_tb_V_end_hi": hi,
+               "g7_tb_V_full": 2, "g7_tb_A_end_lo": 0.0, "g7_tb_A_end_hi": 0.0,
+               "g7_tb_A_full": 0}  # fmt: skip
+    line = testbed.end_loss_line(numbers)
+    assert f"{lo:.3f}–{hi:.3f} (2 runs)" in line and testbed.ARM_WORDS["A"] not in line

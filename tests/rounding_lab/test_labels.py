@@ -39,3 +39,21 @@ def test_rule_scan_draws_the_prediction_in_both_panels_and_lists_it_last():
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[-1].startswith("predicted") and len(labels) == 2
     plt.close(fig)
+
+
+def test_largest_excess_takes_the_ideal_out_cell_by_cell():
+    import numpy as np
+    import pytest
+
+    from kernels.rounding_lab import source_figures as sf
+
+    rng = np.random.default_rng()
+    cells = range(int(rng.integers(3, 9)))
+    ideal = {c: float(rng.normal()) for c in cells}
+    added = {c: float(rng.normal(0, 0.05)) for c in cells}
+    records = [{"cell": c, "impl": "ideal", "mean": ideal[c]} for c in cells]
+    records += [{"cell": c, "impl": "k", "mean": ideal[c] + added[c]} for c in cells]
+    records.append({"cell": 99, "impl": "k", "mean": 50.0})  # no ideal here: left out
+    assert sf.largest_excess(records, "k") == pytest.approx(max(abs(a) for a in added.values()))
+    with pytest.raises(ValueError, match="no cell"):
+        sf.largest_excess(records, "other")
