@@ -69,6 +69,24 @@ def seed_band(runs: dict, names, layer: int = 0):
     return np.asarray(steps), np.asarray([max(c[s] for c in curves) for s in steps])
 
 
+def amplified(runs: dict, arm: str, seed: int) -> dict:
+    """The stored run of Ō with 4 bits, ``arm`` ('U' failing path, 'F' control), ``seed``."""
+    return runs[amplified_name(arm, seed)]
+
+
+def amplified_name(arm: str, seed: int) -> str:
+    """How the GPT-2 search names that run."""
+    return f"k4-{arm}-s{seed}"
+
+
+def seed_against_band(runs: dict, seed: int, seeds=(1, 2, 3), layer: int = 0):
+    """:func:`against_band` for the failing path of Ō with 4 bits in ``seed`` against its
+    control, with the controls of ``seeds`` as the band."""
+    controls = [amplified_name("F", s) for s in seeds]
+    failing, control = amplified_name("U", seed), amplified_name("F", seed)
+    return against_band(runs, failing, control, controls, layer)
+
+
 def against_band(runs: dict, failing: str, control: str, band_names, layer: int = 0):
     """(steps, W₁(failing, control), band) on the steps they share."""
     steps, dist = head_norm_distance(runs[failing], runs[control], layer)

@@ -173,10 +173,12 @@ def round_guard_bits(al: Aligned, norm: Normalised, fo: Format) -> Rounded:
             "G = 1 and R or S = 1: more than half an ulp falls off: round up (away from zero)"
         )
     elif odd:
-        decision = "G = 1, R = S = 0: an exact tie; the kept last bit is 1 (odd): round up to even"
+        decision = (
+            "G = 1, R = S = 0: an exact tie; the kept last bit is 1 (odd): away from zero, to even"
+        )
     else:
         decision = (
-            "G = 1, R = S = 0: an exact tie; the kept last bit is 0 (even): round down to even"
+            "G = 1, R = S = 0: an exact tie; the kept last bit is 0 (even): toward zero, stays even"
         )
     return Rounded(kept_int, lsb, guard, round_bit, sticky_bits, sticky, inexact, tie, up, decision)
 

@@ -31,3 +31,12 @@ def test_layer_zero_leaves_the_seed_noise_before_the_explosion(runs):
     assert len(table) == 3
     assert (table["W1 layer 0"] < table["explosion"]).all()
     assert (table["W1 layer 0"] < table["W_Q 25%"]).all()
+
+
+def test_seed_against_band_is_the_named_pair_against_the_controls(runs):
+    seed = int(np.random.default_rng().integers(1, 4))
+    got = stored.seed_against_band(runs, seed)
+    names = [f"k4-F-s{s}" for s in (1, 2, 3)]
+    want = stored.against_band(runs, f"k4-U-s{seed}", f"k4-F-s{seed}", names)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert stored.amplified(runs, "U", seed) is runs[f"k4-U-s{seed}"]
