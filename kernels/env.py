@@ -183,8 +183,8 @@ def setup(seed: int = 0, quiet: bool = False) -> Env:
     seed_everything(seed)
     _style_plots()
     if not quiet:
-        where = "in Colab" if env.in_colab else ("where the site was built" if env.in_ci
-                                                 else "on this machine")  # fmt: skip
+        where = "for this page" if env.in_ci else "on this machine"
+        where = "in Colab" if env.in_colab else where
         print(f"Numerics path {where}: {env.path} ({env.summary}); seed = {seed}")
     return env
 
