@@ -20,6 +20,7 @@ import numpy as np
 from scipy.stats import wasserstein_distance
 
 from ..gpt2 import report
+from ..gpt2.plans import run_name
 from ..results import load
 from .training import first_above_for_good
 
@@ -76,7 +77,7 @@ def amplified(runs: dict, arm: str, seed: int) -> dict:
 
 def amplified_name(arm: str, seed: int) -> str:
     """How the GPT-2 search names that run."""
-    return f"k4-{arm}-s{seed}"
+    return run_name("k4", arm, seed)
 
 
 def seed_against_band(runs: dict, seed: int, seeds=(1, 2, 3), layer: int = 0):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import report
+from .plans import run_name
 from .report import VARIANT_NAMES, monitor_series, outcome
 
 
@@ -140,14 +141,14 @@ def ladder_rungs(runs: dict, head: dict) -> dict:
     """The isolation ladder's rungs, Ō with 4 bits, seed 1, in the order the figure lists them:
     the failing path, tiles of 64, layer 0 only, one head on the control's route (from plan
     amp_head's ``head`` runs), δ from rowsum(dP∘P), the control."""
-    rungs = {v: runs[f"k4-{v}-s1"] for v in "UTL"} | {"H": head["k4h-H-s1"]}
-    return rungs | {v: runs[f"k4-{v}-s1"] for v in "PF"}
+    rungs = {v: runs[run_name("k4", v, 1)] for v in "UTL"} | {"H": head[run_name("k4h", "H", 1)]}
+    return rungs | {v: runs[run_name("k4", v, 1)] for v in "PF"}
 
 
 # the similarity figure's panels: (failing run, its control) and the panel's title
 SIMILARITY_PANELS = (
     (tuple(report.EARLIER_BF16.values()), "real BF16, seed 0"),
-    (("k4-U-s1", "k4-F-s1"), "Ō with 4 bits, seed 1"),
+    ((run_name("k4", "U", 1), run_name("k4", "F", 1)), "Ō with 4 bits, seed 1"),
 )
 
 

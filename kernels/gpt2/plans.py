@@ -171,6 +171,11 @@ def variant_options(variant: str, obits: int = 7, seed: int | None = None) -> di
     return opts
 
 
+def run_name(config: str, variant: str, seed: int) -> str:
+    """A run's name in the search, '<config>-<variant>-s<seed>' (``runs.parse_name`` splits it)."""
+    return f"{config}-{variant}-s{seed}"
+
+
 def make_runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
     """One run per seed and variant; ``gpu_slot`` pins them all to one GPU (see
     :func:`assign_gpus`)."""
@@ -186,7 +191,7 @@ def make_runs(prefix, base, variants, seeds, obits=7, gpu_slot=None, **extra):
                 "data_seed": seed,
                 **pin,
             }
-            out.append((f"{prefix}-{v}-s{seed}", opts))
+            out.append((run_name(prefix, v, seed), opts))
     return out
 
 

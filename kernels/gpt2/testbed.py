@@ -47,11 +47,7 @@ UNTRAINED_KEYS = ("steps", "monitor_every", "checkpoint_every")  # how long, how
 def same_training(run: dict, planned: dict) -> bool:
     """Whether ``run`` trained as the plan's run ``planned`` (its configuration: every setting
     but how long it ran and how often it was checked)."""
-    return all(
-        run["config"].get(key) == value
-        for key, value in planned.items()
-        if key not in UNTRAINED_KEYS
-    )
+    return all(run["config"].get(k) == v for k, v in planned.items() if k not in UNTRAINED_KEYS)
 
 
 def stored_names(directory=None) -> list[str]:
@@ -90,8 +86,7 @@ def wq_ratio_line(runs: dict, arm: str = "W", other: str = "A") -> str:
 def repeat_line(runs: dict, arm: str, width: int = 88) -> str:
     """The repeats of ``arm`` (a seed's command started again from step 0) and how each ended,
     as one printed line ('' when the arm has none)."""
-    repeats = [(key.split("-")[1], *ending(run)) for key in sorted(runs)
-               if key.split("-")[0] == arm for run in runs[key][1:]]  # fmt: skip
+    repeats = arm_repeats(runs, arm)
     if not repeats:
         return ""
     shown = ", ".join(f"seed {s[1:]} {'exploded at' if b else 'alive at'} {t:,}"
@@ -161,14 +156,21 @@ def last_loss(run: dict, steps: int = 500) -> float:
     return float(np.mean(loss[step > step[-1] - steps]))
 
 
+def _arm_rows(runs: dict, arm: str, which: slice) -> list[tuple[str, int, bool]]:
+    """(seed, last step, exploded?) of ``which`` of each seed's runs of ``arm``, longest first."""
+    keys = sorted(k for k in runs if k.split("-")[0] == arm)
+    return [(key.split("-")[1], *ending(run)) for key in keys for run in runs[key][which]]
+
+
 def arm_endings(runs: dict, arm: str, repeats: bool = False) -> list[tuple[str, int, bool]]:
     """(seed, last step, exploded?) of each seed of ``arm`` (its longest run; ``repeats``: every
     run, repeats too)."""
-    rows = []
-    for key in sorted(k for k in runs if k.split("-")[0] == arm):
-        for run in runs[key] if repeats else runs[key][:1]:
-            rows.append((key.split("-")[1], *ending(run)))
-    return rows
+    return _arm_rows(runs, arm, slice(None) if repeats else slice(1))
+
+
+def arm_repeats(runs: dict, arm: str) -> list[tuple[str, int, bool]]:
+    """:func:`arm_endings` of ``arm``'s repeats: every stored run of a seed but its longest."""
+    return _arm_rows(runs, arm, slice(1, None))
 
 
 def kaplan_meier(endings) -> tuple[np.ndarray, np.ndarray]:
@@ -355,9 +357,9 @@ def testbed_numbers(runs: dict) -> dict:
             ratios = wq_ratios(runs, "W", other, COMPARE_STEP)
             numbers[f"g7_tb_{name}_lo"], numbers[f"g7_tb_{name}_hi"] = min(ratios), max(ratios)
     for arm in ARMS:  # repeats: runs beyond each seed's longest, and how many exploded
-        repeats = [ending(r) for key in runs if key[0] == arm for r in runs[key][1:]]
+        repeats = arm_repeats(runs, arm)
         numbers[f"g7_tb_{arm}_rep"] = len(repeats)
-        numbers[f"g7_tb_{arm}_rep_boom"] = sum(exploded for _, exploded in repeats)
+        numbers[f"g7_tb_{arm}_rep_boom"] = sum(exploded for *_, exploded in repeats)
     for arm in "AFV":  # the largest layer-0 |S| of the arms that did not explode
         longest = [runs[key][0] for key in runs if key[0] == arm]
         logits = [float(monitor_series(r, "max_logit", 0)[1].max()) for r in longest]

@@ -247,7 +247,7 @@ def loop_of(row: dict) -> str:
 
 def _same_setting(a: dict, b: dict) -> bool:
     """Two rows of one loop, model and mode."""
-    return (loop_of(a), a["model"], a["mode"]) == (loop_of(b), b["model"], b["mode"])
+    return _setting(a) == _setting(b)
 
 
 def plot_steps(rows: list):
@@ -299,30 +299,34 @@ def step_numbers(rows: list, prefix: str = "c10_step") -> dict:
     return numbers
 
 
+def _setting(row: dict) -> tuple:
+    """A row's loop, model and mode: what two records must share to be compared."""
+    return loop_of(row), row["model"], row["mode"]
+
+
+def _matched(rows: list, earlier: list, sdpa: bool) -> list[tuple[dict, dict]]:
+    """(row, earlier row) of the same setting, SDPA's rows (``sdpa``) or the book's."""
+    before = {_setting(r): r for r in earlier if (r["implementation"] == "sdpa") == sdpa}
+    return [(r, before[_setting(r)]) for r in rows
+            if (r["implementation"] == "sdpa") == sdpa and _setting(r) in before]  # fmt: skip
+
+
 def sdpa_drift(rows: list, earlier: list) -> float:
     """The largest relative change of SDPA's steps/s between two records of the same settings
     (loop, model, mode): how far one 50-step run moves, the spread to read ratios against."""
-    before = {(loop_of(r), r["model"], r["mode"]): r["steps_per_s"] for r in earlier
-              if r["implementation"] == "sdpa"}  # fmt: skip
-    changes = [abs(r["steps_per_s"] / before[key] - 1) for r in rows
-               if r["implementation"] == "sdpa"
-               and (key := (loop_of(r), r["model"], r["mode"])) in before]  # fmt: skip
-    if not changes:
+    pairs = _matched(rows, earlier, sdpa=True)
+    if not pairs:
         raise ValueError("the two records share no SDPA setting to compare")
-    return max(changes)
+    return max(abs(now["steps_per_s"] / then["steps_per_s"] - 1) for now, then in pairs)
 
 
 def ratio_drift(rows: list, earlier: list) -> float:
     """The largest change of the book's ratio to SDPA between two records of the same settings
     (loop, model, mode): how far one run's ratio is from another's."""
-    before = {(loop_of(r), r["model"], r["mode"]): r["ratio_to_sdpa"] for r in earlier
-              if r["implementation"] != "sdpa"}  # fmt: skip
-    changes = [abs(r["ratio_to_sdpa"] - before[key]) for r in rows
-               if r["implementation"] != "sdpa"
-               and (key := (loop_of(r), r["model"], r["mode"])) in before]  # fmt: skip
-    if not changes:
+    pairs = _matched(rows, earlier, sdpa=False)
+    if not pairs:
         raise ValueError("the two records share no setting of the book's attention")
-    return max(changes)
+    return max(abs(now["ratio_to_sdpa"] - then["ratio_to_sdpa"]) for now, then in pairs)
 
 
 def target_count(rows: list, target: float = 0.95) -> tuple[int, int]:

@@ -211,3 +211,13 @@ def test_the_end_loss_line_names_only_arms_that_trained_the_whole_schedule():
                "g7_tb_A_full": 0}  # fmt: skip
     line = testbed.end_loss_line(numbers)
     assert f"{lo:.3f}–{hi:.3f} (2 runs)" in line and testbed.ARM_WORDS["A"] not in line
+
+
+def test_run_name_and_parse_name_are_inverse():
+    from kernels.gpt2.plans import run_name
+    from kernels.gpt2.runs import parse_name
+
+    rng = np.random.default_rng()
+    config = rng.choice(["k4", "tb", "sb-lr5e-4", "f-const3e-3"])
+    variant, seed = rng.choice(list("UFWVAPZS")), int(rng.integers(0, 9))
+    assert parse_name(run_name(config, variant, seed)) == (config, variant, f"s{seed}")
