@@ -82,7 +82,9 @@ def test_sink_rows_fa2_is_the_ideal_and_the_all_low_path_is_biased():
 
 
 def test_seqlen_sweep_counts_rescalings_like_iid_records():
-    records = mb.seqlen_sweep([256, 1024], heads=2, block_n=64, seed=fresh_seed())
+    # 8 heads: rows of one head share their keys, so their counts move together; with 2 heads
+    # one draw in a few hundred missed by more than 0.15, with 8 the worst of 60 was 0.07
+    records = mb.seqlen_sweep([256, 1024], heads=8, block_n=64, seed=fresh_seed())
     assert {r["impl"] for r in records} == {"ideal", "fa2", "paper", "fa1"}
     for r in mb.pick(records, impl="fa2"):
         assert r["tiles"] == r["n"] // 64
