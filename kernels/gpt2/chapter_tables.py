@@ -298,3 +298,26 @@ def describe_plan(record: dict) -> str:
     provenance["command"] = command
     note = "\n  (its runs and calls: results/README.md)" if cut else ""
     return describe({"provenance": provenance}) + note
+
+
+OFFSET_WORDS = {"off": "none", "tile": "Algorithm 3"}  # spec.stable in words
+DELTA_WORDS = {"o": "the BF16 O", "o_fp32": "PV in fp32", "dp": "rowsum(dP∘P)"}
+
+
+def print_attentions(variants: str = "UFPZ") -> None:
+    """What each attention of the chapter changes, read from the specs its runs train with:
+    where δ comes from, the softmax offset, and the clamp on each key tile's row sum ℓ."""
+    from .attention import parse_spec
+    from .plans import variant_options
+
+    rows = [("attention", "δ from", "softmax offset", "ℓ clamp")]
+    for variant in variants:
+        spec = parse_spec(variant_options(variant)["attn"])
+        offset = OFFSET_WORDS[spec.stable]
+        if spec.stable != "off":
+            offset += f", β = {spec.beta:g}, ε = {spec.eps:g}"
+        clamp = "—" if spec.clamp is None else f"{spec.clamp:g}"
+        rows.append((VARIANT_NAMES[variant].split(" (")[0], DELTA_WORDS[spec.delta], offset, clamp))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

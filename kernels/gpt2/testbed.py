@@ -311,7 +311,7 @@ def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
         print(f"{ARM_WORDS[arm]:22s} layer 0's |S| ≥ {LIMIT:.0f} from step {span} ({runs})")
 
 
-def end_loss_line(numbers: dict, arms: str = "VA") -> str:
+def end_loss_line(numbers: dict, arms: str = "VAF") -> str:
     """The loss over the last 500 steps of each arm's runs that trained the whole schedule, as
     one printed line (from :func:`testbed_numbers`)."""
     parts = []
