@@ -209,7 +209,7 @@ def test_the_end_loss_line_names_only_arms_that_trained_the_whole_schedule():
     numbers = {"g7_tb_steps": 80_000, "g7_tb_V_end_lo": lo, "g7_tb_V_end_hi": hi,
                "g7_tb_V_full": 2, "g7_tb_A_end_lo": 0.0, "g7_tb_A_end_hi": 0.0,
                "g7_tb_A_full": 0}  # fmt: skip
-    line = testbed.end_loss_line(numbers)
+    line = testbed.end_loss_line(numbers, "VA")
     assert f"{lo:.3f}–{hi:.3f} (2 runs)" in line and testbed.ARM_WORDS["A"] not in line
 
 
