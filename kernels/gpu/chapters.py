@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..results import save
+from ..results import load, save, stored_names
 from ..tools.booktools import BOOK_DIR, REPO_ROOT
 
 BUDGET_S = 180.0  # what one chapter may take, on an H100 as on two CPU cores
@@ -62,6 +62,39 @@ def over_budget(rows: list[dict], budget_s: float = BUDGET_S) -> list[str]:
         for row in rows
         if row["status"] != "ran" or row["seconds"] > budget_s
     ]
+
+
+def chapter_title(name: str) -> str:
+    """A chapter's title: the first top-level heading of ``book/<name>``."""
+    import json
+
+    cells = json.loads((BOOK_DIR / name).read_text())["cells"]
+    for cell in cells:
+        for line in "".join(cell["source"]).splitlines():
+            if cell["cell_type"] == "markdown" and line.startswith("# "):
+                return line[2:].strip()
+    return name
+
+
+def stored_times(directory=None) -> list[dict]:
+    """Each chapter's last clean run on a GPU from the stored ``chapter_times*`` records:
+    {chapter, seconds, gpu, date}, in file order; a newer record replaces an older one."""
+    latest: dict = {}
+    for stem in stored_names("chapter_times", directory):
+        record = load(stem, directory)
+        made = record["provenance"]
+        for row in record["data"]["chapters"]:
+            if row["status"] != "ran" or not made.get("gpu"):
+                continue
+            known = latest.get(row["chapter"])
+            if known is None or made["date"] >= known["date"]:
+                latest[row["chapter"]] = {
+                    "chapter": row["chapter"],
+                    "seconds": row["seconds"],
+                    "gpu": made["gpu"],
+                    "date": made["date"],
+                }
+    return [latest[name] for name in sorted(latest)]
 
 
 def main(argv=None) -> int:
