@@ -12,6 +12,8 @@ it (the chapter calls ``plt.show()``).
 * :func:`tflops_at`              one row's TFLOP/s, picked by implementation and call (ch. 3)
 * :func:`plot_stored_backward`   the stored GPU errors of dQ, dK, dV by δ source (ch. 4)
 * :func:`plot_delta_gap`         δ_lp − δ_hp per row and its running sum (ch. 4)
+* :func:`show_gpu_check_forward`, :func:`show_stored_memory`, :func:`show_stored_speed`: chapter
+  3's stored GPU records, loaded, shown and reduced to the numbers its prose glues
 """
 
 from __future__ import annotations
@@ -94,12 +96,12 @@ def _points(ax, x, values, label, marker, **style):
 
 def plot_measured_memory(memory, sizes, element_bytes, title, head_dim=64):
     """``memory``: {implementation: {N: peak bytes}} measured on this machine; with the two
-    reference lines 2N² elements (S and P) and 2Nd elements."""
+    guide lines ∝ N² and 2Nd elements."""
     fig, ax = _plt().subplots()
     for (name, by_n), marker in zip(memory.items(), "osD"):
         ax.loglog(list(by_n), list(by_n.values()), marker=marker, label=name)
     n0 = np.array(sizes, dtype=float)
-    ax.loglog(n0, 2 * element_bytes * n0**2, "k:", label=r"$2N^2$ elements ($S$ and $P$)")
+    ax.loglog(n0, element_bytes * n0**2, "k:", label=r"$\propto N^2$")
     ax.loglog(n0, 2 * element_bytes * head_dim * n0, "k--", alpha=0.5, label=r"$2Nd$ elements")
     ax.set_xlabel(f"sequence length N (1 head, d = {head_dim})")
     ax.set_ylabel("peak memory beyond the inputs (bytes)")
@@ -280,3 +282,126 @@ def plot_delta_gap(gap):
     ax2.set_ylabel(r"$\sum_{t \leq T} (\delta_{lp} - \delta_{hp})[t]$")
     ax2.set_title("running sum: Eq. (3)'s coefficient")
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Chapter 3's stored GPU records: each function loads its record, shows it (figure, provenance,
+# table) and returns the numbers the chapter's prose glues.
+# ----------------------------------------------------------------------------------------------
+_GPU_PREFIX = "GPU measurement, not this machine: "
+
+
+def _record(name: str) -> dict:
+    from .. import results
+
+    return results.load(name)
+
+
+def _describe(record: dict) -> str:
+    from .. import results
+
+    return results.describe(record, prefix=_GPU_PREFIX)
+
+
+def show_gpu_check_forward() -> dict:
+    """Print the forward rows of ``results/gpu_check.json`` (offset fix off): the share of the
+    native kernel's outputs equal to the emulator's and to the explicit path's, its relative error
+    and SDPA flash's. Returns chapter 3's numbers (``c3_gpu_*``)."""
+    check = _record("gpu_check")
+    rows = [
+        r
+        for r in check["data"]["explicit_vs_native"]
+        if r["pass_"] == "fwd" and r["stable"] == "off"
+    ]
+    print(_describe(check))
+    print("the native kernel: share of its outputs equal to the emulator's and to the")
+    print("explicit path's, its relative error vs fp64, and SDPA flash's on the same inputs")
+    print(
+        f"{'head dim':>8s}{'causal':>8s}{'numerics':>10s}{'= emulator':>12s}"
+        f"{'= explicit':>12s}{'rel. error':>12s}{'SDPA flash':>12s}"
+    )
+    for r in rows:
+        print(
+            f"{r['d']:8d}{r['causal']!s:>8s}{r['numerics']:>10s}"
+            f"{r['native_vs_emulator']['identical']:12.2%}"
+            f"{r['native_vs_explicit']['identical']:12.2%}"
+            f"{r['rel_err_native']:12.2e}{r['rel_err_sdpa_flash']:12.2e}"
+        )
+    over = {
+        mode: [r["rel_err_native"] / r["rel_err_sdpa_flash"] for r in rows if r["numerics"] == mode]
+        for mode in ("fa2", "paper")
+    }
+    return {
+        "c3_gpu_name": check["provenance"]["gpu"],
+        "c3_gpu_same_min": min(r["native_vs_emulator"]["identical"] for r in rows),
+        "c3_gpu_fa2_off": max(abs(x - 1) for x in over["fa2"]),
+        "c3_gpu_paper_lo": min(over["paper"]),
+        "c3_gpu_paper_hi": max(over["paper"]),
+    }
+
+
+def _mib(peak: dict, mode: str, n: int, key: str) -> str:
+    """Peak MiB beyond the inputs; '-': not measured (skipped by the run's guard)."""
+    r = peak.get((mode, n))
+    return "-" if r is None or r.get(key) is None else f"{r[key] / 2**20:.1f}"
+
+
+def show_stored_memory() -> dict:
+    """Plot and print ``results/perf_memory.json`` (:func:`plot_stored_memory`, its provenance,
+    a table of MiB per N); returns chapter 3's numbers (``c3_mem_*``)."""
+    record = _record("perf_memory")
+    rows = record["data"]["rows"]
+    plot_stored_memory(rows)
+    _plt().show()
+    print(_describe(record))
+    peak = {(r["mode"], r["n"]): r for r in rows}
+    keys = ("math_peak_bytes", "book_peak_bytes")
+    print("peak memory beyond the inputs [MiB]; naive: SDPA's math backend")
+    print(f"{'':8s}{'forward':>30s}{'forward + backward':>30s}")
+    print(f"{'N':>8s}" + f"{'naive':>20s}{'flash':>10s}" * 2)
+    for n in sorted({r["n"] for r in rows}):
+        cells = [_mib(peak, m, n, key) for m in ("fwd", "fwd+bwd") for key in keys]
+        print(f"{n:8,d}{cells[0]:>20s}{cells[1]:>10s}{cells[2]:>20s}{cells[3]:>10s}")
+    both = [r for r in rows if r["mode"] == "fwd" and all(r.get(k) for k in keys)]
+    at = max(both, key=lambda r: r["n"])
+    longest = max((r for r in rows if r["mode"] == "fwd"), key=lambda r: r["n"])
+    return {
+        "c3_mem_gpu": record["provenance"]["gpu"],
+        "c3_mem_n": at["n"],
+        "c3_mem_naive": at["math_peak_bytes"] / 2**20,
+        "c3_mem_flash": at["book_peak_bytes"] / 2**20,
+        "c3_mem_ratio": at["math_peak_bytes"] / at["book_peak_bytes"],
+        "c3_mem_n_max": longest["n"],
+        "c3_mem_flash_max": longest["book_peak_bytes"] / 2**20,
+    }
+
+
+def show_stored_speed() -> dict:
+    """Plot and print ``results/perf_speed.json`` (:func:`chapter3_speed_rows`,
+    :func:`plot_stored_speed`, its provenance, :func:`print_speed_table`); returns chapter 3's
+    numbers (``c3_speed_*``) over the shapes longer than N = 1024."""
+    record = _record("perf_speed")
+    rows = chapter3_speed_rows(record["data"]["rows"])
+    plot_stored_speed(rows)
+    _plt().show()
+    print(_describe(record))
+    print_speed_table(rows)
+
+    def tf(impl, row):
+        call = {k: row[k] for k in ("n", "d", "mode", "batch")}
+        return tflops_at(rows, label(impl), **call)
+
+    long_rows = [r for r in rows if r["impl"] == label("triton") and r["n"] > 1024]
+    vs_flash = [r["tflops"] / tf("sdpa-flash", r) for r in long_rows]
+    vs_cudnn = [r["tflops"] / tf("sdpa-cudnn", r) for r in long_rows]
+    rule_cost = [1 - tf("triton/cross", r) / r["tflops"] for r in long_rows]
+    return {
+        "c3_speed_gpu": record["provenance"]["gpu"],
+        "c3_speed_n": min(r["n"] for r in long_rows),
+        "c3_speed_flash_lo": min(vs_flash),
+        "c3_speed_flash_hi": max(vs_flash),
+        "c3_speed_cudnn_lo": min(vs_cudnn),
+        "c3_speed_cudnn_hi": max(vs_cudnn),
+        "c3_speed_rule_lo": min(rule_cost),
+        "c3_speed_rule_hi": max(rule_cost),
+    }

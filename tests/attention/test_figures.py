@@ -48,3 +48,27 @@ def test_figures_from_live_numbers():
     fig = figures.plot_mode_errors(errors)
     assert [p.get_height() for p in fig.axes[0].patches] == list(errors.values())
     assert_legible(fig)
+
+
+def test_chapter3_record_reports_print_narrow_tables_and_return_the_glued_numbers(
+    capsys, monkeypatch
+):
+    import matplotlib.pyplot as plt
+
+    style.apply()
+    monkeypatch.setattr(plt, "show", lambda *a, **k: None)  # Agg; the figures are closed below
+    numbers = {}
+    for show in (
+        figures.show_gpu_check_forward,
+        figures.show_stored_memory,
+        figures.show_stored_speed,
+    ):
+        numbers |= show()
+        plt.close("all")
+    out = capsys.readouterr().out
+    assert out and max(len(line) for line in out.splitlines()) <= 88
+    prefixes = ("c3_gpu_", "c3_mem_", "c3_speed_")
+    assert all(name.startswith(prefixes) for name in numbers)
+    assert len(numbers) == 20
+    assert 0 < numbers["c3_mem_flash"] < numbers["c3_mem_naive"]
+    assert 0 < numbers["c3_gpu_same_min"] <= 1
