@@ -4,8 +4,15 @@ build time (``python -m kernels.gpu.chapters`` writes them) so the instructor pa
 time or a GPU name. Loaded through ``sphinx.local_extensions`` in _config.yml.
 """
 
+import sys
+from pathlib import Path
+
 from docutils import nodes
 from docutils.parsers.rst import Directive
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # the book's package, where Sphinx runs without it installed
+    sys.path.insert(0, str(REPO_ROOT))
 
 HEADER = ("chapter", "seconds on a GPU", "GPU", "run on")
 
