@@ -141,6 +141,9 @@ def gpu_short(record: dict) -> str:
     return words[0] if words else gpu
 
 
+GPU_PREFIX = "GPU measurement, not this machine: "  # before a GPU record printed on a CPU
+
+
 def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     """What a chapter prints under a plot of stored data: where, with what and when it was
     measured, after ``prefix``, wrapped to lines of at most ``width`` characters (continuation

@@ -40,11 +40,11 @@ class ChapterTimes(Directive):
     has_content = False
 
     def run(self):
-        from kernels.results import folder
+        from kernels.results import record_path, stored_names
 
         env = self.state.document.settings.env
-        for path in sorted(folder().glob("chapter_times*.json")):
-            env.note_dependency(str(path))
+        for stem in stored_names("chapter_times"):  # rebuild the page when a record changes
+            env.note_dependency(str(record_path(stem)))
         table = nodes.table(classes=["chapter-times"])
         group = nodes.tgroup(cols=len(HEADER))
         table += group

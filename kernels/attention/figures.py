@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import results
 from .registry import label
 
 GRADS = ("dq", "dk", "dv")
@@ -288,32 +289,19 @@ def plot_delta_gap(gap):
 # Chapter 3's stored GPU records: each function loads its record, shows it (figure, provenance,
 # table) and returns the numbers the chapter's prose glues.
 # ----------------------------------------------------------------------------------------------
-_GPU_PREFIX = "GPU measurement, not this machine: "
-
-
-def _record(name: str) -> dict:
-    from .. import results
-
-    return results.load(name)
-
-
-def _describe(record: dict) -> str:
-    from .. import results
-
-    return results.describe(record, prefix=_GPU_PREFIX)
 
 
 def show_gpu_check_forward() -> dict:
     """Print the forward rows of ``results/gpu_check.json`` (offset fix off): the share of the
     native kernel's outputs equal to the emulator's and to the explicit path's, its relative error
     and SDPA flash's. Returns chapter 3's numbers (``c3_gpu_*``)."""
-    check = _record("gpu_check")
+    check = results.load("gpu_check")
     rows = [
         r
         for r in check["data"]["explicit_vs_native"]
         if r["pass_"] == "fwd" and r["stable"] == "off"
     ]
-    print(_describe(check))
+    print(results.describe(check, prefix=results.GPU_PREFIX))
     print("the native kernel: share of its outputs equal to the emulator's and to the")
     print("explicit path's, its relative error vs fp64, and SDPA flash's on the same inputs")
     print(
@@ -349,11 +337,11 @@ def _mib(peak: dict, mode: str, n: int, key: str) -> str:
 def show_stored_memory() -> dict:
     """Plot and print ``results/perf_memory.json`` (:func:`plot_stored_memory`, its provenance,
     a table of MiB per N); returns chapter 3's numbers (``c3_mem_*``)."""
-    record = _record("perf_memory")
+    record = results.load("perf_memory")
     rows = record["data"]["rows"]
     plot_stored_memory(rows)
     _plt().show()
-    print(_describe(record))
+    print(results.describe(record, prefix=results.GPU_PREFIX))
     peak = {(r["mode"], r["n"]): r for r in rows}
     keys = ("math_peak_bytes", "book_peak_bytes")
     print("peak memory beyond the inputs [MiB]; naive: SDPA's math backend")
@@ -380,11 +368,11 @@ def show_stored_speed() -> dict:
     """Plot and print ``results/perf_speed.json`` (:func:`chapter3_speed_rows`,
     :func:`plot_stored_speed`, its provenance, :func:`print_speed_table`); returns chapter 3's
     numbers (``c3_speed_*``) over the shapes longer than N = 1024."""
-    record = _record("perf_speed")
+    record = results.load("perf_speed")
     rows = chapter3_speed_rows(record["data"]["rows"])
     plot_stored_speed(rows)
     _plt().show()
-    print(_describe(record))
+    print(results.describe(record, prefix=results.GPU_PREFIX))
     print_speed_table(rows)
 
     def tf(impl, row):

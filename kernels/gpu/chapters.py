@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ..results import load, save, stored_names
-from ..tools.booktools import BOOK_DIR, REPO_ROOT
+from ..tools.booktools import BOOK_DIR, REPO_ROOT, notebook_title
 
 BUDGET_S = 180.0  # what one chapter may take, on an H100 as on two CPU cores
 TAIL_CHARS = 1500  # how much of a chapter's output the record keeps
@@ -68,17 +68,12 @@ def chapter_title(name: str) -> str:
     """A chapter's title: the first top-level heading of ``book/<name>``."""
     import json
 
-    cells = json.loads((BOOK_DIR / name).read_text())["cells"]
-    for cell in cells:
-        for line in "".join(cell["source"]).splitlines():
-            if cell["cell_type"] == "markdown" and line.startswith("# "):
-                return line[2:].strip()
-    return name
+    return notebook_title(json.loads((BOOK_DIR / name).read_text()))
 
 
 def stored_times(directory=None) -> list[dict]:
     """Each chapter's last clean run on a GPU from the stored ``chapter_times*`` records:
-    {chapter, seconds, gpu, date}, in file order; a newer record replaces an older one."""
+    {chapter, seconds, gpu, date}, sorted by chapter file; a newer record replaces an older one."""
     latest: dict = {}
     for stem in stored_names("chapter_times", directory):
         record = load(stem, directory)

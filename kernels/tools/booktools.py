@@ -73,7 +73,8 @@ def colab_url(notebook: Path) -> str:
     return f"https://colab.research.google.com/github/{slug}/blob/{branch}/{rel}"
 
 
-def _title(nb: dict) -> str:
+def notebook_title(nb: dict) -> str:
+    """A notebook's title: its first top-level markdown heading."""
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             for line in "".join(cell["source"]).splitlines():
@@ -97,7 +98,8 @@ def readme_table() -> str:
             f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
             f"({colab_url(nb_path)})"
         )
-        rows.append(f"| {nb_path.name[:2]} | [{_title(nb)}](book/{nb_path.name}) | {badge} |")
+        title = notebook_title(nb)
+        rows.append(f"| {nb_path.name[:2]} | [{title}](book/{nb_path.name}) | {badge} |")
     return "\n".join(rows)
 
 
@@ -218,3 +220,13 @@ if __name__ == "__main__":
     bad = problems()
     print("\n".join(bad) if bad else "setup cells and README table are in sync with _config.yml")
     sys.exit(1 if bad else 0)
+
+
+def source_before(notebook: Path, cell_id: str) -> str:
+    """The source of every cell of ``notebook`` before the cell ``cell_id`` (which must exist),
+    one text: what a reader has seen when they reach that cell."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    ids = [cell.get("id") for cell in cells]
+    if cell_id not in ids:
+        raise KeyError(f"{notebook} has no cell {cell_id!r}")
+    return "\n".join("".join(cell["source"]) for cell in cells[: ids.index(cell_id)])

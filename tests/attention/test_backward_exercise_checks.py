@@ -5,15 +5,13 @@ does not print the answer before the exercise."""
 from __future__ import annotations
 
 import itertools
-import json
-import pathlib
 
 import pytest
 
 from kernels.attention import exercises as ex
 from kernels.exercise_rules import WrongAnswer
+from kernels.tools.booktools import BOOK_DIR, source_before
 
-BOOK = pathlib.Path(__file__).resolve().parents[2] / "book"
 RIGHT = {"dQ", "dK"}
 
 
@@ -37,12 +35,6 @@ def test_changed_rejects_every_other_set(wrong):
 
 
 def test_chapter_4_does_not_answer_before_the_exercise():
-    nb = json.loads((BOOK / "04_flash_backward.ipynb").read_text())
-    before = []
-    for cell in nb["cells"]:
-        if cell["id"] == "ex4-2-task":
-            break
-        before.append("".join(cell["source"]))
-    text = "\n".join(before)
+    text = source_before(BOOK_DIR / "04_flash_backward.ipynb", "ex4-2-task")
     assert "torch.equal(dv_hp, dv_lp)" not in text
     assert "dV, which never uses δ, does not change" not in text

@@ -4,15 +4,11 @@ the exercise's sums before the exercise."""
 
 from __future__ import annotations
 
-import json
-import pathlib
-
 import pytest
 
 from kernels.exercise_rules import WrongAnswer
 from kernels.numerics import exercises as ex
-
-BOOK = pathlib.Path(__file__).resolve().parents[2] / "book"
+from kernels.tools.booktools import BOOK_DIR, source_before
 
 
 def test_binade_count_passes_without_printing_the_count(capsys):
@@ -59,12 +55,6 @@ def test_rounds_away_rejects_every_other_set(wrong):
 
 
 def test_the_exercise_sums_are_not_traced_before_the_exercise():
-    nb = json.loads((BOOK / "01_bf16_bits.ipynb").read_text())
-    before = []
-    for cell in nb["cells"]:
-        if cell["id"] == "ex1-3-task":
-            break
-        before.append("".join(cell["source"]))
-    text = "\n".join(before)
+    text = source_before(BOOK_DIR / "01_bf16_bits.ipynb", "ex1-3-task")
     for acc, b in ex.EXERCISE_SUMS:
         assert repr(acc) not in text, f"sum ({acc}, {b}) appears before exercise 1.3"
