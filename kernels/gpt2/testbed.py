@@ -312,13 +312,13 @@ def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
 
 
 def end_loss_line(numbers: dict, arms: str = "VAF") -> str:
-    """The loss over the last 500 steps of each arm's runs that trained the whole schedule, as
-    one printed line (from :func:`testbed_numbers`)."""
+    """Each arm's loss over the last 500 steps of its whole-schedule runs, as one printed line."""
     parts = []
     for a in arms:
         lo, hi, full = (numbers[f"g7_tb_{a}_{k}"] for k in ("end_lo", "end_hi", "full"))
         if full:
-            parts.append(f"{ARM_WORDS[a]} {lo:.3f}–{hi:.3f} ({full} runs)")
+            span = f"{lo:.3f}" if f"{lo:.3f}" == f"{hi:.3f}" else f"{lo:.3f}–{hi:.3f}"
+            parts.append(f"{ARM_WORDS[a]} {span} ({full} run{'s' * (full > 1)})")
     text = f"loss over the last 500 of {numbers['g7_tb_steps']:,} steps: " + "; ".join(parts)
     return textwrap.fill(text, 88, subsequent_indent="  ")
 

@@ -211,6 +211,8 @@ def test_the_end_loss_line_names_only_arms_that_trained_the_whole_schedule():
                "g7_tb_A_full": 0}  # fmt: skip
     line = testbed.end_loss_line(numbers, "VA")
     assert f"{lo:.3f}–{hi:.3f} (2 runs)" in line and testbed.ARM_WORDS["A"] not in line
+    one = testbed.end_loss_line({**numbers, "g7_tb_V_end_hi": lo, "g7_tb_V_full": 1}, "V")
+    assert one.endswith(f"{testbed.ARM_WORDS['V']} {lo:.3f} (1 run)")
 
 
 def test_run_name_and_parse_name_are_inverse():
