@@ -8,12 +8,14 @@ the formatting style ``book``: the alpha style, except that an entry with a ``sh
 field is labelled by it and the year (``shortauthor = {Tri}`` gives ``[Tri25a]``), and entries
 sort by their authors' names without braces or a leading "The" (so "{The Triton authors}" sorts
 under T, not after Z). The entry keeps its author for the text. Selected by ``bibtex_default_style: book`` in
-_config.yml; loaded through ``sphinx.local_extensions`` there.
+_config.yml; loaded through ``sphinx.local_extensions`` there. The style also renders an entry's
+``code`` field (a repository's address) as a link after its other links.
 """
 from pybtex.plugin import register_plugin
 from pybtex.style.formatting.alpha import Style as AlphaStyle
 from pybtex.style.labels.alpha import LabelStyle as AlphaLabelStyle
 from pybtex.style.sorting.author_year_title import SortingStyle as AuthorYearTitle
+from pybtex.style.template import field, href, join, optional, sentence, words
 
 
 class LabelStyle(AlphaLabelStyle):
@@ -33,6 +35,11 @@ class SortingStyle(AuthorYearTitle):
 class Style(AlphaStyle):
     default_label_style = "book"
     default_sorting_style = "book"
+
+    def format_web_refs(self, e):
+        """The alpha style's links, then an entry's ``code`` field as a link ("Code: URL.")."""
+        url = field("code", raw=True)
+        return join(sep=" ")[super().format_web_refs(e), optional[sentence[words["Code:", href[url][url]]]]]
 
 
 def setup(app):

@@ -190,8 +190,9 @@ def screen_table(runs: dict | None = None, reference: dict | None = None):
 
 def as_text(table) -> str:
     """:func:`screen_table` printed for the page's column: the control's numbers and verdict,
-    then the failing path's end, one line per pair, columns two spaces apart. A pair is named
-    in the page's words, what its configuration changed and its seed (not the run's file name)."""
+    then the failing path's end, one line per pair, columns two spaces apart; "broke": the step
+    at which the run broke the screen's rule (— never). A pair is named in the page's words, what
+    its configuration changed and its seed (not the run's file name)."""
     changed, seeds = list(table.changed), [str(x) for x in table.seed]
     control = [
         ("changed", changed, "<"),
@@ -200,14 +201,23 @@ def as_text(table) -> str:
         ("layer", [str(x) for x in table.layer], ">"),
         ("‖W_Q‖", [f"{x:.3g}" for x in table.wq_end], ">"),
         ("growth", [f"{x:.3g}×" for x in table.wq_growth], ">"),
+        ("broke", _steps(table.broken_at), ">"),
         ("verdict", list(table.verdict), "<"),
     ]
     failing = [
         ("changed", changed, "<"),
         ("seed", seeds, ">"),
+        ("broke", _steps(table.failing_broken_at), ">"),
         ("failing path (δ from the rounded O)", list(table.failing_path), "<"),
     ]
     return "\n\n".join(_columns(block) for block in (control, failing))
+
+
+def _steps(steps) -> list[str]:
+    """Steps as '11,200', a missing one (never) as '—'."""
+    import pandas as pd
+
+    return ["—" if pd.isna(x) else f"{x:,}" for x in steps]
 
 
 def _columns(columns) -> str:

@@ -1,8 +1,9 @@
 """Checks of chapter 10's exercises (rules: :mod:`kernels.exercise_rules`).
 
-* ``ch10-intensity`` :func:`check_flop_per_byte`: the roofline model's arithmetic intensity
+* ``ch10-intensity`` :func:`check_flop_per_byte`: the roofline model's arithmetic intensity of
+  grouped-query attention
 * ``ch10-stream`` :func:`check_stream_tflops`: the speed of a stream of calls, host against GPU
-* ``ch10-bits`` :func:`check_bit_changes`: which speed-ups can change a bit of O
+* ``ch10-bits`` :func:`check_bit_changes`: which changes to an attention call can change a bit of O
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ def _close(a, b, rel=1e-6) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
-# Exercise ``ch10-intensity``: Arithmetic intensity
+# Exercise ``ch10-intensity``: Arithmetic intensity of grouped-query attention
+def _gqa_intensity(n: int, d: int, itemsize: int, groups: int) -> float:
+    """FLOP per byte of the fused forward for one K/V head shared by ``groups`` query heads, in
+    section 1's model: each query head does its two N×N×d matmuls (4N²d FLOPs) and reads its Q
+    and writes its O once; K and V are read once for the whole group."""
+    flops = 4.0 * n * n * d * groups
+    values = 2 * n * d * groups + 2 * n * d
+    return flops / (values * itemsize)
+
+
 def check_flop_per_byte(fn, thorough: bool = False) -> None:
-    """Exercise ``ch10-intensity``: ``fn(n, d, itemsize, fused) -> FLOP per byte`` of one head's
-    forward attention in the chapter's model (:func:`intensity`), for fresh lengths, head sizes,
-    formats and both implementations."""
+    """Exercise ``ch10-intensity``: ``fn(n, d, itemsize, groups) -> FLOP per byte`` of the fused
+    forward of grouped-query attention in the chapter's model (:func:`_gqa_intensity`; one group
+    is the chapter's ``intensity(n, d)``), for fresh lengths, head sizes, formats and groups."""
     ck.need_function(fn, "flop_per_byte")
     ck.forbid(fn, "ch10-intensity")
     rng = ck.fresh_rng()
@@ -38,30 +48,30 @@ def check_flop_per_byte(fn, thorough: bool = False) -> None:
         n = int(rng.integers(16, 65_536))
         d = int(rng.choice([16, 32, 64, 96, 128, 256]))
         itemsize = int(rng.choice([1, 2, 4]))
-        fused = bool(i % 2)  # both kinds in every run
-        got = _number(ck.call(fn, "flop_per_byte", n, d, itemsize, fused), "flop_per_byte")
-        want = intensity(n, d, "fused" if fused else "math", itemsize)
+        groups = 1 if i == 0 else int(rng.choice([2, 3, 4, 6, 8, 16]))
+        got = _number(ck.call(fn, "flop_per_byte", n, d, itemsize, groups), "flop_per_byte")
+        want = _gqa_intensity(n, d, itemsize, groups)
         if _close(got, want):
             continue
-        kind = "fused kernel" if fused else "math backend"
-        where = f"for the {kind} at n = {n}, d = {d}, itemsize = {itemsize}"
+        where = f"at n = {n}, d = {d}, itemsize = {itemsize}, groups = {groups}"
+        if groups == 1:
+            ck.fail(f"wrong {where}: one group is section 1's fused kernel")
         if itemsize > 1 and _close(got, want * itemsize):
             ck.fail(f"too large {where}: the traffic is counted in values, not bytes")
-        if not fused and _close(got, intensity(n, d, "fused", itemsize)):
-            ck.fail(
-                f"wrong {where}: the math backend also moves the N×N scores and "
-                "probabilities through HBM"
-            )
+        if _close(got, intensity(n, d, "fused", itemsize)):
+            ck.fail(f"too small {where}: K and V are read once for the whole group")
+        if _close(got * groups, want):
+            ck.fail(f"too small {where}: every query head does its own two matmuls")
         if _close(got, want / 2) or _close(got, want * 2):
             ck.fail(
                 f"off by a factor of two {where}: how many FLOPs does one multiply-add "
-                "take, and how many N×N matmuls are there?"
+                "take, and how many N×N matmuls are there per query head?"
             )
         ck.fail(
-            f"not the model's intensity {where}: FLOPs of the two matmuls divided by the "
-            "bytes that go through HBM"
+            f"not the model's intensity {where}: FLOPs of every query head's two matmuls "
+            "divided by the bytes that go through HBM"
         )
-    ck.correct(f"{cases} fresh shapes and formats, fused and math")
+    ck.correct(f"{cases} fresh shapes, formats and group sizes")
 
 
 # Exercise ``ch10-stream``: A stream of calls
@@ -111,61 +121,55 @@ def check_stream_tflops(fn, thorough: bool = False) -> None:
 
 
 # Exercise ``ch10-bits``: Which changes move bits?
-CHANGES = ("direct launch", "causal split", "tile shape", "exp2", "max first")
+CHANGES = ("query tile", "key tile", "batch neighbours", "prefix", "key order")
 
 
 # The check's inputs are seeded (deterministic grading): with fresh inputs the right answer was
-# rejected in 4 of 160 draws (a review of the checks found it): draws in which a change that can
-# move bits moved none (not reproduced on a CPU: there the tile-shape change moved bits in 160 of
-# 160 fresh small draws, so the rejections are the GPU's). Now the small part takes BIT_DRAWS draws
-# from BIT_SEED and a change counts if it moves a bit in any of them (the question is which changes
-# *can* move a bit); the changes that keep the order of the sums and the rounding never move one, in
-# any draw.
+# once rejected in 4 of 160 draws, draws in which a change that can move bits moved none on the
+# GPU. The check takes BIT_DRAWS draws from BIT_SEED and a change counts if it moves a bit in
+# any of them (the question is which changes *can* move a bit); the changes that keep every sum's
+# terms, their order and their rounding never move one, in any draw.
 BIT_SEED = 20261128
 BIT_DRAWS = 4
 
 
 def _bit_changes_expected(gen=None, rng=None, draws: int = 1) -> set:
     """Which of :data:`CHANGES` change a bit of O on bf16 inputs (fresh unless ``gen`` and
-    ``rng`` are seeded): the book's kernel with its direct launches or its causal split
-    switched off, with 64-key instead of 32-key tiles (what an autotuner may choose between),
-    in each of ``draws`` small draws; and with its exp2 rewrite or its max-first row maximum
-    switched off, on one large draw."""
+    ``rng`` are seeded), against the book's kernel, causal, with 64-query and 32-key tiles:
+    32-query tiles; 64-key tiles; the same heads in a batch of four; the first ``cut`` queries
+    computed from the first ``cut`` keys alone; and, without a mask, keys and values in reverse
+    order (the same attention, mathematically)."""
     import torch
 
-    from ..attention import flash_attention, speedups
+    from ..attention import flash_attention
     from ..timing import on_gpu
 
     gen = gen or ck.fresh_generator()
     rng = rng or ck.fresh_rng()
     device = "cuda" if on_gpu() else "cpu"
-    tiles = dict(block_m=64, block_n=32)
 
-    def run(**switches):
-        with speedups(**switches):
-            return flash_attention(q, k, v, causal=True, **tiles)
+    def run(q, k, v, causal=True, block_m=64, block_n=32):
+        return flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
 
     changed = set()
     for _ in range(draws):
         n, d = int(rng.integers(96, 200)), int(rng.choice([16, 32]))
         q, k, v = (torch.randn(1, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3))
-        tiles = dict(block_m=64, block_n=32)
-        base = run(direct_launch=True, causal_split=True)
+        base = run(q, k, v)
+        batch = [torch.randn(3, 2, n, d, generator=gen).bfloat16().to(device) for _ in range(3)]
+        batch = [torch.cat([b[:1], x, b[1:]]) for b, x in zip(batch, (q, k, v))]
+        cut = n - int(rng.integers(1, 60))
+        prefix = run(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut])
         outputs = {
-            "direct launch": run(direct_launch=False, causal_split=True),
-            "causal split": run(direct_launch=True, causal_split=False),
+            "query tile": run(q, k, v, block_m=32),
+            "key tile": run(q, k, v, block_n=64),
+            "batch neighbours": run(*batch)[1:2],
+            "prefix": torch.cat([prefix, base[:, :, cut:]], dim=2),
         }
-        tiles = dict(block_m=64, block_n=64)
-        outputs["tile shape"] = run(direct_launch=True, causal_split=True)
         changed |= {name for name, out in outputs.items() if not torch.equal(out, base)}
-    # the rewrite moves fp32 values by a few ulps: a bf16 output flips in about one case in
-    # three thousand, so this part uses 65,536 outputs (~20 flips)
-    q, k, v = (torch.randn(1, 4, 256, 64, generator=gen).bfloat16().to(device) for _ in range(3))
-    tiles = dict(block_m=64, block_n=32)
-    if not torch.equal(run(exp2=True), run(exp2=False)):
-        changed.add("exp2")
-    if not torch.equal(run(max_first=True), run(max_first=False)):
-        changed.add("max first")
+        reversed_keys = run(q, k.flip(2), v.flip(2), causal=False)
+        if not torch.equal(reversed_keys, run(q, k, v, causal=False)):
+            changed.add("key order")
     return changed
 
 
@@ -186,11 +190,11 @@ def check_bit_changes(answer) -> None:
     """Exercise ``ch10-bits``: the set of changes (names from :data:`CHANGES`) that can change a bit
     of the kernel's output. The check makes each change on seeded inputs (the same on every run, so
     grading is deterministic) and compares bits."""
-    given = ck.need_names(answer, "changes_bits", CHANGES, '{"exp2"}')
+    given = ck.need_names(answer, "changes_bits", CHANGES, '{"prefix"}')
     want = _seeded_expected()
     if given == want:
         return ck.correct(
-            f"{len(want)} of the {len(CHANGES)} change bits of O on {BIT_DRAWS + 1} draws, "
+            f"{len(want)} of the {len(CHANGES)} change bits of O on {BIT_DRAWS} draws, "
             "the others none"
         )
     if given - want:

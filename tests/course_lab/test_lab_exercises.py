@@ -143,8 +143,9 @@ WRONG = {
     "ex-sources-mirror": [1, 0],
     "ex-sources-midpoint": [_ideal_error_ignoring_pull, lambda va, vb, pull: np.zeros_like(va)],
     "ex-fixes-window": [
-        lambda beta: -math.log1p(-(2.0**-8)) / (beta - 1),  # the wrong neighbour
-        lambda beta: -math.log1p(-(2.0**-9)) / beta,
+        lambda beta: -math.log1p(-(2.0**-9)) / (beta - 1),  # BF16's window, from the chapter
+        lambda beta: -math.log1p(-(2.0**-11)) / (beta - 1),  # the wrong neighbour
+        lambda beta: -math.log1p(-(2.0**-12)) / beta,
     ],
     "ex-fixes-delta": [
         lambda p, d_p: d_p.sum(-1),  # wrong δ: P forgotten
@@ -182,20 +183,20 @@ WRONG = {
         lambda steps, f, c, r: _last_index(f / c > r, steps),
     ],  # the last step
     "ch10-intensity": [
-        lambda n, d, s, fused: n if fused else n * d / (n + d),  # values, not bytes
-        lambda n, d, s, fused: n / s,  # math without the N x N
-        lambda n, d, s, fused: (n if fused else n * d / (n + d)) / (2 * s),
-    ],  # 2·N²·d
+        lambda n, d, s, g: 2 * n * g / (g + 1),  # values, not bytes
+        lambda n, d, s, g: n / s,  # K and V read once per query head
+        lambda n, d, s, g: n * g / ((g + 1) * s),  # 2·N²·d per query head
+    ],
     "ch10-stream": [
         lambda f, host, gpu: f / gpu * 1e-6,  # the host forgotten
         lambda f, host, gpu: f / (host + gpu) * 1e-6,  # CPU waits for the GPU
         lambda f, host, gpu: f / max(host, gpu),
     ],  # FLOP per µs
     "ch10-bits": [
-        {"exp2"},
-        {"tile shape"},
-        {"direct launch", "causal split", "tile shape", "exp2"},
-        {"tile shape", "exp2", "max first"},
+        {"key order"},
+        {"key tile"},
+        {"query tile", "key tile", "key order"},
+        {"key tile", "key order", "prefix"},
         set(),
     ],
 }

@@ -110,6 +110,10 @@ def test_verdicts_and_fates_of_runs_built_to_order(synthetic):
     assert not any(f"{c} s" in text for c in ("xa", "xb", "xc"))
     lines = text.splitlines()
     assert any(line.startswith(table.loc["xa", "changed"]) for line in lines)
+    # the step each run broke the rule at, "—" for the healthy control
+    xb = next(line for line in lines if line.startswith(table.loc["xb", "changed"]))
+    xa = next(line for line in lines if line.startswith(table.loc["xa", "changed"]))
+    assert f"{table.loc['xb', 'broken_at']:,}" in xb and "—" in xa
 
 
 def test_a_control_at_the_limit_runs_away(synthetic):
