@@ -49,6 +49,17 @@ _COLAB_EXTRAS = {
 }
 
 
+NATIVE_BF16_FROM = (8, 0)  # the compute capability from which Triton emits bf16 instructions
+
+
+def path_for(capability) -> str:
+    """The numerics path of a CUDA GPU of this compute capability ((8, 0): an A100; (7, 5): a
+    T4), or of no GPU (None)."""
+    if capability is None:
+        return "cpu-emulation"
+    return "gpu-native" if tuple(capability) >= NATIVE_BF16_FROM else "gpu-explicit"
+
+
 def _cuda_capability():
     """(major, minor) of GPU 0, or None without a usable CUDA device."""
     import torch
@@ -61,7 +72,7 @@ def _cuda_capability():
 def native_bf16() -> bool:
     """True when Triton can compile real bf16 instructions (CUDA sm_80 or newer, no interpreter)."""
     cap = _cuda_capability()
-    return (not interpreting()) and cap is not None and cap >= (8, 0)
+    return (not interpreting()) and path_for(cap) == "gpu-native"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +175,7 @@ def describe() -> Env:
     if interpreting():
         why = f"{name} present but TRITON_INTERPRET=1 was set: interpreter with explicit rounding"
         return Env("cpu-emulation", "cpu", name, cap, in_colab(), in_ci(), 0, why)
-    if cap >= (8, 0):
+    if path_for(cap) == "gpu-native":
         why = f"{name} is sm_{cap[0]}{cap[1]} (>= sm_80): real bf16 instructions, full sizes"
         return Env("gpu-native", "cuda", name, cap, in_colab(), in_ci(), 0, why)
     why = (

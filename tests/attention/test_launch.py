@@ -449,6 +449,30 @@ def test_the_stored_picks_serve_every_gpu_of_their_architecture(monkeypatch, tmp
     assert tuning.record_capability(dict(gpu="Tesla T4")) is None
 
 
+def test_routes_say_what_each_gpu_gets_by_the_launchers_own_rules(monkeypatch, tmp_path):
+    """``routes`` (chapter 10's table for Colab's GPUs) answers with the rules the launch uses:
+    bf16 instructions from sm_80, TMA from sm_90, the stored picks where ``stored_table`` would
+    serve them, and nothing stored where no file is."""
+    from kernels.attention.launcher import routes
+    from kernels.env import path_for
+
+    stored = tmp_path / "perf_tuning.json"
+    monkeypatch.setattr(tuning, "RESULTS_DIR", tmp_path)
+    major = random.choice([8, 9, 10])
+    provenance = dict(gpu="GPU X", capability=f"{major}.0")
+    stored.write_text(json.dumps(dict(provenance=provenance, data=dict(entries=[]))))
+    for cap in ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0)):
+        got = routes(cap)
+        native = "gpu-native" if cap >= (8, 0) else "gpu-explicit"
+        assert got["numerics"] == path_for(cap) == native
+        assert got["tma"] == (cap[0] >= 9)
+        assert got["stored_picks"] == (cap == (major, 0)) and got["picks_from"] == "GPU X"
+    stored.unlink()
+    nothing_stored = dict(numerics="gpu-native", tma=True, stored_picks=False, picks_from=None)
+    assert routes((9, 0)) == nothing_stored
+    assert path_for(None) == "cpu-emulation"
+
+
 def test_stored_picks_need_the_same_choices():
     """A stored pick names its autotuner's choices: the wide and the narrow lists differ."""
     from kernels.attention import flash_bwd, flash_fwd

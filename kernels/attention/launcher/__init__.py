@@ -10,6 +10,7 @@ fast.
 * :mod:`.plans`     :class:`Launcher` and its plans, tile sizes, compiling several launches at once
   or ahead in the background
 * :mod:`.tuning`    parallel compiles and the stored autotuning picks
+* :func:`routes`    what a GPU of a given compute capability gets (an A100, a T4: Colab's)
 
 Code outside :mod:`kernels.attention` uses the names :mod:`kernels.attention` exports.
 """
@@ -31,6 +32,7 @@ from .plans import (
 )
 from .switches import (
     OFF_VARIABLE,
+    TMA_FROM,
     TMA_MIN_HEAD_DIM,
     Speedups,
     base_two,
@@ -41,7 +43,26 @@ from .switches import (
     tma_usable,
     tune_every_bucket,
 )
-from .tuning import stored_table
+from .tuning import serves, stored_record, stored_table
+
+
+def routes(capability: tuple) -> dict:
+    """What the book's kernels do on a CUDA GPU of this compute capability ((9, 0): an H100 or
+    H200; (8, 0): an A100; (7, 5): a T4), by the rules the launcher applies: the numerics path
+    (:func:`kernels.env.path_for`), whether the forward may read K and V through TMA (at head
+    dim >= :data:`TMA_MIN_HEAD_DIM`), and whether the stored autotuning picks serve it (else
+    every new family tunes on its first call) and which GPU they were measured on."""
+    from ...env import path_for
+
+    record = stored_record()
+    provenance = record.get("provenance", {}) if record else {}
+    return {
+        "numerics": path_for(capability),
+        "tma": tuple(capability) >= TMA_FROM,
+        "stored_picks": bool(record) and serves(provenance, capability),
+        "picks_from": provenance.get("gpu"),
+    }
+
 
 __all__ = [
     "Launch",
@@ -68,4 +89,6 @@ __all__ = [
     "tma_usable",
     "tune_every_bucket",
     "stored_table",
+    "routes",
+    "TMA_FROM",
 ]

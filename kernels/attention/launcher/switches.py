@@ -23,6 +23,7 @@ from ...interpreter import interpreting
 
 OFF_VARIABLE = "LPFA_OFF"
 TMA_MIN_HEAD_DIM = 128  # descriptors below this head dim only with "tma_narrow"
+TMA_FROM = (9, 0)  # the compute capability with the tensor-memory accelerator (Hopper)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +217,7 @@ def tma_usable(*tensors) -> bool:
         return False
     device = tensors[0].device
     if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] < 9:
+        if tuple(torch.cuda.get_device_capability(device)) < TMA_FROM:
             return False
     elif not interpreting():
         return False

@@ -120,27 +120,35 @@ def record_capability(provenance: dict) -> tuple[int, int] | None:
     return next((cap for model, cap in KNOWN_CAPABILITIES.items() if model in name), None)
 
 
+def stored_record() -> dict | None:
+    """The stored benchmark's record (``results/perf_tuning.json``), None where there is none."""
+    try:
+        with open(RESULTS_DIR / f"{STORED_TUNING}.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):  # no stored benchmark here (or not readable)
+        return None
+
+
+def serves(provenance: dict, capability: tuple, gpu: str | None = None) -> bool:
+    """Whether picks measured on the GPU of ``provenance`` serve a GPU of this compute
+    capability (named ``gpu``): the same model, or the same architecture (an H100's picks
+    serve an H200 and back, whose SMs are the same)."""
+    same_model = gpu is not None and provenance.get("gpu") == gpu
+    return same_model or record_capability(provenance) == tuple(capability)
+
+
 def stored_table(device) -> dict:
-    """The stored benchmark's picks (``results/perf_tuning.json``) as {family: [(lengths,
-    triton.Config)]}, if that benchmark ran on a GPU of the same architecture as ``device``
-    (the same compute capability: an H100's picks serve an H200 and back, whose SMs are the
-    same); else (an A100 or a T4, the CPU, no stored file) empty, and the launcher tunes."""
+    """The stored benchmark's picks as {family: [(lengths, triton.Config)]} if they serve
+    ``device`` (:func:`serves`); else (an A100 or a T4, the CPU, no stored file) empty, and the
+    launcher tunes."""
     if device is None or device.type != "cuda":
         return {}
     gpu = torch.cuda.get_device_name(device)
     if gpu not in _STORED:
-        try:
-            with open(RESULTS_DIR / f"{STORED_TUNING}.json") as f:
-                record = json.load(f)
-        except (OSError, ValueError):  # no stored benchmark here (or not readable)
-            record = None
-        _STORED[gpu] = {}
-        if record is not None:
-            measured_on = record.get("provenance", {})
-            same_model = measured_on.get("gpu") == gpu
-            here = tuple(torch.cuda.get_device_capability(device))
-            if same_model or record_capability(measured_on) == here:
-                _STORED[gpu] = table_of(record["data"]["entries"])
+        record = stored_record()
+        here = tuple(torch.cuda.get_device_capability(device))
+        fits = record is not None and serves(record.get("provenance", {}), here, gpu)
+        _STORED[gpu] = table_of(record["data"]["entries"]) if fits else {}
     return _STORED[gpu]
 
 
