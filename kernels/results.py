@@ -152,7 +152,7 @@ def describe(record: dict, prefix: str = "", width: int = 80) -> str:
     import textwrap
 
     p = record["provenance"]
-    where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU, no GPU involved,"
+    where = f"measured on {p['gpu']}" if p.get("gpu") else "computed on a CPU without a GPU"
     # where the measuring machine wrote its files (``--out /root/out``) is not the reader's business
     command = current_command(re.sub(r"\s--out(?:-dir)?[= ]\S+", "", p["command"]))
     command = command.replace(" ", "\0")  # a command is never split across lines

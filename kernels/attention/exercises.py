@@ -4,7 +4,7 @@
 * ``ch3-bytes`` :func:`check_peak_bytes`: predict naive attention's peak memory
 * ``ch3-causal-tiles`` :func:`check_key_tiles`: how many key tiles a causal query tile visits
 * ``ch4-dk`` :func:`check_dk_gap`: the analogue of Eq. (1) for dK
-* ``ch4-which`` :func:`check_changed`: which gradients change when only δ changes
+* ``ch4-which`` :func:`check_changed`: which gradients change when only V changes
 """
 
 from __future__ import annotations
@@ -240,31 +240,33 @@ def check_dk_gap(fn, thorough: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise ``ch4-which``: Which gradients does δ touch?
+# Exercise ``ch4-which``: Which gradients does V touch?
 # ----------------------------------------------------------------------------------------------
 GRADIENTS = ("dQ", "dK", "dV")
 
 
 def _changed_expected(gen=None) -> set[str]:
-    """Run the book's backward kernels twice on fresh inputs, once with O in fp32 and once with
-    the same O rounded to bf16 (only δ differs), and name the gradients that differ."""
+    """Run the book's forward and backward kernels twice on fresh inputs that differ only in V
+    (the same Q, K and dO) and name the gradients that differ."""
     gen = gen or ck.fresh_generator()
     device = _device()
-    q, k, v, d_out = (torch.randn(1, 2, 32, 16, generator=gen).to(device) for _ in range(4))
-    hp = backward_pass(q, k, v, d_out, causal=True)
-    lp = backward_pass(q, k, v, d_out, causal=True, out=hp.out.bfloat16().float(), lse=hp.lse)
-    runs = {"dQ": (hp.dq, lp.dq), "dK": (hp.dk, lp.dk), "dV": (hp.dv, lp.dv)}
+    q, k, v, other_v, d_out = (
+        torch.randn(1, 2, 32, 16, generator=gen).to(device) for _ in range(5)
+    )
+    first = backward_pass(q, k, v, d_out, causal=True)
+    second = backward_pass(q, k, other_v, d_out, causal=True)
+    runs = {"dQ": (first.dq, second.dq), "dK": (first.dk, second.dk), "dV": (first.dv, second.dv)}
     return {name for name, (a, b) in runs.items() if not torch.equal(a, b)}
 
 
 def check_changed(answer) -> None:
     """Exercise ``ch4-which``: the set of gradients (names from ``"dQ"``, ``"dK"``, ``"dV"``) that
-    change when only δ changes. The check runs the kernels twice on fresh inputs and compares
+    change when only V changes. The check runs the kernels twice on fresh inputs and compares
     bits."""
     given = ck.need_names(answer, "changed", GRADIENTS, '{"dQ"}')
     want = _changed_expected()
     if given == want:
         return ck.correct("exactly the gradients that change (fresh inputs, compared bit by bit)")
     if given - want:
-        ck.fail("a gradient in your set does not change: does its formula contain dS?")
-    ck.fail("a gradient that changes is missing: which gradients are computed from dS?")
+        ck.fail("a gradient in your set does not change: which inputs does its formula read?")
+    ck.fail("a gradient that changes is missing: which formulas read V, directly or not?")

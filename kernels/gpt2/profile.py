@@ -26,6 +26,19 @@ from pathlib import Path
 from .plans import plan
 
 PLAN = "bf16_real"
+STORED_LOG = "gpt2_step_profile_log.txt"  # results/: what the first run printed, header first
+
+
+def stored_profile(directory=None) -> tuple[str, dict]:
+    """The stored profile of one op-by-op step (``results/gpt2_step_profile_log.txt``): the
+    GPU, versions and date from its header line, and the profiler's numbers (wall and GPU
+    kernel milliseconds per step, kernel launches per step)."""
+    from ..results import RESULTS_DIR
+
+    lines = (Path(directory or RESULTS_DIR) / STORED_LOG).read_text().splitlines()
+    where = lines[0].split(" on ", 1)[1].rstrip(".")
+    numbers = next(json.loads(line) for line in lines if line.startswith("{"))
+    return where, numbers
 
 
 def trainer_for(

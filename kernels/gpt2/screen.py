@@ -88,6 +88,16 @@ def rule_broken_at(run: dict) -> int | None:
     return int(steps[np.argmax(broken)]) if broken.any() else None
 
 
+def print_reference_breaks(reference: dict) -> None:
+    """When the testbed's controls broke the rule over their whole stored runs, seed by seed
+    (the table cuts them to the screen's steps)."""
+    for seed in REFERENCE_SEEDS:
+        step, run = rule_broken_at(reference["F", seed]), reference["F", seed]
+        when = f"at step {step:,}" if step is not None else "never"
+        done = run["summary"]["steps_done"]
+        print(f"the testbed's control, seed {seed[1:]}, {done:,} steps: broke the rule {when}")
+
+
 def fate(run: dict) -> dict:
     """How the failing path ended: ``exploded`` (the step of its loss explosion or first NaN,
     None if neither), its largest |S| and last largest-head ‖W_Q‖₂, and ``words``: 'exploded

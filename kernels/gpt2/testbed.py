@@ -115,8 +115,7 @@ def testbed_runs(directory=None) -> dict:
 
 
 def ending(run: dict) -> tuple[int, bool]:
-    """(last step, exploded?): the step of the loss explosion or first NaN if there was one,
-    else the last step trained (a censored run)."""
+    """(last step, exploded?): the explosion's or first NaN's step, else the last (censored)."""
     ended = outcome(run)
     if ended["step"] is not None:
         return int(ended["step"]), True
@@ -295,14 +294,15 @@ def plot_head_norms(fig, runs: dict, arms: str = "WVAF", seed: str = "s1"):
 
 
 def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
-    """One line per arm with a stored run: from which step layer 0's largest |S| reached
-    :data:`LIMIT`, over how many runs (from :func:`testbed_numbers`)."""
+    """Per arm: from which step layer 0's largest |S| reached :data:`LIMIT`, in how many runs."""
     for arm in arms:
         if not numbers[f"g7_tb_{arm}_reached"]:
             if numbers[f"g7_tb_{arm}_runs"]:
                 all_boom = numbers[f"g7_tb_{arm}_boom"] == numbers[f"g7_tb_{arm}_seeds"]
                 until = "until its loss exploded" if all_boom else "throughout"
-                print(f"{ARM_WORDS[arm]:22s} layer 0's |S| < {LIMIT:.0f} {until}")
+                top = numbers.get(f"g7_tb_{arm}_logit")  # its largest, where computed
+                bound = f"at most {top:.1f}" if top else f"< {LIMIT:.0f}"
+                print(f"{ARM_WORDS[arm]:22s} layer 0's |S| {bound} {until}")
             continue
         lo, hi = numbers[f"g7_tb_{arm}_begin_lo"], numbers[f"g7_tb_{arm}_begin_hi"]
         reached, count = numbers[f"g7_tb_{arm}_reached"], numbers[f"g7_tb_{arm}_runs"]

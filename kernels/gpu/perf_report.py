@@ -327,7 +327,7 @@ def print_tma(summary: list, compared: list | None = None) -> None:
     with ``compared`` (:func:`tma_against_speed`) the speed matrix's shares beside them."""
     lines = [
         "book ÷ cuDNN, bf16, causal (forward as read by default); descriptors against pointers",
-        "run A: call_cost.json" + ("; run B: perf_speed.json" if compared else ""),
+        "run A: this section's run" + ("; run B: section 5's speed matrix" if compared else ""),
         f"{'':21s}{'TMA vs ptr':>12s}{'A fwd':>9s}{'A f+b':>8s}"
         + (f"{'B fwd':>11s}{'B f+b':>8s}" if compared else ""),
     ]

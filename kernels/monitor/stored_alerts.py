@@ -154,7 +154,7 @@ def _group(row) -> str:
     if row.kind == "runaway control":
         return "runaway controls, long" if row.long else "runaway controls"
     if row.kind == "FA2 kernel":
-        return f"FA2 kernel (W), {gone}"
+        return f"FA2 kernel, {gone}"
     if row.kind in OTHER_GROUPS:
         return OTHER_GROUPS[row.kind]
     if row.kind in ("failing path", "fix"):
@@ -163,9 +163,9 @@ def _group(row) -> str:
 
 
 OTHER_GROUPS = {
-    "FA2 kernel's control": "FA2 control (V)",
-    "SDPA": "SDPA (A)",
-    "perturbed control": "δ bias or noise (B, N)",
+    "FA2 kernel's control": "FA2 kernel's control",
+    "SDPA": "SDPA flash",
+    "perturbed control": "control, δ biased or noised",
     "check": "DDP checks",
 }
 
@@ -173,7 +173,7 @@ OTHER_GROUPS = {
 def _group_rank(group: str) -> tuple:
     """Where a group's row goes: failing paths, fixes and F controls first, then the other
     variants, the checks last."""
-    order = ["failing paths", "fixes", "healthy controls", "runaway controls", "FA2 kernel (W)"]
+    order = ["failing paths", "fixes", "healthy controls", "runaway controls", "FA2 kernel"]
     order += [*OTHER_GROUPS.values(), "other"]
     first = next((i for i, name in enumerate(order) if group.startswith(name)), len(order))
     return first, group
@@ -270,6 +270,26 @@ def _first_alerts(table) -> dict:
     return out
 
 
+def print_first_alerts(numbers: dict) -> None:
+    """The first alerts the prose gives as ranges (least–most) and the largest |S| over its own
+    early level, from :func:`alert_numbers`."""
+    rows = {
+        "the screen's runaway controls": "m9_all_runaway",
+        "long real-BF16 controls": "m9_all_long_real",
+        "the second testbed's long controls": "m9_all_long_tb",
+        "FA2 kernel, departed": "m9_all_w",
+    }
+    print("first alert, least–most:")
+    for label, key in rows.items():
+        lo, hi = numbers[f"{key}_first_lo"], numbers[f"{key}_first_hi"]
+        if lo is not None:
+            print(f"  {label:36s}{lo:>7,}–{hi:,}")
+    print(
+        f"largest |S| ÷ own early level: long runaway controls {numbers['m9_all_growth_long']:.0f}"
+        f" or more, healthy controls at most {numbers['m9_all_growth_healthy']:.1f}"
+    )
+
+
 def alert_numbers(table) -> dict:
     """The numbers chapter 9's prose glues from :func:`alert_table`: the failing runs that
     departed (``m9_all_failing``) and how many were flagged first, with the median and
@@ -313,15 +333,15 @@ def alert_numbers(table) -> dict:
 
 def _other_numbers(groups: dict, table) -> dict:
     """The rows of the runs that are neither failing paths, fixes nor F controls, for the
-    prose: the FA2 kernel's runs (W) that departed, how many alerted, their first alert and
-    least lead; the SDPA and FA2-control runs (A, V) and the perturbed controls (B, N), how
+    prose: the FA2 kernel's runs that departed, how many alerted, their first alert and
+    least lead; the SDPA flash and FA2-control runs and the perturbed controls, how
     many and how many alerted, and the first alert of the latter. A group with no stored
     run gives 0 runs and None for its steps."""
-    w = groups.get("FA2 kernel (W), departed", {})
+    w = groups.get("FA2 kernel, departed", {})
     w_rows = table[(table.kind == "FA2 kernel") & table.departed.notna()]
     w_first = [int(step) for step in w_rows.first_alert.dropna()]
-    av = [groups[g] for g in ("SDPA (A)", "FA2 control (V)") if g in groups]
-    bn = groups.get("δ bias or noise (B, N)", {})
+    av = [groups[g] for g in ("SDPA flash", "FA2 kernel's control") if g in groups]
+    bn = groups.get("control, δ biased or noised", {})
     return {
         "m9_all_w": w.get("runs", 0),
         "m9_all_w_alerted": w.get("alerted", 0),

@@ -404,10 +404,20 @@ def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:
     return out
 
 
+IMPL_WORDS = {  # the lab's implementation names as a table's column heads
+    "fa2/off": "FA2, no fix",
+    "fa2/tile": "β rule per tile",
+    "fa2/cross": "β rule across tiles",
+}
+
+
 def print_compare(table: dict) -> None:
     """Print :func:`compare_settings`' result as a table: one row per setting, one column per
-    implementation, each cell the mean error ± its 95% interval, starred when biased."""
+    implementation (headed in words, :data:`IMPL_WORDS`), each cell the mean error ± its 95%
+    interval, starred when biased."""
     impls = list(dict.fromkeys(impl for row in table.values() for impl in row))
+    heads = {impl: IMPL_WORDS.get(impl, impl) for impl in impls}
+    cols = {impl: max(17, len(heads[impl]) + 2) for impl in impls}
     width = max(len(name) for name in table) + 2
 
     def cell(st):
@@ -418,11 +428,11 @@ def print_compare(table: dict) -> None:
         f"mean error of O [ulp] ± 95% interval; * biased (|mean| beyond the interval and "
         f"≥ {NEGLIGIBLE_ULP:g})"
     )
-    print(" " * width + "".join(f"{impl:>17s}" for impl in impls))
+    print(" " * width + "".join(f"{heads[i]:>{cols[i]}s}" for i in impls))
     for name, row in table.items():
         print(
             f"{name:{width}s}"
-            + "".join(f"{cell(row[i]):>17s}" if i in row else " " * 17 for i in impls)
+            + "".join(f"{cell(row[i]):>{cols[i]}s}" if i in row else " " * cols[i] for i in impls)
         )
 
 

@@ -236,3 +236,17 @@ def test_page_numbers_hold_every_name_the_appendix_prose_glues(stored):
     numbers = screen.page_numbers(table, report.load_search("screen"), reference)
     assert used and used <= set(numbers), sorted(used - set(numbers))
     assert all(isinstance(v, (int, float)) for v in numbers.values())
+
+
+def test_stored_profile_reads_the_header_and_the_profilers_numbers(tmp_path):
+    from kernels.gpt2.profile import STORED_LOG, stored_profile
+
+    launches = float(np.random.default_rng().integers(100, 2000))
+    (tmp_path / STORED_LOG).write_text(
+        "# python -m kernels.gpt2.profile on one GPU X (torch 9, triton 9), 2026-01-01.\n"
+        "U alone: 40.6 steps/s\n"
+        f'{{"wall_ms_per_step": 77.0, "launches_per_step": {launches}}}\n'
+    )
+    where, numbers = stored_profile(tmp_path)
+    assert where == "one GPU X (torch 9, triton 9), 2026-01-01"
+    assert numbers["launches_per_step"] == launches

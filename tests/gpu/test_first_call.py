@@ -342,7 +342,7 @@ def test_tma_rows_beside_the_speed_matrix(capsys):
     perf_report.print_tma(summary, compared)
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 3 + len(summary) and max(map(len, printed)) <= 88
-    assert "perf_speed.json" in printed[1]
+    assert "run B: section 5's speed matrix" in printed[1]
     assert printed[-1].split()[-2:] == [f"{compared[-1][k]:.2f}" for k in ("speed_fwd", "speed_fb")]
     fig = perf_figures.plot_tma(rows, compared=compared)
     crosses = [line for line in fig.axes[0].get_lines() if line.get_marker() == "x"]

@@ -80,9 +80,9 @@ def test_the_other_variants_are_each_a_kind_and_a_row_of_their_own():
     groups = [g["group"] for g in alert_summary(alert_table(runs))]
     assert groups == [
         "failing paths, departed",
-        "FA2 kernel (W), departed",
-        "SDPA (A)",
-        "δ bias or noise (B, N)",
+        "FA2 kernel, departed",
+        "SDPA flash",
+        "control, δ biased or noised",
         "DDP checks",
     ]
     w = alert_summary(alert_table(runs))[1]
