@@ -193,10 +193,7 @@ def check_bit_changes(answer) -> None:
     given = ck.need_names(answer, "changes_bits", CHANGES, '{"prefix"}')
     want = _seeded_expected()
     if given == want:
-        return ck.correct(
-            f"{len(want)} of the {len(CHANGES)} change bits of O on {BIT_DRAWS} draws, "
-            "the others none"
-        )
+        return ck.correct(f"the changes that move bits of O, compared on {BIT_DRAWS} draws")
     if given - want:
         ck.fail(
             "a change in your set leaves every bit of O as it was: does it change which "
