@@ -37,6 +37,7 @@ from .launcher import (
     n_bucket,
     off_in_children,
     plans_made,
+    routes,
     speedups,
     stored_table,
     tma_usable,
@@ -67,4 +68,5 @@ __all__ = [
     "plans_made",
     "tuned_entries",
     "stored_table",
+    "routes",
 ]

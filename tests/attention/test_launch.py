@@ -453,7 +453,7 @@ def test_routes_say_what_each_gpu_gets_by_the_launchers_own_rules(monkeypatch, t
     """``routes`` (chapter 10's table for Colab's GPUs) answers with the rules the launch uses:
     bf16 instructions from sm_80, TMA from sm_90, the stored picks where ``stored_table`` would
     serve them, and nothing stored where no file is."""
-    from kernels.attention.launcher import routes
+    from kernels.attention import routes
     from kernels.env import path_for
 
     stored = tmp_path / "perf_tuning.json"
