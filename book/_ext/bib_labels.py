@@ -39,7 +39,8 @@ class Style(AlphaStyle):
     def format_web_refs(self, e):
         """The alpha style's links, then an entry's ``code`` field as a link ("Code: URL.")."""
         url = field("code", raw=True)
-        return join(sep=" ")[super().format_web_refs(e), optional[sentence[words["Code:", href[url][url]]]]]
+        code = optional[sentence[words["Code:", href[url][url]]]]
+        return join(sep=" ")[super().format_web_refs(e), code]
 
 
 def setup(app):

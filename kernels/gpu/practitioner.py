@@ -299,6 +299,23 @@ def step_numbers(rows: list, prefix: str = "c10_step") -> dict:
     return numbers
 
 
+def print_drift(rows: list, earlier: list, before_fix: list) -> dict:
+    """Print how the compiled ratios stood before the padding fix and how far the earlier
+    sitting of the same settings moved (:func:`sdpa_drift`, :func:`ratio_drift`); return those
+    numbers under chapter 10's glue names (``c10_before_*``, ``c10_sdpa_drift`` in percent,
+    ``c10_ratio_drift``)."""
+    numbers = step_numbers(before_fix, prefix="c10_before")
+    numbers["c10_sdpa_drift"] = 100 * sdpa_drift(rows, earlier)
+    numbers["c10_ratio_drift"] = ratio_drift(rows, earlier)
+    lo, hi = numbers["c10_before_compiled_lo"], numbers["c10_before_compiled_hi"]
+    print(f"compiled, before the fix: {lo:.2f}–{hi:.2f} of SDPA's pace")
+    print(
+        f"from the earlier sitting to this one SDPA's rate moved by up to "
+        f"{numbers['c10_sdpa_drift']:.0f} %,\nthe ratio by up to {numbers['c10_ratio_drift']:.2f}"
+    )
+    return numbers
+
+
 def _setting(row: dict) -> tuple:
     """A row's loop, model and mode: what two records must share to be compared."""
     return loop_of(row), row["model"], row["mode"]

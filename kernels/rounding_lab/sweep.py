@@ -15,6 +15,7 @@ from ..attention.options import AttentionOptions
 from ..numerics.rounding import error_in_ulps, round_to_dtype, ulp_in_dtype
 from ..numerics.stats import NEGLIGIBLE_ULP, bias_summary, is_biased
 from .cases import Built, Case, build, reference, residual_in_ulps, small_lab_case
+from .fixes import FIXES
 from .implementations import measure, run_case
 
 # ----------------------------------------------------------------------------------------------
@@ -404,10 +405,10 @@ def compare_settings(settings: dict, impls, seed=0, **run_kw) -> dict:
     return out
 
 
-IMPL_WORDS = {  # the lab's implementation names as a table's column heads
-    "fa2/off": "FA2, no fix",
-    "fa2/tile": "β rule per tile",
-    "fa2/cross": "β rule across tiles",
+IMPL_WORDS = {  # the lab's implementation names as a table's column heads: the fixes' labels
+    "fa2/off": FIXES["none"].label,
+    "fa2/tile": FIXES["beta_tile"].label,
+    "fa2/cross": FIXES["beta_cross"].label,
 }
 
 

@@ -209,6 +209,16 @@ def run_plain(path, skip_widget_cells: bool | None = None) -> float:
     return time.time() - start
 
 
+def source_before(notebook: Path, cell_id: str) -> str:
+    """The source of every cell of ``notebook`` before the cell ``cell_id`` (which must exist),
+    one text: what a reader has seen when they reach that cell."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    ids = [cell.get("id") for cell in cells]
+    if cell_id not in ids:
+        raise KeyError(f"{notebook} has no cell {cell_id!r}")
+    return "\n".join("".join(cell["source"]) for cell in cells[: ids.index(cell_id)])
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "check"
     if command == "run":
@@ -220,13 +230,3 @@ if __name__ == "__main__":
     bad = problems()
     print("\n".join(bad) if bad else "setup cells and README table are in sync with _config.yml")
     sys.exit(1 if bad else 0)
-
-
-def source_before(notebook: Path, cell_id: str) -> str:
-    """The source of every cell of ``notebook`` before the cell ``cell_id`` (which must exist),
-    one text: what a reader has seen when they reach that cell."""
-    cells = json.loads(Path(notebook).read_text())["cells"]
-    ids = [cell.get("id") for cell in cells]
-    if cell_id not in ids:
-        raise KeyError(f"{notebook} has no cell {cell_id!r}")
-    return "\n".join("".join(cell["source"]) for cell in cells[: ids.index(cell_id)])

@@ -169,3 +169,26 @@ def test_ratio_drift_and_the_target_count_read_the_books_rows():
         practitioner.ratio_drift(rows[2:], earlier)
     met, count = practitioner.target_count(rows, target=float(np.median(ratios)))
     assert count == 2 and met == sum(r["ratio_to_sdpa"] >= np.median(ratios) for r in rows[:2])
+
+
+def test_print_drift_prints_and_returns_the_glued_numbers(capsys):
+    rng = np.random.default_rng()
+    speeds, ratios = rng.uniform(10, 90, size=2), rng.uniform(0.3, 1.5, size=4)
+    setting = {"model": "m", "mode": "eager"}
+    earlier = [
+        dict(setting, implementation="sdpa", steps_per_s=float(speeds[0])),
+        dict(setting, implementation="book", ratio_to_sdpa=float(ratios[0])),
+    ]
+    rows = [dict(earlier[0], steps_per_s=float(speeds[1])),
+            dict(earlier[1], ratio_to_sdpa=float(ratios[1]))]  # fmt: skip
+    before = [{"model": "m", "mode": mode, "implementation": "book", "ratio_to_sdpa": float(r)}
+              for mode, r in zip(("eager", "eager", "compiled", "compiled"), ratios)]  # fmt: skip
+    numbers = practitioner.print_drift(rows, earlier, before)
+    assert numbers["c10_sdpa_drift"] == pytest.approx(100 * abs(speeds[1] / speeds[0] - 1))
+    assert numbers["c10_ratio_drift"] == pytest.approx(abs(ratios[1] - ratios[0]))
+    lo, hi = sorted(ratios[2:])
+    assert (numbers["c10_before_compiled_lo"], numbers["c10_before_compiled_hi"]) == (lo, hi)
+    printed = capsys.readouterr().out
+    assert f"{lo:.2f}–{hi:.2f} of SDPA's pace" in printed
+    assert f"{numbers['c10_sdpa_drift']:.0f} %" in printed
+    assert max(map(len, printed.splitlines())) <= 88
