@@ -21,7 +21,11 @@ Both are *host overhead on this machine's CPU*: CPU figures, never GPU ones (and
 allocator, not CUDA's caching one). What a whole call costs on a GPU, including the driver
 call, is measured by ``python -m kernels.gpu.perf``.
 
-``python -m kernels.gpu.host_cost`` prints both tables.
+``python -m kernels.gpu.host_cost`` prints both tables. On a GPU machine,
+``python -m kernels.gpu.host_cost --gpu`` measures instead what one eager forward + backward at
+GPT-2's shape costs the host there, for the book's kernel, SDPA flash and cuDNN, beside *torch's
+floor*: an autograd function that launches nothing, through the same ``torch.autograd.grad``
+round trip (:func:`gpu_floor`, stored as ``results/host_floor.json``).
 """
 
 from __future__ import annotations
@@ -146,6 +150,89 @@ def _identity_function():
     return Identity
 
 
+def _nothing_function():
+    import torch
+
+    class Nothing(torch.autograd.Function):
+        """An autograd function that allocates nothing and launches nothing: what the
+        round trip through torch's autograd engine costs by itself."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.new_empty(())
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None, None, None
+
+    return Nothing
+
+
+GPT2_SHAPE = (8, 12, 1024, 64)  # (B, H, N, D): GPT-2 small's attention, one batch of 8
+GPU_COMMAND = "python -m kernels.gpu.host_cost --gpu"
+
+
+def _host_us(fns: dict, calls, repeats) -> dict:
+    """{name: host µs to issue one call}, the best of ``repeats`` runs of ``calls`` calls,
+    the functions taking turns run by run (so a slow spell of the machine hits them alike);
+    the GPU is synchronised between runs, outside the timing, so no backlog blocks the host."""
+    import time
+
+    import torch
+
+    for fn in fns.values():
+        for _ in range(5):
+            fn()  # compile, autotune, plans
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def gpu_floor(shape=GPT2_SHAPE, calls=200, repeats=15, rounds=3) -> dict:
+    """On a CUDA GPU, host µs per eager forward + backward (``torch.autograd.grad``, bf16,
+    causal) at ``shape``: the book's kernel, SDPA flash and cuDNN, and torch's floor, two
+    autograd functions that launch no kernel (one allocates what attention allocates).
+    ``host_us`` holds one value per round (a shared machine's host times move by a fifth and
+    more from round to round: read the spread, not one number)."""
+    import torch
+
+    from .. import timing
+    from ..attention.registry import label, runner
+
+    q, k, v, grad = timing.inputs(shape, torch.bfloat16, "cuda")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    identity, nothing = _identity_function(), _nothing_function()
+
+    def round_trip(fn, gradient):
+        def call():
+            out = fn.apply(*leaves)
+            torch.autograd.grad(out, leaves, gradient(out), allow_unused=True)
+
+        return call
+
+    rows = {
+        "autograd alone, nothing allocated": round_trip(nothing, torch.ones_like),
+        "autograd alone, outputs allocated": round_trip(identity, lambda out: grad),
+    }
+    for impl in ("triton", "sdpa-flash", "sdpa-cudnn"):
+        rows[label(impl)] = timing.step(runner(impl, causal=True), q, k, v, grad, "fwd+bwd")
+    per_round = [_host_us(rows, calls, repeats) for _ in range(rounds)]
+    return dict(
+        shape=list(shape),
+        what="host µs to issue one eager forward + backward (torch.autograd.grad), bf16, "
+        f"causal; per round, the best of {repeats} runs of {calls} calls, no synchronisation "
+        "inside a run",
+        host_us={name: [r[name] for r in per_round] for name in rows},
+    )
+
+
 def _measure(mode, shape, causal, calls, repeats, options, switches=None) -> dict:
     import torch
 
@@ -239,6 +326,17 @@ def table(rows: dict, title: str) -> str:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--gpu"]:
+        from .. import results
+        from ..timing import on_gpu
+
+        if not on_gpu():
+            raise SystemExit("--gpu measures on a CUDA GPU; without one, run without --gpu")
+        data = gpu_floor()
+        for name, us in data["host_us"].items():
+            print(f"  {name:36s}" + "  ".join(f"{u:6.1f}" for u in us) + " µs")
+        print("saved", results.save("host_floor", data, GPU_COMMAND, argv[1] if argv[1:] else None))
+        return
     if argv[:1] == ["--child"]:
         from ..interpreter import configure_triton
 

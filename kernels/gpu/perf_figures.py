@@ -277,3 +277,25 @@ def plot_tma(rows, target=0.8, compared=None):
     ax.grid(axis="y", color="0.9")
     fig.legend(loc="outside lower center", ncol=2 if compared else 3, fontsize=9)
     return fig
+
+
+def plot_host_floor(host_us: dict):
+    """Host µs per eager forward + backward (``host_floor.json``'s ``host_us``): a bar at each
+    row's median, a dot for each round, the floor rows (autograd alone) in grey."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.0), layout="constrained")
+    names = list(host_us)
+    for y, name in enumerate(names):
+        floor = name.startswith("autograd alone")
+        ax.barh(y, np.median(host_us[name]), 0.6, color="0.7" if floor else "tab:orange")
+        ax.scatter(host_us[name], [y] * len(host_us[name]), s=14, color="black", zorder=3)
+        ax.text(max(host_us[name]) + 6, y, f"{np.median(host_us[name]):.0f}", va="center",
+                fontsize=9)  # fmt: skip
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(us) for us in host_us.values()))
+    ax.set_xlabel(
+        "host µs per eager forward + backward\n(bar: median of the rounds; dots: each round)"
+    )
+    return fig

@@ -9,6 +9,8 @@ e.g. from ``--small``) as a GPU measurement. The implementations' labels come fr
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import results
 from ..attention import TMA_MIN_HEAD_DIM
 from ..attention.registry import group, label
@@ -327,4 +329,35 @@ def tma_numbers(tma: list) -> dict:
         "c10_tma_narrow_hi": -min(narrow),
         "c10_tma_wide_lo": min(wide),
         "c10_tma_wide_hi": max(wide),
+    }
+
+
+FLOOR_ROWS = ("autograd alone, nothing allocated", "autograd alone, outputs allocated")
+
+
+def host_floor_record(directory=None) -> dict:
+    """``host_floor.json`` (``python -m kernels.gpu.host_cost --gpu``): host µs per eager
+    forward + backward of each implementation and of autograd alone. Raises if it was not
+    made on a GPU."""
+    record = results.load("host_floor", directory=directory)
+    if not is_gpu_record(record):
+        raise ValueError("results/host_floor.json holds no GPU measurement")
+    return record
+
+
+def host_floor_numbers(host_us: dict, book: str, flash: str) -> dict:
+    """Chapter 10's numbers on the floor of an eager call, by glue name, from the record's
+    ``host_us`` (one value per round; the medians are compared). Raises if the record no
+    longer says what the prose says (no implementation is issued faster than the floor)."""
+    median = {name: float(np.median(us)) for name, us in host_us.items()}
+    floor = [u for name in FLOOR_ROWS for u in host_us[name]]
+    kernels = [name for name in host_us if name not in FLOOR_ROWS]
+    if not min(min(host_us[name]) for name in kernels) > max(floor):
+        raise ValueError("the prose says every implementation costs more than the floor")
+    allocated = median[FLOOR_ROWS[1]]
+    return {
+        "c10_floor_lo": min(floor),
+        "c10_floor_hi": max(floor),
+        "c10_floor_book_over": median[book] - allocated,
+        "c10_floor_flash_over": median[flash] - allocated,
     }

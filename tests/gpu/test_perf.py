@@ -14,13 +14,14 @@ import json
 import math
 
 import matplotlib
+import numpy as np
 import pytest
 import torch
 
 import kernels  # noqa: F401
 from kernels import results, timing
 from kernels.env import native_bf16
-from kernels.gpu import perf, perf_report as pr
+from kernels.gpu import perf, perf_report as pr, records
 from kernels.tools import style
 
 matplotlib.use("Agg")
@@ -371,3 +372,33 @@ def test_roofline_series_places_each_forward_speed_at_its_intensity():
         assert xs == [pr.intensity(n, 64) for n, _ in mine] and ys == [t for _, t in mine]
     math_points = [pr.intensity(4096, d, "math") for d in (64, 128)]
     assert series[-1][2] is None and series[-1][1] == math_points
+
+
+def test_the_floor_of_an_eager_call_from_fresh_numbers():
+    """host_floor_numbers: the floor is the autograd-only rows' range, each implementation's
+    excess is its median over the allocating floor's median; a record in which an
+    implementation is issued faster than the floor no longer says what chapter 10 says."""
+    rng = np.random.default_rng()
+    floor = rng.uniform(50, 120, size=(2, 3))
+    book, flash = rng.uniform(150, 400, size=3), rng.uniform(150, 400, size=3)
+    host_us = {
+        "autograd alone, nothing allocated": list(floor[0]),
+        "autograd alone, outputs allocated": list(floor[1]),
+        "book": list(book),
+        "flash": list(flash),
+    }
+    numbers = pr.host_floor_numbers(host_us, "book", "flash")
+    assert numbers["c10_floor_lo"] == floor.min() and numbers["c10_floor_hi"] == floor.max()
+    assert math.isclose(numbers["c10_floor_book_over"], np.median(book) - np.median(floor[1]))
+    assert math.isclose(numbers["c10_floor_flash_over"], np.median(flash) - np.median(floor[1]))
+    host_us["flash"][rng.integers(3)] = floor.max() - 1.0  # one round under the floor
+    with pytest.raises(ValueError, match="costs more than the floor"):
+        pr.host_floor_numbers(host_us, "book", "flash")
+
+
+def test_the_stored_floor_is_a_gpu_record_with_every_row():
+    record = pr.host_floor_record()
+    host_us = record["data"]["host_us"]
+    assert record["provenance"]["gpu"] and record["data"]["shape"] == [8, 12, 1024, 64]
+    assert set(records.FLOOR_ROWS) < set(host_us)
+    assert all(len(us) == 3 and min(us) > 0 for us in host_us.values())
