@@ -211,7 +211,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
     counts = {
         "rows": int(exact_ties.numel()),
         "rows with repeated maxima (exact)": int((exact_ties > 1).sum()),
-        "rows with > 1 score within eps of the max": int((near > 1).sum()),
+        "rows with > 1 score within ε of the max": int((near > 1).sum()),
         "rows with > 1 score within 2^-9 of the max (P̄ rounds to 1)": int((window > 1).sum()),
         "NaN outputs": int(torch.isnan(out).sum()),
         "inf outputs": int(torch.isinf(out).sum()),
@@ -221,7 +221,7 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
         m = res.row_offset.unsqueeze(-1)
         p_bar = emulator.p_bar(s, m, "paper" if impl.startswith("paper") else "fa2")
         counts["entries with P̄ = 1 (final offset m)"] = int((p_bar == 1.0).sum())
-        counts["rows where the rule saw a tie"] = int(res.ties_seen.sum())
+        counts["rows where the β rule saw a tie"] = int(res.ties_seen.sum())
         ell = res.row_sum
         counts["rows with ℓ = 0 (underflow)"] = int((ell == 0).sum())
         if (ell == 0).any():
@@ -294,14 +294,15 @@ def lab_text(result: LabResult) -> str:
     """The printed part of the lab: verdict, numbers and messages."""
     p, st = result.params, result.stats
     lines = [
-        f"{p['impl']} / stable={p['stable']}: k={p['ties']} tied maxima, gap={p['gap']}, "
+        f"impl={p['impl']!r}, stable={p['stable']!r}: k={p['ties']} tied maxima, gap={p['gap']}, "
         f"N={p['n_keys']}, tile={p['block_n']} ({p['placement']})",
         f"  non-max tokens move O by {result.residual_ulps:.3g} ulp (median over the outputs)",
         f"  mean error {st['mean']:+.4f} ulp, 95% CI [{st['lo']:+.4f}, {st['hi']:+.4f}] "
         f"over {st['n_elements']} outputs",
         f"  -> {st['verdict']}",
-        f"  Σ_T (δ_lp − δ_hp) = {result.delta_sum:+.4g} over "
-        f"{0 if result.delta_diff is None else result.delta_diff.size} rows",
+        f"  δ's error summed over the "
+        f"{0 if result.delta_diff is None else result.delta_diff.size} rows, "
+        f"Σ_T (δ_lp − δ_hp): {result.delta_sum:+.4g}",
     ]
     # The counts in a few lines of at most 88 characters (the site's text column), grouped
     # as rows and outputs, no count split across two lines; then the messages, wrapped.
