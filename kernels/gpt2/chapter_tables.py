@@ -285,7 +285,7 @@ def real_lean_numbers(early: dict, whole: dict) -> dict:
     }
 
 
-def describe_plan(record: dict) -> str:
+def describe_plan(record: dict, prefix: str = "") -> str:
     """:func:`kernels.results.describe` for a record of ``kernels.gpt2.search``, its command cut
     to the plan: which runs each call trained (``--only …``) and how the calls followed each
     other are in results/README.md, where every record's full command is."""
@@ -297,7 +297,7 @@ def describe_plan(record: dict) -> str:
     command, cut = re.subn(r"\s--only[= ]\S+", " …", provenance["command"])
     provenance["command"] = command
     note = "\n  (its runs and calls: results/README.md)" if cut else ""
-    return describe({"provenance": provenance}) + note
+    return describe({"provenance": provenance}, prefix) + note
 
 
 OFFSET_WORDS = {"off": "none", "tile": "Algorithm 3"}  # spec.stable in words

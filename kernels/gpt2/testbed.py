@@ -23,7 +23,7 @@ from .. import results
 from ..results import load
 from .plans import plan
 from .report import outcome
-from .runs import FONT, VARIANT_COLOURS, VARIANT_NAMES, monitor_series, parse_name
+from .runs import FONT, VARIANT_COLOURS, monitor_series, parse_name
 from .screen import (
     MAX_LOGIT_LIMIT as LIMIT,  # |S| at or above it: the runaway has begun
     SCREEN_STEPS,
@@ -311,8 +311,8 @@ def print_runaway_starts(numbers: dict, arms: str = ARMS) -> None:
         print(f"{ARM_WORDS[arm]:22s} layer 0's |S| ≥ {LIMIT:.0f} from step {span} ({runs})")
 
 
-def end_loss_line(numbers: dict, arms: str = "VAF") -> str:
-    """Each arm's loss over the last 500 steps of its whole-schedule runs, as one printed line."""
+def end_loss_line(numbers: dict, arms: str = ARMS) -> str:
+    """Each arm's loss over the last 500 steps of its whole-schedule runs (if any), as a line."""
     parts = []
     for a in arms:
         lo, hi, full = (numbers[f"g7_tb_{a}_{k}"] for k in ("end_lo", "end_hi", "full"))
@@ -420,9 +420,9 @@ def departure_numbers(deps) -> dict:
 
 
 def legend_name(arm: str) -> str:
-    """An arm's name in a legend: the chapter's, with SDPA named by the kernel it runs here."""
+    """An arm's name in a legend: :data:`ARM_WORDS`, with SDPA's kernel and the rule's β."""
     named_here = {"A": "SDPA flash (torch)", "S": "offset rule (β = 2), no clamp"}
-    return named_here.get(arm, VARIANT_NAMES[arm])
+    return named_here.get(arm, ARM_WORDS[arm])
 
 
 def testbed_colours() -> dict:

@@ -293,7 +293,8 @@ def print_first_alerts(numbers: dict) -> None:
 def alert_numbers(table) -> dict:
     """The numbers chapter 9's prose glues from :func:`alert_table`: the failing runs that
     departed (``m9_all_failing``) and how many were flagged first, with the median and
-    least lead; the healthy controls, those that alerted and their false alarms and rules;
+    least lead, and the same of the fixes' runs that departed (``m9_all_fix``); the healthy
+    controls, those that alerted and their false alarms and rules;
     the runaway controls (the screen's, the long ones'; the first alerts of each: the
     screen's, the second testbed's and the long real-BF16 ones apart); and the largest |S|
     over its own early level (:func:`own_growth`) of the healthy and the long controls."""
@@ -314,6 +315,9 @@ def alert_numbers(table) -> dict:
         "m9_all_flagged": failing["alerted"],
         "m9_all_lead_median": failing["lead_median"],
         "m9_all_lead_min": failing["lead_min"],
+        "m9_all_fix": groups["fixes, departed"]["runs"],
+        "m9_all_fix_flagged": groups["fixes, departed"]["alerted"],
+        "m9_all_fix_lead_min": groups["fixes, departed"]["lead_min"],
         "m9_all_healthy": healthy["runs"],
         "m9_all_false_runs": healthy["alerted"],
         "m9_all_false": healthy["false_alarms"],
