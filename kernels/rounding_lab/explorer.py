@@ -221,14 +221,15 @@ def _counts(built, res, o_hp, case, impl, stable, beta, eps):
         m = res.row_offset.unsqueeze(-1)
         p_bar = emulator.p_bar(s, m, "paper" if impl.startswith("paper") else "fa2")
         counts["entries with P̄ = 1 (final offset m)"] = int((p_bar == 1.0).sum())
-        counts["rows where the β rule saw a tie"] = int(res.ties_seen.sum())
+        if stable != "off":  # with the rule off nothing looks for ties
+            counts["rows where the β rule saw a tie"] = int(res.ties_seen.sum())
         ell = res.row_sum
         counts["rows with ℓ = 0 (underflow)"] = int((ell == 0).sum())
         if (ell == 0).any():
             messages.append(
                 f"ℓ underflowed to 0 in {int((ell == 0).sum())} rows: "
                 "exp(S − m) is 0 for every key, so O = Ō/ℓ = 0/0 (NaN). "
-                "β·rm is too large (Appendix C)."
+                "β·r_m is too large (Appendix C)."
             )
         tiny = (ell > 0) & (ell < 2.0**-126)
         if tiny.any():
