@@ -173,12 +173,11 @@ GPU_COMMAND = "python -m kernels.gpu.host_cost --gpu"
 
 
 def _host_us(fns: dict, calls, repeats) -> dict:
-    """{name: host µs to issue one call}, the best of ``repeats`` runs of ``calls`` calls,
-    the functions taking turns run by run (so a slow spell of the machine hits them alike);
-    the GPU is synchronised between runs, outside the timing, so no backlog blocks the host."""
-    import time
-
-    import torch
+    """{name: host µs to issue one call}, the best of ``repeats`` runs of ``calls`` calls
+    (:func:`kernels.timing.host_and_wall_us`, which synchronises the GPU around each run, outside
+    the host timing, so no backlog blocks the host), the functions taking turns run by run (so a
+    slow spell of the machine hits them alike)."""
+    from .. import timing
 
     for fn in fns.values():
         for _ in range(5):
@@ -186,12 +185,7 @@ def _host_us(fns: dict, calls, repeats) -> dict:
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
         for name, fn in fns.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
+            best[name] = min(best[name], timing.host_and_wall_us(fn, calls)[0])
     return best
 
 
@@ -205,6 +199,7 @@ def gpu_floor(shape=GPT2_SHAPE, calls=200, repeats=15, rounds=3) -> dict:
 
     from .. import timing
     from ..attention.registry import label, runner
+    from .records import FLOOR_ROWS  # the floor rows' names, as chapter 10 reads them
 
     q, k, v, grad = timing.inputs(shape, torch.bfloat16, "cuda")
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -218,8 +213,8 @@ def gpu_floor(shape=GPT2_SHAPE, calls=200, repeats=15, rounds=3) -> dict:
         return call
 
     rows = {
-        "autograd alone, nothing allocated": round_trip(nothing, torch.ones_like),
-        "autograd alone, outputs allocated": round_trip(identity, lambda out: grad),
+        FLOOR_ROWS[0]: round_trip(nothing, torch.ones_like),  # nothing allocated
+        FLOOR_ROWS[1]: round_trip(identity, lambda out: grad),  # outputs allocated
     }
     for impl in ("triton", "sdpa-flash", "sdpa-cudnn"):
         rows[label(impl)] = timing.step(runner(impl, causal=True), q, k, v, grad, "fwd+bwd")

@@ -10,6 +10,7 @@ import numpy as np
 from ..attention.registry import short
 from ..tools.style import WIDTH_IN
 from .records import (
+    FLOOR_ROWS,
     PEAK_TFLOPS,
     SETTINGS,
     STYLE,
@@ -287,7 +288,7 @@ def plot_host_floor(host_us: dict):
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.0), layout="constrained")
     names = list(host_us)
     for y, name in enumerate(names):
-        floor = name.startswith("autograd alone")
+        floor = name in FLOOR_ROWS
         ax.barh(y, np.median(host_us[name]), 0.6, color="0.7" if floor else "tab:orange")
         ax.scatter(host_us[name], [y] * len(host_us[name]), s=14, color="black", zorder=3)
         ax.text(max(host_us[name]) + 6, y, f"{np.median(host_us[name]):.0f}", va="center",

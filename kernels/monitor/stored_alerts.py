@@ -302,6 +302,7 @@ def alert_numbers(table) -> dict:
 
     groups = {row["group"]: row for row in alert_summary(table)}
     failing, healthy = groups["failing paths, departed"], groups["healthy controls"]
+    fixes = groups["fixes, departed"]
     runaway, long = groups["runaway controls"], groups["runaway controls, long"]
     runs = {name: run for _, name, run in stored_runs()}
     is_healthy = (table.kind == "healthy control") & ~table.long
@@ -315,9 +316,9 @@ def alert_numbers(table) -> dict:
         "m9_all_flagged": failing["alerted"],
         "m9_all_lead_median": failing["lead_median"],
         "m9_all_lead_min": failing["lead_min"],
-        "m9_all_fix": groups["fixes, departed"]["runs"],
-        "m9_all_fix_flagged": groups["fixes, departed"]["alerted"],
-        "m9_all_fix_lead_min": groups["fixes, departed"]["lead_min"],
+        "m9_all_fix": fixes["runs"],
+        "m9_all_fix_flagged": fixes["alerted"],
+        "m9_all_fix_lead_min": fixes["lead_min"],
         "m9_all_healthy": healthy["runs"],
         "m9_all_false_runs": healthy["alerted"],
         "m9_all_false": healthy["false_alarms"],
