@@ -379,6 +379,38 @@ def test_host_cost_harness_runs_and_launches_directly():
         host_cost("gpu")
 
 
+def test_python_profile_counts_calls_and_names_the_wrapper():
+    """The host profile counts each function's calls per call of the profiled function, and on
+    the stubbed wrapper its rows name the book's own functions (flash_forward among them)."""
+    from kernels.gpu.host_cost import launches_stubbed, profile_table, python_profile
+
+    times = random.randint(2, 7)  # fresh each run: the count must follow it
+
+    def helper():
+        return sum(range(50))
+
+    def fn():
+        for _ in range(times):
+            helper()
+
+    rows = python_profile(fn, calls=20, top=50)
+    found = [r for r in rows if r["function"].endswith("(helper)")]
+    assert len(found) == 1 and found[0]["calls"] == times, rows
+    assert all(r["total_us"] >= r["own_us"] >= 0 for r in rows)
+    q, k, v, grad = (torch.randn(1, 2, 32, 16) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        out = flash_attention(*leaves, causal=True)
+        torch.autograd.grad(out, leaves, grad)
+
+    with launches_stubbed():
+        rows = python_profile(step, calls=10, top=200)
+    names = [r["function"] for r in rows]
+    assert any(n.endswith("(flash_forward)") for n in names), names
+    assert "(flash_forward)" in profile_table(rows, "book")
+
+
 def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch, switch):
     """What one process tuned (``tuned_entries``), stored as JSON and read back (``table_of``),
     spares a later process the tuning: a family it never tuned compiles the stored pick of the
