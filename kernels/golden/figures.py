@@ -226,9 +226,13 @@ def plot_tiles(ax, records, fmt="bf16", marks=None):
     for r in pick(records, impl="fa2", format=fmt):
         ax.axhline(r["vs_golden"]["max_abs"], color=COLOURS["fa2"], lw=0.8, ls="-")
     ax.plot([], [], color=COLOURS["fa2"], lw=0.8, label=f"{SHORT['fa2']} (every B_c)")
-    for (label, areas), style in zip((marks or {}).items(), (":", "--", "-.")):
+    # the first mark (the kernel's own tile) in colour and on top, so a later mark at the
+    # same area (an autotuner option) cannot hide it
+    looks = ((":", "tab:red", 2.0, 3), ("--", "0.3", 1.2, 2), ("-.", "0.3", 1.2, 2))
+    for (label, areas), (style, colour, width, z) in zip((marks or {}).items(), looks):
         for i, area in enumerate(np.atleast_1d(areas)):
-            ax.axvline(area, color="0.3", ls=style, lw=1.2, label=label if i == 0 else None)
+            ax.axvline(area, color=colour, ls=style, lw=width, zorder=z,
+                       label=label if i == 0 else None)  # fmt: skip
     ax.set(
         xscale="log",
         yscale="log",

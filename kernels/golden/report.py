@@ -318,8 +318,19 @@ def show_stored_training(data):
     axes[1].set_title("the failing path and its control, layer 0's W_Q")
     plt.show()
     print_weights(data["golden"])
+    lo, hi = seed_over_changes(data["golden"])
+    print(f"at the last step two initialisation seeds are {lo:.1f}–{hi:.1f} times as far apart")
+    print("  as each pair that differs in one small change")
     print_weights(data["failure"], matrices="0.W_Q")
     summarise_failure(data["failure"])
+
+
+def seed_over_changes(golden) -> tuple[float, float]:
+    """At the last step, the seed pair's W₁ (median over matrices) over each one-change pair's:
+    (least, most)."""
+    end = {c["label"]: training.curve(golden, c["label"])[1][-1] for c in golden["pairs"]}
+    seed_end = end.pop("initialisation seed")
+    return seed_end / max(end.values()), seed_end / min(end.values())
 
 
 def summarise_failure(record, matrices=("0.W_Q", "median")):

@@ -25,6 +25,16 @@ from ..results import load
 from .training import first_above_for_good
 
 PLANS = ("amplify", "amp_seeds", "amp_final")
+FAILING, CONTROL = report.FAILING, report.CONTROL  # the two arms' letters in the run names
+
+
+def weight_files(directory=None) -> list[str]:
+    """The checkpoints or weight files among the stored results (none: the runs keep logs)."""
+    from ..env import RESULTS_DIR
+
+    folder = RESULTS_DIR if directory is None else directory
+    return sorted(p.name for p in folder.iterdir()
+                  if p.suffix in (".pt", ".pth", ".ckpt") or "ckpt" in p.name)  # fmt: skip
 
 
 def load_runs(plans=PLANS, directory=None) -> dict:

@@ -120,7 +120,7 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
 # the earlier real-BF16 pair of seed 0 (one H200 each, 31,000 steps on the 60,000-step schedule)
 EARLIER_BF16 = {"U": "k7long-U-s0", "F": "k7long-F-s0"}
 FAILING, CONTROL, RELEASED = "U", "F", "Z"  # the arms' letters under the names chapter 7 uses
-DP_DELTA = "P"  # δ from rowsum(dP∘P)
+DP_DELTA, BETA_RULE = "P", "S"  # δ from rowsum(dP∘P); the (β, ε) rule
 FA2, FA2_CONTROL, SDPA = "W", "V", "A"
 
 

@@ -183,9 +183,11 @@ def zero_rule_numbers(negative: dict, exp_rounds_to_one: float) -> dict:
     says (inside, the storage bias turns into one of the other sign; outside, the rule's
     bias stays under a third of the ideal's)."""
     rows, ideal = negative["fa2/cross"], negative["ideal"][0]["mean"]
+    # inside: every jittered row (up to 1.2 |r_m|) within the window
     inside = [r for r in rows if abs(r["rm"]) * 1.2 < exp_rounds_to_one]
     outside = [r for r in rows if abs(r["rm"]) > 0.01]
-    for name, part in (("|r_m| < 0.00196", inside), ("|r_m| > 0.01", outside)):
+    below = f"|r_m| < {exp_rounds_to_one / 1.2:.4f}"
+    for name, part in ((below, inside), ("|r_m| > 0.01", outside)):
         means = [r["mean"] for r in part]
         shown = _range([r["same_as_ideal"] for r in part], ".0%")
         print(

@@ -40,8 +40,8 @@ SOURCE_PANELS = [
 ]
 SOURCE_SERIES = [
     ("ideal", "storage: bf16(O_exact)", "#7f7f7f"),
-    ("sdpa-flash", "accumulation: SDPA flash", "#1f77b4"),
-    ("paper-untiled/off", "the paper's bf16 path", "#ff7f0e"),
+    ("sdpa-flash", "accumulation: SDPA flash − ideal", "#1f77b4"),
+    ("paper-untiled/off", "the paper's bf16 path − ideal", "#ff7f0e"),
 ]
 SOURCE_GAPS_NOTE = "the other scores sit this far below the tied maximum"
 SHORT = {"ideal": "ideal", "fa2": "FA2", "rule": "β rule", "sdpa-flash": "SDPA flash"}
