@@ -16,6 +16,7 @@ from .runs import (  # noqa: F401 (the chapter reads the runs' names and loaders
     VARIANT_COLOURS,
     VARIANT_NAMES,
     control_runs,
+    describe_files,
     load_search,
     monitor_series,
     obits_of,

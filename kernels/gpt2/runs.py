@@ -19,6 +19,25 @@ def load_search(plan: str) -> dict:
     return load(f"gpt2_{plan}")
 
 
+def describe_files(prefix: str, plan: str, directory=None, width: int = 80) -> str:
+    """Where the stored files ``results/<prefix>*.json`` were measured, in a few lines instead of
+    one per file: the plan's command, how many files, the GPUs, versions and dates (each file's
+    exact command, with the runs it trained, is in results/README.md)."""
+    import textwrap
+
+    records = [load(stem, directory) for stem in stored_names(prefix, directory)]
+    gpus = sorted({r["provenance"]["gpu"] for r in records})
+    versions = sorted({f"torch {r['provenance']['torch']}, triton {r['provenance']['triton']}"
+                       for r in records})  # fmt: skip
+    dates = sorted({r["provenance"]["date"][:10] for r in records})
+    text = (
+        f"stored: {len(records)} files of `python -m kernels.gpt2.search --plan {plan}`, "
+        f"measured on {' and '.join(gpus)} ({'; '.join(versions)}) on {', '.join(dates)}; "
+        "each file's command and runs: results/README.md"
+    )
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def real_bf16_runs(directory=None) -> dict:
     """Every stored long real-BF16 run (``results/gpt2_bf16_real_long*.json``) as
     {(variant, seed): run}; a run stored in two files counts where it went further."""

@@ -23,7 +23,7 @@ from .. import results
 from ..results import load
 from .plans import plan
 from .report import outcome
-from .runs import FONT, VARIANT_COLOURS, monitor_series, parse_name
+from .runs import FONT, VARIANT_COLOURS, describe_files, monitor_series, parse_name
 from .screen import (
     MAX_LOGIT_LIMIT as LIMIT,  # |S| at or above it: the runaway has begun
     SCREEN_STEPS,
@@ -56,20 +56,8 @@ def stored_names(directory=None) -> list[str]:
 
 
 def describe_stored(directory=None, width: int = 80) -> str:
-    """Where the testbed's stored files were measured, in a few lines instead of one per file:
-    the plan's command, how many files, the GPUs, versions and dates (each file's exact command,
-    with the runs it trained, is in results/README.md)."""
-    records = [load(f"gpt2_{name}", directory) for name in stored_names(directory)]
-    gpus = sorted({r["provenance"]["gpu"] for r in records})
-    versions = sorted({f"torch {r['provenance']['torch']}, triton {r['provenance']['triton']}"
-                       for r in records})  # fmt: skip
-    dates = sorted({r["provenance"]["date"][:10] for r in records})
-    text = (
-        f"stored: {len(records)} files of `python -m kernels.gpt2.search --plan testbed`, "
-        f"measured on {' and '.join(gpus)} ({'; '.join(versions)}) on {', '.join(dates)}; "
-        "each file's command and runs: results/README.md"
-    )
-    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+    """Where the testbed's stored files were measured (:func:`.runs.describe_files`)."""
+    return describe_files("gpt2_testbed", "testbed", directory, width)
 
 
 def wq_ratio_line(runs: dict, arm: str = "W", other: str = "A") -> str:
