@@ -159,20 +159,18 @@ def plot_rescalings(axes, records, by_count):
     rows = sorted(pick(records, impl="fa2"), key=lambda r: r["n"])
     n = [r["n"] for r in rows]
     left.plot(
-        n,
-        [r["rescalings_mean"] for r in rows],
-        "o-",
-        color="tab:blue",
-        label="measured in the emulator (mean)",
+        n, [r["rescalings_mean"] for r in rows], "o-", color="tab:blue", label="emulator (mean)"
     )
     expected = [r["rescalings_expected"] for r in rows]
-    left.plot(n, expected, "k--", label="expected for i.i.d. scores")
+    left.plot(n, expected, "k--", label="expected, i.i.d. scores")
     left.plot(n, [r["tiles"] for r in rows], ":", color="0.5", label="key tiles T")
     left.set(
         xscale="log", yscale="log", xlabel="sequence length N (keys)", ylabel="per row (count)"
     )
     left.set_xscale("log", base=2)
-    left.legend()
+    # head room on the log axis so the legend sits above every line
+    left.set_ylim(top=8 * max(r["tiles"] for r in rows))
+    left.legend(loc="upper left", fontsize=9)
     for name, table in by_count.items():
         counts = sorted(int(c) for c in table)
         keep = [c for c in counts if table[c][0] >= 20]  # groups of >= 20 rows
