@@ -281,7 +281,7 @@ def plot_delta_gap(gap):
     ax2.axhline(0, color="k", linewidth=0.8)
     ax2.set_xlabel("query row T")
     ax2.set_ylabel(r"$\sum_{t \leq T} (\delta_{lp} - \delta_{hp})[t]$")
-    ax2.set_title("running sum: Eq. (3)'s coefficient")
+    ax2.set_title("running sum over query rows")
     return fig
 
 
