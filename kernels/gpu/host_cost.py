@@ -26,8 +26,8 @@ call, is measured by ``python -m kernels.gpu.perf``.
 GPT-2's shape costs the host there, for the book's kernel, SDPA flash and cuDNN, beside *torch's
 floor*: an autograd function that launches nothing, through the same ``torch.autograd.grad``
 round trip (:func:`gpu_floor`, stored as ``results/host_floor.json``), and
-``--gpu --profile`` where each one's host time goes, function by function (:func:`gpu_profile`,
-stored as ``results/host_profile.json``).
+``--gpu --profile`` where each one's host time goes, function by function
+(:mod:`.host_profile`, stored as ``results/host_profile.json``).
 """
 
 from __future__ import annotations
@@ -172,7 +172,6 @@ def _nothing_function():
 
 GPT2_SHAPE = (8, 12, 1024, 64)  # (B, H, N, D): GPT-2 small's attention, one batch of 8
 GPU_COMMAND = "python -m kernels.gpu.host_cost --gpu"
-PROFILE_COMMAND = "python -m kernels.gpu.host_cost --gpu --profile"
 
 
 def _host_us(fns: dict, calls, repeats) -> dict:
@@ -231,51 +230,6 @@ def gpu_floor(shape=GPT2_SHAPE, calls=200, repeats=15, rounds=3) -> dict:
     )
 
 
-def python_profile(fn, calls=300, top=20) -> list[dict]:
-    """Where the host's time per call of ``fn()`` goes, function by function (cProfile over
-    ``calls`` calls after five unmeasured ones): the ``top`` functions by their own time, each
-    as {"function", "calls" (per call of fn), "own_us", "total_us" (µs per call of fn)}. The
-    profiler's own cost inflates every row alike; read the shares, not the sum."""
-    import cProfile
-    import pstats
-
-    for _ in range(5):
-        fn()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
-    rows = []
-    for (path, line, name), (_, ncalls, own, total, _) in pstats.Stats(profiler).stats.items():
-        where = f"{os.path.basename(path)}:{line}({name})" if line else name
-        rows.append(
-            dict(function=where, calls=ncalls / calls, own_us=own / calls * 1e6,
-                 total_us=total / calls * 1e6)
-        )  # fmt: skip
-    rows.sort(key=lambda r: -r["own_us"])
-    return rows[:top]
-
-
-def gpu_profile(shape=GPT2_SHAPE, calls=300) -> dict:
-    """On a CUDA GPU, :func:`python_profile` of one eager forward + backward (bf16, causal) at
-    ``shape``: the book's kernel (δ from rowsum(dP∘P), as the practitioner's loop runs it) and
-    SDPA flash, so the book's excess host time can be read function by function."""
-    import torch
-
-    from .. import timing
-    from ..attention.registry import label, runner
-
-    q, k, v, grad = timing.inputs(shape, torch.bfloat16, "cuda")
-    out = {}
-    for impl, options in (("triton", {"delta_source": "dp"}), ("sdpa-flash", {})):
-        step = timing.step(runner(impl, causal=True, **options), q, k, v, grad, "fwd+bwd")
-        out[label(impl)] = python_profile(step, calls)
-        torch.cuda.synchronize()
-    return dict(shape=list(shape), calls=calls, what=python_profile.__doc__.split(".")[0],
-                profiles=out)  # fmt: skip
-
-
 def _measure(mode, shape, causal, calls, repeats, options, switches=None) -> dict:
     import torch
 
@@ -318,7 +272,10 @@ def _measure(mode, shape, causal, calls, repeats, options, switches=None) -> dic
         for stat in ("median_us", "best_us")
     }
     # how many launch plans exist, and how many launch a compiled kernel directly
-    rows["plans"] = dict(total=len(plans), direct=sum(p.runner is not None for p in plans))
+    lean = sum(getattr(p.runner, "__qualname__", "").startswith("_lean_runner") for p in plans)
+    rows["plans"] = dict(
+        total=len(plans), direct=sum(p.runner is not None for p in plans), lean=lean
+    )
     return rows
 
 
@@ -358,17 +315,6 @@ def host_cost(
     return report
 
 
-def profile_table(rows: list[dict], title: str, width: int = 60) -> str:
-    """:func:`python_profile`'s rows as text: own and total µs per call, calls per call."""
-    lines = [f"{title}: µs per call (own, with callees), calls per call"]
-    for r in rows:
-        lines.append(
-            f"  {r['function'][:width]:{width}s} {r['own_us']:7.1f} {r['total_us']:7.1f} "
-            f"{r['calls']:5.1f}"
-        )
-    return "\n".join(lines)
-
-
 def table(rows: dict, title: str) -> str:
     lines = [title]
     for name, r in rows.items():
@@ -387,11 +333,9 @@ def main(argv=None):
         if not on_gpu():
             raise SystemExit("--gpu measures on a CUDA GPU; without one, run without --gpu")
         if argv[1:2] == ["--profile"]:  # where the host time goes, function by function
-            data = gpu_profile()
-            for name, rows in data["profiles"].items():
-                print(profile_table(rows, name))
-            out = argv[2] if argv[2:] else None
-            print("saved", results.save("host_profile", data, PROFILE_COMMAND, out))
+            from .host_profile import main as profile_main
+
+            profile_main(argv[2:])
             return
         data = gpu_floor()
         for name, us in data["host_us"].items():
@@ -424,9 +368,10 @@ def main(argv=None):
     b, h, n, d = SHAPE
     where = f"B{b} H{h} N{n} D{d} causal, on this machine's CPU (no GPU involved)"
     print(table(host_cost("stub"), f"wrapper only, launches stubbed out, fp16, {where}"))
-    for direct in (False, True):
-        rows = host_cost("triton", speedups=dict(direct_launch=direct))
+    for direct, lean in ((False, False), (True, False), (True, True)):
+        rows = host_cost("triton", speedups=dict(direct_launch=direct, lean_launch=lean))
         how = "cached plans, direct launches" if direct else "every call through Triton"
+        how += ", lean launch" if lean else ""
         print(
             table(
                 rows,

@@ -371,7 +371,9 @@ def test_host_cost_harness_runs_and_launches_directly():
     stub = host_cost("stub", calls=5, repeats=2)
     assert stub["forward+backward"]["best_us"] > stub["forward"]["best_us"] > 0
     real = host_cost("triton", calls=10, repeats=2)
-    assert real["plans"] == dict(total=4, direct=4), real["plans"]  # fwd, δ, dK/dV, dQ
+    assert real["plans"] == dict(total=4, direct=4, lean=0), real["plans"]  # fwd, δ, dK/dV, dQ
+    lean = host_cost("triton", calls=10, repeats=2, speedups=dict(lean_launch=True))
+    assert lean["plans"] == dict(total=4, direct=4, lean=4), lean["plans"]
     before = host_cost("triton", calls=10, repeats=2, speedups=dict(direct_launch=False))
     assert before["plans"]["total"] == 0
     assert "forward+backward" in table(real, "title")
@@ -382,7 +384,8 @@ def test_host_cost_harness_runs_and_launches_directly():
 def test_python_profile_counts_calls_and_names_the_wrapper():
     """The host profile counts each function's calls per call of the profiled function, and on
     the stubbed wrapper its rows name the book's own functions (flash_forward among them)."""
-    from kernels.gpu.host_cost import launches_stubbed, profile_table, python_profile
+    from kernels.gpu.host_cost import launches_stubbed
+    from kernels.gpu.host_profile import profile_table, python_profile
 
     times = random.randint(2, 7)  # fresh each run: the count must follow it
 
@@ -409,6 +412,50 @@ def test_python_profile_counts_calls_and_names_the_wrapper():
     names = [r["function"] for r in rows]
     assert any(n.endswith("(flash_forward)") for n in names), names
     assert "(flash_forward)" in profile_table(rows, "book")
+
+
+def test_a_lean_launch_passes_addresses_and_yields_to_launch_hooks(monkeypatch):
+    """``lean_launch``: the compiled kernel's launcher gets the grid, the current stream, the
+    kernel's function and metadata, no hooks, and every tensor as its address (other arguments
+    and the constexpr tail as they are); with a launch hook set, Triton's runner launches."""
+    from triton import knobs
+    from triton.runtime import driver
+
+    from kernels.attention.launcher.plans import _lean_runner
+
+    stream = random.randint(1, 10**6)  # fresh each run: the launcher must be given it
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return stream
+
+    calls, fallback = [], []
+
+    class Compiled:
+        function, packed_metadata = "the kernel", ("warps", "ctas")
+
+        def run(self, *args):
+            calls.append(args)
+
+    monkeypatch.setattr(driver, "_active", Driver())
+    q, k = torch.randn(3, 4), torch.randn(5)
+    args = (q, random.randint(1, 99), k, (4, 1))
+    launch = _lean_runner(lambda *a: fallback.append(a), Compiled(), (7, 2), args)
+    launch(*args, "TAIL")  # Triton 3.6's hook chains are there, but empty
+    head = (7, 2, 1, stream, "the kernel", ("warps", "ctas"), None, None, None)
+    assert calls == [head + (q.data_ptr(), args[1], k.data_ptr(), (4, 1), "TAIL")], calls
+    assert fallback == []
+    knobs.runtime.launch_enter_hook.add(print)  # a profiler's hook
+    try:
+        launch(*args, "TAIL")
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+    assert len(calls) == 1 and fallback == [args + ("TAIL",)]
+    launch(*args, "TAIL")  # the chain empty again: the lean launch
+    assert len(calls) == 2 and len(fallback) == 1
 
 
 def test_a_new_family_starts_from_the_stored_picks(on_cuda, monkeypatch, switch):

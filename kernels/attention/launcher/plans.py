@@ -298,6 +298,8 @@ class Launcher:
         plan = _Plan(grid, kwargs)
         if not interpreting():
             plan.runner, plan.tail = self._direct(compiled, grid, len(args), kwargs)
+            if plan.runner is not None and switches.CURRENT.lean_launch:
+                plan.runner = _lean_runner(plan.runner, compiled, grid, args)
         self.plans[key] = plan
 
     def _direct(self, compiled, grid, n_args, kwargs):
@@ -315,6 +317,40 @@ class Launcher:
         except (KeyError, AttributeError, TypeError):
             return None, ()
         return runner, tail
+
+
+def _lean_runner(runner, compiled, grid, args):
+    """The ``lean_launch`` speed-up: a launch that calls the compiled kernel's C launcher
+    itself, the tensors among ``args`` (by position) passed as their addresses and no hooks
+    (Triton's runner hands it its two empty hook chains, which the launcher calls, and builds
+    launch metadata for them, on every launch); ``runner`` (Triton's) takes over whenever a
+    launch hook is set."""
+    from triton import knobs
+    from triton.runtime import driver
+
+    if hasattr(compiled, "result"):  # an asynchronous compile: wait for it
+        compiled = compiled.result()
+    run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
+    device, stream = driver.active.get_current_device, driver.active.get_current_stream
+    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    hooks = knobs.runtime
+
+    def launch(*call_args):
+        if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            return runner(*call_args)
+        call_args = list(call_args)
+        for i in tensors:
+            call_args[i] = call_args[i].data_ptr()
+        return run(g0, g1, g2, stream(device()), function, meta, None, None, None, *call_args)
+
+    return launch
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook of Triton's knobs would do anything: a function, or (Triton 3.6's
+    default) a chain of hooks that is not empty."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _closest(lengths, candidates, max_steps=None):

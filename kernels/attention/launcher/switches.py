@@ -95,6 +95,14 @@ class Speedups:
         the emulator's paper numerics run their elementwise chains as fused Triton kernels on a
         CUDA GPU (:mod:`kernels.attention.emulator_fused`, the same bits in fewer passes); off,
         op by op, as on a CPU.
+    ``lean_launch``
+        a direct launch calls the compiled kernel's C launcher itself, with each tensor's address
+        as an integer: Triton's runner (a Python closure that looks up the device and the stream
+        and builds launch metadata) is skipped, and so is the C launcher's driver query, per
+        tensor, of where the pointer lives. The same addresses reach the same kernel, so no
+        bit moves; with a launch hook set (a profiler such as proton) the call goes through
+        Triton's runner. Off by default until timed on a GPU (``python -m kernels.gpu.host_cost
+        --gpu --profile`` times both and checks the bits).
     ``poison_outputs``
         not a speed-up but the check it gives up: output buffers start as NaN, so an entry a
         kernel never writes shows. On by default in the interpreter (the tests); on a GPU it
@@ -114,6 +122,7 @@ class Speedups:
     parallel_compile: bool = True
     specialise_lengths: bool = True
     fused: bool = True
+    lean_launch: bool = False
     poison_outputs: bool = False
     # the switches that decide what a launch compiles, as part of a plan key (worked out once
     # per value: the launcher reads it on every call)
@@ -129,6 +138,7 @@ class Speedups:
             self.tma_narrow,
             self.exp2,
             self.max_first,
+            self.lean_launch,
         )
         object.__setattr__(self, "plan_key", key)
 
