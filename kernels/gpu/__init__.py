@@ -9,7 +9,9 @@ in :mod:`kernels.attention.registry`.
   the first call at a new length (:mod:`.first_call`, also part of the check) and the host time
   of a call issued eagerly and replayed as a CUDA graph
 * :mod:`.host_cost` the host cost of one call with the GPU taken out
-  (``python -m kernels.gpu.host_cost``)
+  (``python -m kernels.gpu.host_cost``), and torch's floor on a GPU (``--gpu``)
+* :mod:`.host_profile` ``python -m kernels.gpu.host_profile``: where an eager call's host time
+  goes, function by function, and what the ``lean_launch`` speed-up saves (``host_profile.json``)
 * :mod:`.memory`    the memory of naive and flash attention (on any device, or peak on a GPU)
 * :mod:`.compiled`  the kernels compiled for an H100 on any machine: their PTX's multiply-adds
   (``python -m kernels.gpu.compiled``)

@@ -25,9 +25,8 @@ call, is measured by ``python -m kernels.gpu.perf``.
 ``python -m kernels.gpu.host_cost --gpu`` measures instead what one eager forward + backward at
 GPT-2's shape costs the host there, for the book's kernel, SDPA flash and cuDNN, beside *torch's
 floor*: an autograd function that launches nothing, through the same ``torch.autograd.grad``
-round trip (:func:`gpu_floor`, stored as ``results/host_floor.json``), and
-``--gpu --profile`` where each one's host time goes, function by function
-(:mod:`.host_profile`, stored as ``results/host_profile.json``).
+round trip (:func:`gpu_floor`, stored as ``results/host_floor.json``); where each one's host
+time goes, function by function: :mod:`.host_profile`.
 """
 
 from __future__ import annotations
@@ -332,11 +331,6 @@ def main(argv=None):
 
         if not on_gpu():
             raise SystemExit("--gpu measures on a CUDA GPU; without one, run without --gpu")
-        if argv[1:2] == ["--profile"]:  # where the host time goes, function by function
-            from .host_profile import main as profile_main
-
-            profile_main(argv[2:])
-            return
         data = gpu_floor()
         for name, us in data["host_us"].items():
             print(f"  {name:36s}" + "  ".join(f"{u:6.1f}" for u in us) + " µs")

@@ -5,8 +5,8 @@ the ``lean_launch`` speed-up saves of it.
 wrapper with its launches stubbed out). On a CUDA GPU, :func:`gpu_profile` profiles one eager
 forward + backward at GPT-2's shape for the book's kernel (δ from rowsum(dP∘P)), the same with
 ``lean_launch`` on, and SDPA flash; times the three's host µs per call, taking turns; and checks
-that ``lean_launch`` moves no bit. ``python -m kernels.gpu.host_cost --gpu --profile`` runs it
-and stores ``results/host_profile.json``.
+that ``lean_launch`` moves no bit. ``python -m kernels.gpu.host_profile [OUT]`` runs it on a
+GPU and stores ``host_profile.json``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 
 from .host_cost import GPT2_SHAPE, _host_us
 
-PROFILE_COMMAND = "python -m kernels.gpu.host_cost --gpu --profile"
+PROFILE_COMMAND = "python -m kernels.gpu.host_profile"
 
 
 def python_profile(fn, calls=300, top=20) -> list[dict]:
@@ -111,6 +111,10 @@ def profile_table(rows: list[dict], title: str, width: int = 60) -> str:
 
 def main(argv) -> None:
     from .. import results
+    from ..timing import on_gpu
+
+    if not on_gpu():
+        raise SystemExit("python -m kernels.gpu.host_profile measures on a CUDA GPU")
 
     data = gpu_profile()
     for name, rows in data["profiles"].items():
@@ -121,3 +125,9 @@ def main(argv) -> None:
     print("lean launch gives the same bits:", data["lean_same_bits"])
     out = argv[0] if argv else None
     print("saved", results.save("host_profile", data, PROFILE_COMMAND, out))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
