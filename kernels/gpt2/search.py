@@ -66,8 +66,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # back with its disk, and the runs start again from step 0 (it happened in four leases, even
     # with the next call issued at once: those calls became repeats). Done so far: W and U in
     # seeds 1-4 (all exploded), A in seeds 1-4 to 80,000 (two per GPU on 2 H200s, 105 steps/s
-    # each: 8.4 then 4.8 minutes),
-    # F in seeds 1-4 to 80,000 (4×H200: 8.4 then 6.6 + 8.0 minutes), V in seeds 1-2 to 80,000,
+    # each: 8.4 then 4.8 minutes), F in seeds 1-4 to 80,000 (4×H200: 8.4 then 6.6 + 8.0
+    # minutes), V in seeds 1-2 to 80,000,
     # P in seed 1 to 80,000 (one H200: 8.4 then 7.0 minutes), Z in seed 1 to 80,000 (one H200:
     # 8.4, 7.0, then 1.0 minutes at 85 steps/s), P, Z and S in seeds 1-2 (P in seed 2 four
     # times, 40,184-48,491 steps, none exploded); still to run: P and Z in seed 2 to 80,000 (one

@@ -271,7 +271,7 @@ def _measure(mode, shape, causal, calls, repeats, options, switches=None) -> dic
         for stat in ("median_us", "best_us")
     }
     # how many launch plans exist, and how many launch a compiled kernel directly
-    lean = sum(getattr(p.runner, "__qualname__", "").startswith("_lean_runner") for p in plans)
+    lean = sum(getattr(p.runner, "lean", False) for p in plans)
     rows["plans"] = dict(
         total=len(plans), direct=sum(p.runner is not None for p in plans), lean=lean
     )

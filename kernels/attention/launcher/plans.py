@@ -297,6 +297,8 @@ class Launcher:
             self.plans.clear()
         plan = _Plan(grid, kwargs)
         if not interpreting():
+            if hasattr(compiled, "result"):  # an asynchronous compile: wait for it
+                compiled = compiled.result()
             plan.runner, plan.tail = self._direct(compiled, grid, len(args), kwargs)
             if plan.runner is not None and switches.CURRENT.lean_launch:
                 plan.runner = _lean_runner(plan.runner, compiled, grid, args)
@@ -306,8 +308,6 @@ class Launcher:
         """The compiled kernel's launcher for this grid and the constexpr values that follow
         the runtime arguments (Triton's launcher takes every argument in signature order);
         (None, ()) where this Triton does not offer them: the normal launch is used then."""
-        if hasattr(compiled, "result"):  # an asynchronous compile: wait for it
-            compiled = compiled.result()
         names = getattr(self.kernel, "arg_names", None)
         if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
             return None, ()
@@ -328,8 +328,6 @@ def _lean_runner(runner, compiled, grid, args):
     from triton import knobs
     from triton.runtime import driver
 
-    if hasattr(compiled, "result"):  # an asynchronous compile: wait for it
-        compiled = compiled.result()
     run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
     g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
     device, stream = driver.active.get_current_device, driver.active.get_current_stream
@@ -344,6 +342,7 @@ def _lean_runner(runner, compiled, grid, args):
             call_args[i] = call_args[i].data_ptr()
         return run(g0, g1, g2, stream(device()), function, meta, None, None, None, *call_args)
 
+    launch.lean = True  # how the host-cost measurement counts lean plans
     return launch
 
 
