@@ -6,6 +6,8 @@ chapter's cells keep the calls and the figures. Sections 7–8 are in :mod:`.cha
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from . import report
@@ -81,6 +83,15 @@ def tie_lead(failing: dict, control: dict, dep: dict) -> dict:
     }
 
 
+# Where the real-BF16 rows of chapter 7's departure table come from, printed under them
+REAL_ROWS_NOTE = (
+    "The BF16 rows: 'BF16, seed 0' alone is a 20,000-step pair trained beside section 4's "
+    "magnified runs; the 60k-step pairs are section 2's (its 'earlier run' stopped at "
+    "{earlier:,} steps); the 'lr 5e-4' rows are the second testbed's (section 9), each against "
+    "that testbed's control, the all-BF16 path with δ from an fp32 O (same seed and batches)."
+)
+
+
 def departures(paired: dict, pairs: tuple, label) -> object:
     """Print the departure table of every pair (``label(name, run)`` names a failing run) and how
     often the ties lead under two other tie thresholds; return the table."""
@@ -96,6 +107,9 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     for title, rows in (("fewer bits (amplified)", show[~real]), ("real BF16", show[real])):
         print(f"\n{title}:")
         print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
+    earlier = show[real & show.run.str.endswith("earlier run")].steps
+    if len(earlier):
+        print(textwrap.fill(REAL_ROWS_NOTE.format(earlier=int(earlier.iloc[0])), 88))
     for ratio in (1.05, 1.2):
         rules = {"rows_tied_bf16": (ratio, 5), "wq": (1.25, 1)}
         alt = report.departure_table(paired, pairs, rules=rules).dropna(subset=["wq"])

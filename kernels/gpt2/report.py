@@ -17,12 +17,14 @@ from .runs import (  # noqa: F401 (the chapter reads the runs' names and loaders
     VARIANT_NAMES,
     control_runs,
     describe_files,
+    last_loss,
     load_search,
     monitor_series,
     obits_of,
     parse_name,
     real_bf16_runs,
     run_label,
+    schedule_steps,
     smooth,
 )
 

@@ -77,11 +77,22 @@ def run_label(name: str, run: dict | None = None, schedule: bool = False) -> str
         else (int(config[1]) if config[:1] == "k" and config[1:2].isdigit() else 7)
     )
     label = f"{'BF16' if bits == 7 else f'Ō with {bits} bits'}, seed {seed[1:]}"
-    settings = run["config"] if run is not None else {"steps": 20_000}
-    steps = settings.get("decay_steps") or settings["steps"]  # the learning-rate schedule
+    steps = schedule_steps(run) if run is not None else 20_000
     if schedule and steps != 20_000:
         label += f", {steps // 1000}k-step schedule"
     return label
+
+
+def schedule_steps(run: dict) -> int:
+    """The length of a run's learning-rate schedule in steps (its decay, else its step count)."""
+    return run["config"].get("decay_steps") or run["config"]["steps"]
+
+
+def last_loss(run: dict, steps: int = 500) -> float:
+    """The mean training loss over a run's last ``steps`` steps."""
+    step = np.asarray(run["history"]["step"])
+    loss = np.asarray(run["history"]["loss"], dtype=float)
+    return float(np.mean(loss[step > step[-1] - steps]))
 
 
 def smooth(steps, values, width: int = 10):

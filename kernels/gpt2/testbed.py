@@ -23,7 +23,7 @@ from .. import results
 from ..results import load
 from .plans import plan
 from .report import outcome
-from .runs import FONT, VARIANT_COLOURS, describe_files, monitor_series, parse_name
+from .runs import FONT, VARIANT_COLOURS, describe_files, last_loss, monitor_series, parse_name
 from .screen import (
     MAX_LOGIT_LIMIT as LIMIT,  # |S| at or above it: the runaway has begun
     SCREEN_STEPS,
@@ -134,13 +134,6 @@ def wq_ratios(runs: dict, arm: str, other: str, step: int) -> list[float]:
     if not ratios:
         raise ValueError(f"no seed has both {arm} and {other} at step {step:,}")
     return ratios
-
-
-def last_loss(run: dict, steps: int = 500) -> float:
-    """The mean training loss over a run's last ``steps`` steps."""
-    step = np.asarray(run["history"]["step"])
-    loss = np.asarray(run["history"]["loss"], dtype=float)
-    return float(np.mean(loss[step > step[-1] - steps]))
 
 
 def _arm_rows(runs: dict, arm: str, which: slice) -> list[tuple[str, int, bool]]:
