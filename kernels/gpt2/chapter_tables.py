@@ -139,9 +139,12 @@ def outcome_numbers(table) -> dict:
     boom = fail[fail.event == "explosion"]
     four = fail[fail.obits == 4]
     n_four = int((four.event == "explosion").sum())
+    paired = sorted(set(four.seed) & set(ctrl[ctrl.obits == 4].seed))  # seeds with a control
     print(
         f"4 bits: the failing path exploded in {n_four} of {len(four)} seeds, after "
-        f"{four.step.min():,.0f}–{four.step.max():,.0f} steps."
+        f"{four.step.min():,.0f}–{four.step.max():,.0f} steps;\nseeds "
+        f"{', '.join(s[1:] for s in paired)} also trained the control (the pairs this "
+        "chapter compares)."
     )
     print(
         f"Failing path: exploded in {len(boom)} of {len(fail)} runs, all with "
