@@ -17,6 +17,8 @@ from .runs import (  # noqa: F401 (the chapter reads the runs' names and loaders
     VARIANT_NAMES,
     control_runs,
     describe_files,
+    first_divergence,
+    gpus_of,
     last_loss,
     load_search,
     monitor_series,
@@ -114,9 +116,7 @@ def estimate_minutes(steps: int, measured_steps_per_s: float, gpu_name: str | No
     )
 
 
-# ------------------------------------------------------------------------------------------------
-# When does a diagnostic of the failing run leave its control behind? (same seed, same batches)
-# ------------------------------------------------------------------------------------------------
+# --- When does a diagnostic of the failing run leave its control behind? (same seed, batches) ---
 # Pairs of stored runs that differ only in where δ comes from: (failing path, fp32-O control),
 # same seed, batch order, schedule and mantissa bits of Ō. ``k5-U-s0`` (plan amplify) and
 # ``k5-F-s0`` (plan amp_final) were made by two calls of the same code and options.

@@ -95,6 +95,21 @@ def last_loss(run: dict, steps: int = 500) -> float:
     return float(np.mean(loss[step > step[-1] - steps]))
 
 
+def first_divergence(run_a: dict, run_b: dict):
+    """The first logged step at which two runs' training losses differ (None if they agree at
+    every step both logged): where two trainings of one seed part ways."""
+    loss_b = dict(zip(run_b["history"]["step"], run_b["history"]["loss"]))
+    for step, loss in zip(run_a["history"]["step"], run_a["history"]["loss"]):
+        if step in loss_b and loss_b[step] != loss:
+            return int(step)
+    return None
+
+
+def gpus_of(runs) -> list[str]:
+    """The GPUs a collection of stored runs trained on, as their records name them."""
+    return sorted({run.get("gpu") or "no GPU recorded" for run in runs})
+
+
 def smooth(steps, values, width: int = 10):
     """Moving average over ``width`` points, only where the window is full (no edge artefacts);
     returns the steps at the window centres and the averages."""

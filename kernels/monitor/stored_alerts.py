@@ -121,6 +121,7 @@ def alert_row(name: str, run: dict, kind: str, thresholds=None, **options) -> di
         "departed": departed,
         "first_alert": first.step if first else None,
         "first_rule": first.rule if first else None,
+        "first_layer": first.layer if first else None,
         "lead": departed - first.step if first and not never else None,
         "alerts": len(fired) if never else 0,
         "rules": ",".join(sorted({a.rule for a in fired})) if never else "",
@@ -288,6 +289,12 @@ def print_first_alerts(numbers: dict) -> None:
         f"largest |S| ÷ own early level: long runaway controls {numbers['m9_all_growth_long']:.0f}"
         f" or more, healthy controls at most {numbers['m9_all_growth_healthy']:.1f}"
     )
+    layers = ", ".join(str(layer) for layer in numbers["m9_all_av_layers"])
+    print(
+        f"SDPA flash runs: {numbers['m9_all_sdpa_long']} long (second testbed), "
+        f"{numbers['m9_all_sdpa_short']} short (first search)\nfirst alerts of SDPA flash "
+        f"and FA2's control: layer(s) {layers} (the rules read every layer)"
+    )
 
 
 def alert_numbers(table) -> dict:
@@ -347,6 +354,8 @@ def _other_numbers(groups: dict, table) -> dict:
     w_first = [int(step) for step in w_rows.first_alert.dropna()]
     av = [groups[g] for g in ("SDPA flash", "FA2 kernel's control") if g in groups]
     bn = groups.get("control, δ biased or noised", {})
+    av_rows = table[table.kind.isin(["SDPA", "FA2 kernel's control"])]
+    sdpa = table[table.kind == "SDPA"]
     return {
         "m9_all_w": w.get("runs", 0),
         "m9_all_w_alerted": w.get("alerted", 0),
@@ -355,6 +364,9 @@ def _other_numbers(groups: dict, table) -> dict:
         "m9_all_w_first_hi": max(w_first, default=None),
         "m9_all_av": sum(g["runs"] for g in av),
         "m9_all_av_alerted": sum(g["alerted"] for g in av),
+        "m9_all_av_layers": sorted({int(x) for x in av_rows.first_layer.dropna()}),
+        "m9_all_sdpa_long": int(sdpa.long.sum()),
+        "m9_all_sdpa_short": int((~sdpa.long).sum()),
         "m9_all_bn": bn.get("runs", 0),
         "m9_all_bn_alerted": bn.get("alerted", 0),
         "m9_all_bn_first": bn.get("first_alert_min"),

@@ -2,6 +2,7 @@
 lead and false alarms on synthetic runs, every stored failing run flagged before it
 departed, and the false alarms the table reports are those a direct replay gives."""
 
+import numpy as np
 import pytest
 
 from kernels.gpt2 import screen
@@ -48,6 +49,16 @@ def test_a_failing_run_that_alerts_before_it_departs_gets_its_lead():
     assert (row["departed"], row["first_alert"], row["first_rule"]) == (4600, 3000, "max_logit")
     assert row["lead"] == 1600
     assert row["false_alarms"] == 0
+
+
+def test_the_first_alert_names_the_layer_it_came_from():
+    layer = 1 + int(np.random.default_rng().integers(2))  # layer 1 or 2 of three
+    run = synthetic(4000, {}, layers=3)
+    for reading in run["monitor"]:
+        if reading["step"] >= 2000:
+            reading["layers"][layer]["max_logit"] = THRESHOLDS["max_logit"] * 2
+    row = alert_row("x-A-s1", run, run_kind("x-A-s1", run))
+    assert (row["first_alert"], row["first_rule"], row["first_layer"]) == (2000, "max_logit", layer)
 
 
 def test_a_healthy_run_with_one_spike_counts_one_false_alarm():
