@@ -88,7 +88,8 @@ REAL_ROWS_NOTE = (
     "The BF16 rows: 'BF16, seed 0' alone is a 20,000-step pair trained beside section 4's "
     "magnified runs; the 60k-step pairs are section 2's (its 'earlier run' stopped at "
     "{earlier:,} steps); the 'lr 5e-4' rows are the second testbed's (section 9), each against "
-    "that testbed's control, the all-BF16 path with δ from an fp32 O (same seed and batches)."
+    "that testbed's control, the all-BF16 path with δ from an fp32 O (same seed and batches), "
+    "not FA2 numerics' own control of section 9."
 )
 
 
@@ -110,6 +111,11 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     earlier = show[real & show.run.str.endswith("earlier run")].steps
     if len(earlier):
         print(textwrap.fill(REAL_ROWS_NOTE.format(earlier=int(earlier.iloc[0])), 88))
+    left = deps.wq.notna()
+    print(
+        f"counted in the text: the {int(left.sum())} of {len(deps)} pairs whose ‖W_Q‖ left the "
+        "control's"
+    )
     for ratio in (1.05, 1.2):
         rules = {"rows_tied_bf16": (ratio, 5), "wq": (1.25, 1)}
         alt = report.departure_table(paired, pairs, rules=rules).dropna(subset=["wq"])
@@ -140,11 +146,18 @@ def outcome_numbers(table) -> dict:
     four = fail[fail.obits == 4]
     n_four = int((four.event == "explosion").sum())
     paired = sorted(set(four.seed) & set(ctrl[ctrl.obits == 4].seed))  # seeds with a control
+    alone = [  # the 4-bit seeds without a control, and how each ended
+        f"seed {r.seed[1:]} (exploded at {r.step:,.0f})"
+        if r.event == "explosion"
+        else f"seed {r.seed[1:]} (ran {r.steps:,} steps)"
+        for r in four.itertuples()
+        if r.seed not in paired
+    ]
     print(
         f"4 bits: the failing path exploded in {n_four} of {len(four)} seeds, after "
         f"{four.step.min():,.0f}–{four.step.max():,.0f} steps;\nseeds "
         f"{', '.join(s[1:] for s in paired)} also trained the control (the pairs this "
-        "chapter compares)."
+        "chapter compares)" + (f";\nwithout a control: {', '.join(alone)}." if alone else ".")
     )
     print(
         f"Failing path: exploded in {len(boom)} of {len(fail)} runs, all with "
