@@ -169,8 +169,9 @@ def kaplan_meier(endings) -> tuple[np.ndarray, np.ndarray]:
 
 
 def survival_table(runs: dict, arms: str = ARMS):
-    """One row per arm with a stored run: seeds, explosions, and each seed's last step, marked
-    '×' where it exploded (the others were last seen alive there: censored)."""
+    """One row per arm with a stored run: seeds, explosions, and each seed's last step as
+    'seed: step', marked '×' where it exploded (the others were last seen alive there:
+    censored)."""
     import pandas as pd
 
     rows = []
@@ -178,13 +179,13 @@ def survival_table(runs: dict, arms: str = ARMS):
         endings = arm_endings(runs, arm)
         if not endings:
             continue
-        steps = [f"{step:,}{'×' if exploded else ''}" for _, step, exploded in endings]
+        steps = [f"{seed[1:]}: {step:,}{'×' if x else ''}" for seed, step, x in endings]
         rows.append(
             {
                 "arm": ARM_WORDS[arm],
                 "seeds": len(endings),
                 "exploded": sum(exploded for _, _, exploded in endings),
-                "last step (× exploded)": " ".join(steps),
+                "seed: last step (× exploded)": "  ".join(steps),
             }
         )
     return pd.DataFrame(rows)
