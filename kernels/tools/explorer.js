@@ -59,13 +59,17 @@
     // side by side in a wide column; on a narrow screen (a phone) one panel under the other,
     // in a viewBox about as wide as the screen, so that the text keeps its size
     var narrow = root.clientWidth < NARROW;
-    var W = narrow ? 400 : 720, fs = 15, legend = narrow ? 22 * S + 6 : 30;
+    var W = narrow ? 400 : 720, fs = 15;
+    // the legend in one row if every name fits its share of the width, else one name a row
+    var longest = Math.max.apply(null, spec.series.map(function (s) { return s.name.length; }));
+    var stacked = narrow || longest * fs * 0.56 + 24 > W / S;
+    var legend = stacked ? 22 * S + 6 : 30;
     var ph = narrow ? 250 : 320, pw = narrow ? W : W / P;
     var H = legend + (narrow ? P * ph : ph);
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     root.setAttribute("data-layout", narrow ? "stacked" : "wide");
     spec.series.forEach(function (s, i) {  // the legend
-      var x = narrow ? 8 : 8 + i * (W / S), ly = narrow ? 6 + 22 * i : 6;
+      var x = stacked ? 8 : 8 + i * (W / S), ly = stacked ? 6 + 22 * i : 6;
       node("rect", { x: x, y: ly, width: 14, height: 14, fill: s.color });
       node("text", { x: x + 20, y: ly + 12, "font-size": fs }, s.name);
     });
