@@ -64,21 +64,16 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # (results/gpt2_testbed_F.json) and about half that two to a GPU: one run per GPU, two calls
     # (8.4 minutes, then the rest). A machine idle for 30 s goes back with its disk, and the
     # second call then starts again from step 0 (it happened in five leases, even with the next
-    # call issued at once). What works: the first call packs the run's checkpoint into $OUT,
-    #   tar cf - -C /tmp gpt2_search/testbed/tb-Z-s2.{ckpt.pt,json,csv,stdout} \
-    #       | split -b 15m - $OUT/ckpt.tar.
-    # here `cat <files_at>/ckpt.tar.* | tar xf - -C .scratch` (git-ignored); move results/ out
-    # of the working tree for the second call (the tree and the 41 MB checkpoint together pass
-    # the 64 MiB a call carries) and carry .scratch/gpt2_search; that call begins with `cp -r
-    # .scratch/gpt2_search /tmp/ &&` and runs the same command (the batch order is drawn again
-    # from its seed; compare batch_order_sha in the two calls' records). Done so far: W and U in
-    # seeds 1-4 (all exploded), A in seeds 1-4 to 80,000 (two per GPU on 2 H200s, 105 steps/s
-    # each: 8.4 then 4.8 minutes), F in seeds 1-4 to 80,000 (4×H200: 8.4 then 6.6 + 8.0
-    # minutes), V in seeds 1-2 to 80,000, P in seeds 1-2 to 80,000 (one H200: 8.4 then 7.0
-    # minutes; seed 2 resumed on a fresh machine from its carried checkpoint, and trained from
-    # step 0 five more times, 40,184-48,491 steps, none exploded), Z in seed 1 to 80,000 (one
-    # H200: 8.4, 7.0, then 1.0 minutes at 85 steps/s), Z and S in seeds 1-2; still to run: Z in
-    # seed 2 to 80,000 (~16 minutes, the hand-off above).
+    # call issued at once), so the first call ends with `python -m kernels.gpt2.handoff pack`
+    # and the second resumes on a fresh machine from the carried checkpoint
+    # (kernels/gpt2/handoff.py says how). Done so far: W and U in seeds 1-4 (all exploded), A in
+    # seeds 1-4 to 80,000 (two per GPU on 2 H200s, 105 steps/s each: 8.4 then 4.8 minutes), F in
+    # seeds 1-4 to 80,000 (4×H200: 8.4 then 6.6 + 8.0 minutes), V in seeds 1-2 to 80,000, P in
+    # seeds 1-2 to 80,000 (one H200: 8.4 then 7.0 minutes; seed 2 resumed on a fresh machine
+    # from its carried checkpoint, and trained from step 0 five more times, 40,184-48,491 steps,
+    # none exploded), Z in seed 1 to 80,000 (one H200: 8.4, 7.0, then 1.0 minutes at 85
+    # steps/s), Z and S in seeds 1-2; still to run: Z in seed 2 to 80,000 (~16 minutes, with the
+    # hand-off).
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
