@@ -108,7 +108,7 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     for title, rows in (("fewer bits (amplified)", show[~real]), ("real BF16", show[real])):
         print(f"\n{title}:")
         print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
-    earlier = show[real & show.run.str.endswith("earlier run")].steps
+    earlier = show[deps.failing == report.EARLIER_BF16[report.FAILING]].steps
     if len(earlier):
         print(textwrap.fill(REAL_ROWS_NOTE.format(earlier=int(earlier.iloc[0])), 88))
     left = deps.wq.notna()

@@ -47,8 +47,10 @@ def pack(work: Path, run: str, out: Path, piece_bytes: int = PIECE_BYTES) -> lis
     buffer, digests = io.BytesIO(), {}
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path in (f for f in files if f.exists()):
-            digests[path.name] = _sha256(path.read_bytes())
-            tar.add(path, arcname=path.name)
+            content = path.read_bytes()
+            digests[path.name] = _sha256(content)
+            info = tar.gettarinfo(path, arcname=path.name)
+            tar.addfile(info, io.BytesIO(content))
     data = buffer.getvalue()
     out.mkdir(parents=True, exist_ok=True)
     pieces = []

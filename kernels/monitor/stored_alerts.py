@@ -352,9 +352,10 @@ def _other_numbers(groups: dict, table) -> dict:
     w = groups.get("FA2 kernel, departed", {})
     w_rows = table[(table.kind == "FA2 kernel") & table.departed.notna()]
     w_first = [int(step) for step in w_rows.first_alert.dropna()]
-    av = [groups[g] for g in ("SDPA flash", "FA2 kernel's control") if g in groups]
+    av_kinds = ("SDPA", "FA2 kernel's control")  # the arms that never exploded
+    av = [groups[OTHER_GROUPS[k]] for k in av_kinds if OTHER_GROUPS[k] in groups]
     bn = groups.get("control, δ biased or noised", {})
-    av_rows = table[table.kind.isin(["SDPA", "FA2 kernel's control"])]
+    av_rows = table[table.kind.isin(av_kinds)]
     sdpa = table[table.kind == "SDPA"]
     return {
         "m9_all_w": w.get("runs", 0),
