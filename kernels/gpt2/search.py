@@ -72,8 +72,8 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # seeds 1-2 to 80,000 (one H200: 8.4 then 7.0 minutes; seed 2 resumed on a fresh machine
     # from its carried checkpoint, and trained from step 0 five more times, 40,184-48,491 steps,
     # none exploded), Z in seed 1 to 80,000 (one H200: 8.4, 7.0, then 1.0 minutes at 85
-    # steps/s), Z and S in seeds 1-2; still to run: Z in seed 2 to 80,000 (~16 minutes, with the
-    # hand-off).
+    # steps/s), Z in seed 2 to 80,000 (one H200: 8.3 minutes, then 7.2 on a fresh machine from
+    # the carried checkpoint, 87 steps/s), S in seeds 1-2 (both NaN). The plan is complete.
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """

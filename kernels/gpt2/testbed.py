@@ -331,6 +331,10 @@ def testbed_numbers(runs: dict) -> dict:
         whole = [r for r in whole if r["summary"]["steps_done"] >= planned and not ending(r)[1]]
         ends = [last_loss(r) for r in whole]
         numbers[f"g7_tb_{arm}_full"] = len(whole)
+        # seeds stopped early without exploding (censored before the schedule's end)
+        numbers[f"g7_tb_{arm}_short"] = (
+            numbers[f"g7_tb_{arm}_seeds"] - len(whole) - numbers[f"g7_tb_{arm}_boom"]
+        )
         numbers[f"g7_tb_{arm}_end_lo"] = min(ends, default=0.0)
         numbers[f"g7_tb_{arm}_end_hi"] = max(ends, default=0.0)
     numbers["g7_tb_wa_step"] = COMPARE_STEP
