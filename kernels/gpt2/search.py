@@ -73,7 +73,9 @@ ended; each line says how many calls that takes at the speeds measured on H200s)
     # from its carried checkpoint, and trained from step 0 five more times, 40,184-48,491 steps,
     # none exploded), Z in seed 1 to 80,000 (one H200: 8.4, 7.0, then 1.0 minutes at 85
     # steps/s), Z in seed 2 to 80,000 (one H200: 8.3 minutes, then 7.2 on a fresh machine from
-    # the carried checkpoint, 87 steps/s), S in seeds 1-2 (both NaN). The plan is complete.
+    # the carried checkpoint, 87 steps/s), S in seeds 1-2 (both NaN), V in seed 3 to 54,147
+    # (one H200, 5.0 minutes alone at 180 steps/s; its checkpoint was packed). Still to run: V
+    # in seed 3 to 80,000 (one call, resumed from that checkpoint) and V in seed 4 (two calls).
 
 Each call writes ``$OUT/gpt2_<plan>.json`` (well under 16 MB); copy it to ``results/``.
 """
