@@ -88,9 +88,49 @@ REAL_ROWS_NOTE = (
     "The BF16 rows: 'BF16, seed 0' alone is a 20,000-step pair trained beside section 4's "
     "magnified runs; the 60k-step pairs are section 2's (its 'earlier run' stopped at "
     "{earlier:,} steps); the 'lr 5e-4' rows are the second testbed's (section 9), each against "
-    "that testbed's control, the all-BF16 path with δ from an fp32 O (same seed and batches), "
-    "not FA2 numerics' own control of section 9."
+    "the control that differs from it only in δ's source (same seed and batches): the all-BF16 "
+    "path against its control, FA2 numerics and SDPA flash against FA2 numerics' own control "
+    "(the book's kernel with δ from an fp32 O), in the seeds where both are stored."
 )
+
+
+def departure_numbers(deps) -> dict:
+    """Who left the control first, tie share or ‖W_Q‖, counted apart for the amplified pairs
+    (Ō with fewer than BF16's 7 bits) and the real-BF16 pairs (any schedule), and among those
+    apart for FA2 numerics and SDPA flash (δ from the BF16 O, against FA2 numerics' own control:
+    where the ties left, how long before ‖W_Q‖) and the all-BF16 path (how often ‖W_Q‖ led, and
+    by how many steps)."""
+    left = deps.dropna(subset=["wq"])
+    real = left.obits == 7
+    amplified, bf16 = left[~real], left[real]
+    ties_first = bf16.rows_tied_bf16 < bf16.wq
+    fa2 = bf16[bf16.failing.str.match(r"tb-[WA]-")]
+    fa2_ties = fa2[fa2.rows_tied_bf16 < fa2.wq]
+    lead = fa2_ties.wq - fa2_ties.rows_tied_bf16.astype(float)
+    sdpa = fa2_ties[fa2_ties.failing.str.startswith("tb-A-")]  # SDPA flash, ties first
+    paper = bf16.drop(fa2.index)  # the all-BF16 path against its control, any schedule
+    paper_wq_first = paper[~(paper.rows_tied_bf16 < paper.wq)]
+    lag = paper_wq_first.rows_tied_bf16.astype(float) - paper_wq_first.wq
+    return {
+        "g7_fa2_pairs": len(fa2),
+        "g7_fa2_ties_first": len(fa2_ties),
+        "g7_fa2_tie_lo": float(fa2_ties.rows_tied_bf16.min()) if len(fa2_ties) else 0.0,
+        "g7_fa2_tie_hi": float(fa2_ties.rows_tied_bf16.max()) if len(fa2_ties) else 0.0,
+        "g7_fa2_lead_lo": float(lead.min()) if len(lead) else 0.0,
+        "g7_fa2_lead_hi": float(lead.max()) if len(lead) else 0.0,
+        "g7_sdpa_never": int(sdpa.explosion.isna().sum()),
+        "g7_paper_pairs": len(paper),
+        "g7_paper_wq_first": len(paper_wq_first),
+        "g7_ties_first": int((left.rows_tied_bf16 < left.wq).sum()),
+        "g7_pairs": len(left),
+        "g7_amp_ties_first": int((amplified.rows_tied_bf16 < amplified.wq).sum()),
+        "g7_amp_pairs": len(amplified),
+        "g7_real_ties_first": int(ties_first.sum()),
+        "g7_real_wq_first": int((~ties_first).sum()),
+        "g7_real_pairs": len(bf16),
+        "g7_real_lag_lo": float(lag.min()),
+        "g7_real_lag_hi": float(lag.max()),
+    }
 
 
 def departures(paired: dict, pairs: tuple, label) -> object:
@@ -102,7 +142,7 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     show = deps[["run", "steps", "rows_tied_bf16", "wq", "explosion", "lead"]].rename(
         columns={"rows_tied_bf16": "ties", "wq": "‖W_Q‖"}
     )
-    print("step at which the failing run's tie share and its ‖W_Q‖ left the control's,")
+    print("step at which each run's tie share and its ‖W_Q‖ left its control's,")
     print("step of the explosion; lead: steps from the ties leaving to ‖W_Q‖ leaving")
     real = deps.obits == 7  # BF16's own 7 bits, whatever the schedule; fewer bits magnify
     for title, rows in (("fewer bits (amplified)", show[~real]), ("real BF16", show[real])):

@@ -305,7 +305,8 @@ def plan(name: str) -> list[tuple[str, dict]]:
         arms = dict(SCREEN_BASE, **SCREENS["sb-lr5e-4"], steps=80_000)
         runs = make_runs("tb", arms, "UWAF", [1, 2, 3, 4])
         # V: FA2 numerics' own control (does δ from the rounded O move W's runaway earlier?)
-        return runs + make_runs("tb", arms, "PZS", [1, 2]) + make_runs("tb", arms, "V", [1, 2, 3, 4])
+        runs += make_runs("tb", arms, "PZS", [1, 2])
+        return runs + make_runs("tb", arms, "V", [1, 2, 3, 4])
     if name == "screen":  # a testbed whose control stays healthy? 20k-step screens of U and F
         runs = []
         for prefix, changes in SCREENS.items():

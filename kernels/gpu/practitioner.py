@@ -299,6 +299,27 @@ def step_numbers(rows: list, prefix: str = "c10_step") -> dict:
     return numbers
 
 
+def compile_slowed_sdpa(rows: list) -> dict:
+    """Where torch.compile made SDPA's own step slower than eager (loop and model matched):
+    how many settings of how many, by how much (percent, lowest and highest) and in which
+    models, under chapter 10's glue names (``c10_sdpa_slower*``)."""
+    eager = {(loop_of(r), r["model"]): r["steps_per_s"] for r in rows
+             if r["implementation"] == "sdpa" and r["mode"] == "eager"}  # fmt: skip
+    compiled = {(loop_of(r), r["model"]): r["steps_per_s"] for r in rows
+                if r["implementation"] == "sdpa" and r["mode"] == "compiled"}  # fmt: skip
+    both = sorted(set(eager) & set(compiled))
+    slower = {key: 100 * (1 - compiled[key] / eager[key]) for key in both
+              if compiled[key] < eager[key]}  # fmt: skip
+    models = sorted({model for _, model in slower})
+    return {
+        "c10_sdpa_slower": len(slower),
+        "c10_sdpa_settings": len(both),
+        "c10_sdpa_slower_lo": min(slower.values(), default=0.0),
+        "c10_sdpa_slower_hi": max(slower.values(), default=0.0),
+        "c10_sdpa_slower_models": " and ".join(models) or "none",
+    }
+
+
 def print_drift(rows: list, earlier: list, before_fix: list) -> dict:
     """Print how the compiled ratios stood before the padding fix and how far the earlier
     sitting of the same settings moved (:func:`sdpa_drift`, :func:`ratio_drift`); return those

@@ -2,6 +2,7 @@
 on fresh random inputs each run."""
 
 import numpy as np
+import pandas as pd
 
 from kernels.gpt2 import chapter_fixes, chapter_tables
 
@@ -61,3 +62,47 @@ def test_clamp_numbers_find_the_first_drop():
     numbers = chapter_fixes.clamp_numbers(tied, out)
     assert numbers["g7_clamp_first"] == first
     assert numbers["g7_clamp_26"] == out[tied == 26][0]
+
+
+def test_departure_numbers_count_amplified_and_real_pairs_apart():
+    """Pairs with fewer than 7 bits are amplified, BF16's 7 bits real whatever the run's
+    name; among the real ones, FA2 numerics and SDPA flash (the second testbed's W and A) are
+    counted apart from the all-BF16 path, whose lag behind ‖W_Q‖ is over the pairs where ‖W_Q‖
+    left first."""
+    rng = np.random.default_rng()
+    amplified = int(rng.integers(2, 6))
+    rows = [
+        {"failing": f"k4-U-s{i}", "obits": 4, "rows_tied_bf16": 500, "wq": 2_000.0, "explosion": 9}
+        for i in range(amplified)
+    ]
+    lags = rng.integers(1, 30, 3) * 100
+    rows += [
+        {"failing": f"tb-U-s{i}", "obits": 7, "rows_tied_bf16": 10_000 + lag, "wq": 10_000.0,
+         "explosion": 20_000}
+        for i, lag in enumerate(lags)
+    ]  # fmt: skip
+    ties = rng.integers(5, 20, 3) * 100  # FA2 numerics and SDPA flash: ties first
+    rows += [
+        {"failing": f"tb-{arm}-s{i}", "obits": 7, "rows_tied_bf16": tie, "wq": 15_000.0,
+         "explosion": 30_000 if arm == "W" else np.nan}
+        for i, (arm, tie) in enumerate(zip("WAA", ties))
+    ]  # fmt: skip
+    # FA2 numerics with ‖W_Q‖ first: not counted among the ties-first FA2 pairs
+    rows.append({"failing": "tb-W-s9", "obits": 7, "rows_tied_bf16": 16_000, "wq": 15_000.0,
+                 "explosion": 30_000})  # fmt: skip
+    # BF16 on a shorter schedule, named like an amplified run: real, and its ties led
+    rows.append({"failing": "k7long-U-s0", "obits": 7, "rows_tied_bf16": 5_200, "wq": 13_500.0,
+                 "explosion": np.nan})  # fmt: skip
+    rows.append({"failing": "bf16-U-s0", "obits": 7, "rows_tied_bf16": 100, "wq": np.nan,
+                 "explosion": np.nan})  # fmt: skip
+    numbers = chapter_tables.departure_numbers(pd.DataFrame(rows))
+    assert numbers["g7_amp_ties_first"] == numbers["g7_amp_pairs"] == amplified
+    assert numbers["g7_real_pairs"] == 8 and numbers["g7_pairs"] == amplified + 8
+    assert numbers["g7_real_ties_first"] == 4 and numbers["g7_real_wq_first"] == 4
+    assert numbers["g7_paper_pairs"] == 4 and numbers["g7_paper_wq_first"] == 3
+    assert numbers["g7_real_lag_lo"] == lags.min() and numbers["g7_real_lag_hi"] == lags.max()
+    assert numbers["g7_fa2_pairs"] == 4 and numbers["g7_fa2_ties_first"] == 3
+    assert numbers["g7_fa2_tie_lo"] == ties.min() and numbers["g7_fa2_tie_hi"] == ties.max()
+    assert numbers["g7_fa2_lead_lo"] == 15_000 - ties.max()
+    assert numbers["g7_fa2_lead_hi"] == 15_000 - ties.min()
+    assert numbers["g7_sdpa_never"] == 2

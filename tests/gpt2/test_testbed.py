@@ -4,7 +4,6 @@ here, repeats and the screen's runs gathered from files, and the stored arms rec
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from kernels.gpt2 import testbed
@@ -112,31 +111,6 @@ def test_runs_repeats_and_the_screens_runs_are_gathered(tmp_path):
     _store(tmp_path, "gpt2_screen", {"sb-lr5e-4-U-s1": screen_u, "sb-lr5e-4-F-s1": screen_f})
     with pytest.raises(ValueError, match="sb-lr5e-4-U-s1"):
         testbed.testbed_runs(tmp_path)
-
-
-def test_departure_numbers_count_amplified_and_real_pairs_apart():
-    """Pairs with fewer than 7 bits are amplified, BF16's 7 bits real whatever the run's
-    name; the lag behind ‖W_Q‖ is over the real pairs where ‖W_Q‖ left first."""
-    rng = np.random.default_rng()
-    amplified = int(rng.integers(2, 6))
-    rows = [
-        {"failing": f"k4-U-s{i}", "obits": 4, "rows_tied_bf16": 500, "wq": 2_000.0}
-        for i in range(amplified)
-    ]
-    lags = rng.integers(1, 30, 3) * 100
-    rows += [
-        {"failing": f"tb-W-s{i}", "obits": 7, "rows_tied_bf16": 10_000 + lag, "wq": 10_000.0}
-        for i, lag in enumerate(lags)
-    ]
-    # BF16 on a shorter schedule, named like an amplified run: real, and its ties led
-    rows.append({"failing": "k7long-U-s0", "obits": 7, "rows_tied_bf16": 5_200, "wq": 13_500.0})
-    rows.append({"failing": "bf16-U-s0", "obits": 7, "rows_tied_bf16": 100, "wq": np.nan})
-    numbers = testbed.departure_numbers(pd.DataFrame(rows))
-    assert numbers["g7_amp_ties_first"] == numbers["g7_amp_pairs"] == amplified
-    assert numbers["g7_real_wq_first"] == 3 and numbers["g7_real_ties_first"] == 1
-    assert numbers["g7_real_pairs"] == 4
-    assert numbers["g7_real_lag_lo"] == lags.min() and numbers["g7_real_lag_hi"] == lags.max()
-    assert numbers["g7_pairs"] == amplified + 4
 
 
 def test_stored_arms_recounted_from_the_logs():

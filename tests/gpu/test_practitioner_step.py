@@ -192,3 +192,29 @@ def test_print_drift_prints_and_returns_the_glued_numbers(capsys):
     assert f"{lo:.2f}–{hi:.2f} of SDPA's pace" in printed
     assert f"{numbers['c10_sdpa_drift']:.0f} %" in printed
     assert max(map(len, printed.splitlines())) <= 88
+
+
+def test_compile_slowed_sdpa_matches_loop_and_model():
+    """Only SDPA's own eager and compiled rows of one loop and model are compared; the book's
+    rows and a setting without its eager twin are left out."""
+    rng = np.random.default_rng()
+    eager = rng.uniform(50, 100, size=3)
+    slow = rng.uniform(0.05, 0.3)
+    rows = []
+    for (loop, model), speed, change in zip(
+        (("nanoGPT", "small"), ("Hugging Face", "small"), ("nanoGPT", "big")),
+        eager,
+        (1 - slow, 1.2, 1.1),
+    ):
+        for mode, rate in (("eager", speed), ("compiled", speed * change)):
+            rows.append({"loop": loop, "model": model, "mode": mode, "implementation": "sdpa",
+                         "steps_per_s": float(rate)})  # fmt: skip
+            rows.append({"loop": loop, "model": model, "mode": mode, "steps_per_s": 1.0,
+                         "implementation": "book, δ from dP∘P"})  # fmt: skip
+    rows.append({"loop": "nanoGPT", "model": "lone", "mode": "compiled", "implementation": "sdpa",
+                 "steps_per_s": 1.0})  # fmt: skip
+    numbers = practitioner.compile_slowed_sdpa(rows)
+    assert numbers["c10_sdpa_slower"] == 1 and numbers["c10_sdpa_settings"] == 3
+    assert numbers["c10_sdpa_slower_lo"] == pytest.approx(100 * slow)
+    assert numbers["c10_sdpa_slower_hi"] == pytest.approx(100 * slow)
+    assert numbers["c10_sdpa_slower_models"] == "small"

@@ -251,6 +251,20 @@ def test_sum_errors_is_eq5_at_the_last_key_in_ulps():
     assert sums["error"][b, r, c] == pytest.approx(one["error"][-1] / unit, abs=1e-12)
     assert sums["ideal"].shape == built.scores.shape[:2] + (built.v.shape[-1],)
     assert np.all(np.abs(sums["ideal"]) <= 0.5)  # a correctly rounded sum
+    # the distance to the nearest BF16 midpoint: half an ulp minus the ideal's error, in size
+    assert np.allclose(sums["midpoint"], 0.5 - np.abs(sums["ideal"]), atol=1e-9)
+
+
+def test_sum_errors_finds_an_exact_sum_on_a_bf16_midpoint():
+    """Two tied keys (P̄ = 1) whose V add up to a point halfway between two BF16 numbers, every
+    other V exactly 0: the exact Ō is that midpoint, and it rounds to even."""
+    built = lab.build(small_case(ties=2, gap=15.6, batch=1), fresh_seed())
+    row = built.scores[0, 0]
+    tied = torch.nonzero(row == row.max()).flatten()
+    v = torch.zeros_like(built.v)
+    v[0, tied[0], 0], v[0, tied[1], 0] = 1.0, 2.0**-8  # 1 + 2^-8: midway between 1 and 1 + 2^-7
+    sums = lab.sum_errors(replace(built, v=v), "paper")
+    assert sums["midpoint"][0, 0, 0] == 0.0 and sums["ideal"][0, 0, 0] == -0.5
 
 
 def test_offset_rounding_is_the_bf16_rounding_of_exp_minus_c():
