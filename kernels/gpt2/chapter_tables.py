@@ -145,7 +145,13 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     print("step at which each run's tie share and its ‖W_Q‖ left its control's,")
     print("step of the explosion; lead: steps from the ties leaving to ‖W_Q‖ leaving")
     real = deps.obits == 7  # BF16's own 7 bits, whatever the schedule; fewer bits magnify
-    for title, rows in (("fewer bits (amplified)", show[~real]), ("real BF16", show[real])):
+    second = deps.failing.str.startswith("tb-")  # the second testbed's arms (section 9)
+    groups = (
+        ("fewer bits (amplified)", show[~real]),
+        ("real BF16, first testbed", show[real & ~second]),
+        ("real BF16, second testbed", show[real & second]),
+    )
+    for title, rows in groups:
         print(f"\n{title}:")
         print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
     earlier = show[deps.failing == report.EARLIER_BF16[report.FAILING]].steps

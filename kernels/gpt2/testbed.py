@@ -174,18 +174,23 @@ def survival_table(runs: dict, arms: str = ARMS):
     censored)."""
     import pandas as pd
 
+    endings = {arm: arm_endings(runs, arm) for arm in arms if arm_endings(runs, arm)}
+    cells = {
+        arm: {int(seed[1:]): f"{seed[1:]}: {step:,}{'×' if x else ''}" for seed, step, x in ends}
+        for arm, ends in endings.items()
+    }
+    # each seed in a slot of its own, one width for all, so that the columns line up
+    seeds = sorted({seed for by_seed in cells.values() for seed in by_seed})
+    width = max((len(cell) for by_seed in cells.values() for cell in by_seed.values()), default=0)
     rows = []
-    for arm in arms:
-        endings = arm_endings(runs, arm)
-        if not endings:
-            continue
-        steps = [f"{seed[1:]}: {step:,}{'×' if x else ''}" for seed, step, x in endings]
+    for arm, ends in endings.items():
+        slots = [cells[arm].get(seed, "").ljust(width) for seed in seeds]
         rows.append(
             {
                 "arm": ARM_WORDS[arm],
-                "seeds": len(endings),
-                "exploded": sum(exploded for _, _, exploded in endings),
-                "seed: last step (× exploded)": "  ".join(steps),
+                "seeds": len(ends),
+                "exploded": sum(exploded for _, _, exploded in ends),
+                "seed: last step (× exploded)": "  " + "  ".join(slots),
             }
         )
     return pd.DataFrame(rows)
