@@ -87,10 +87,11 @@ def tie_lead(failing: dict, control: dict, dep: dict) -> dict:
 REAL_ROWS_NOTE = (
     "The BF16 rows: 'BF16, seed 0' alone is a 20,000-step pair trained beside section 4's "
     "magnified runs; the 60k-step pairs are section 2's (its 'earlier run' stopped at "
-    "{earlier:,} steps); the 'lr 5e-4' rows are the second testbed's (section 9), each against "
-    "the control that differs from it only in δ's source (same seed and batches): the all-BF16 "
-    "path against its control, FA2 numerics and SDPA flash against FA2 numerics' own control "
-    "(the book's kernel with δ from an fp32 O), in the seeds where both are stored."
+    "{earlier:,} steps). On the second testbed (section 9) each arm is paired with the control "
+    "that takes δ from an fp32 O and otherwise computes as it does (same seed and batches): the "
+    "all-BF16 path with its control, FA2 numerics with its own control (the book's kernel), and "
+    "SDPA flash with that control too (the nearest: FA2 numerics, but another kernel), in the "
+    "seeds where both are stored. Lead < 0: ‖W_Q‖ left first."
 )
 
 
@@ -142,6 +143,8 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     show = deps[["run", "steps", "rows_tied_bf16", "wq", "explosion", "lead"]].rename(
         columns={"rows_tied_bf16": "ties", "wq": "‖W_Q‖"}
     )
+    numeric = ["steps", "ties", "‖W_Q‖", "explosion", "lead"]
+    show[numeric] = show[numeric].astype(float)  # every step printed one way: 12,345
     print("step at which each run's tie share and its ‖W_Q‖ left its control's,")
     print("step of the explosion; lead: steps from the ties leaving to ‖W_Q‖ leaving")
     real = deps.obits == 7  # BF16's own 7 bits, whatever the schedule; fewer bits magnify
@@ -153,15 +156,15 @@ def departures(paired: dict, pairs: tuple, label) -> object:
     )
     for title, rows in groups:
         print(f"\n{title}:")
-        print(rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}"))
+        # col_space: at least two spaces between a run's name and its steps
+        text = rows.to_string(index=False, na_rep="never", float_format=lambda x: f"{x:,.0f}",
+                              col_space=7)  # fmt: skip
+        print(text)
     earlier = show[deps.failing == report.EARLIER_BF16[report.FAILING]].steps
     if len(earlier):
         print(textwrap.fill(REAL_ROWS_NOTE.format(earlier=int(earlier.iloc[0])), 88))
     left = deps.wq.notna()
-    print(
-        f"counted in the text: the {int(left.sum())} of {len(deps)} pairs whose ‖W_Q‖ left the "
-        "control's"
-    )
+    print(f"‖W_Q‖ left the control's in {int(left.sum())} of {len(deps)} pairs")
     for ratio in (1.05, 1.2):
         rules = {"rows_tied_bf16": (ratio, 5), "wq": (1.25, 1)}
         alt = report.departure_table(paired, pairs, rules=rules).dropna(subset=["wq"])
