@@ -256,7 +256,8 @@ def sources_reading(bars: list, ideal_record: dict) -> str:
         head = f"accumulation matters: SDPA flash adds {flash:+.3f} ulp to the ideal's {ideal:+.3f}"
     elif is_biased(ideal_record):
         head = (
-            f"storage dominates: the ideal is off by {ideal:+.3f} ulp, SDPA flash adds {flash:+.3f}"
+            f"storage dominates SDPA flash's error: the ideal is off by {ideal:+.3f} ulp, SDPA "
+            f"flash adds {flash:+.3f}"
         )
     else:
         head = f"no bias worth the name: ideal {ideal:+.3f} ulp, SDPA flash adds {flash:+.3f}"
