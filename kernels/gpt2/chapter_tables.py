@@ -102,33 +102,32 @@ def departure_numbers(deps) -> dict:
     where the ties left, how long before ‖W_Q‖) and the all-BF16 path (how often ‖W_Q‖ led, and
     by how many steps)."""
     left = deps.dropna(subset=["wq"])
+    ties_first = left.rows_tied_bf16 < left.wq  # False where the ties never left
     real = left.obits == 7
-    amplified, bf16 = left[~real], left[real]
-    ties_first = bf16.rows_tied_bf16 < bf16.wq
-    fa2 = bf16[bf16.failing.str.match(r"tb-[WA]-")]
-    fa2_ties = fa2[fa2.rows_tied_bf16 < fa2.wq]
+    fa2 = real & left.failing.str.match(r"tb-[WA]-")
+    paper = real & ~fa2  # the all-BF16 path against its control, any schedule
+    fa2_ties = left[fa2 & ties_first]
     lead = fa2_ties.wq - fa2_ties.rows_tied_bf16.astype(float)
     sdpa = fa2_ties[fa2_ties.failing.str.startswith("tb-A-")]  # SDPA flash, ties first
-    paper = bf16.drop(fa2.index)  # the all-BF16 path against its control, any schedule
-    paper_wq_first = paper[~(paper.rows_tied_bf16 < paper.wq)]
+    paper_wq_first = left[paper & ~ties_first]
     lag = paper_wq_first.rows_tied_bf16.astype(float) - paper_wq_first.wq
     return {
-        "g7_fa2_pairs": len(fa2),
+        "g7_fa2_pairs": int(fa2.sum()),
         "g7_fa2_ties_first": len(fa2_ties),
         "g7_fa2_tie_lo": float(fa2_ties.rows_tied_bf16.min()) if len(fa2_ties) else 0.0,
         "g7_fa2_tie_hi": float(fa2_ties.rows_tied_bf16.max()) if len(fa2_ties) else 0.0,
         "g7_fa2_lead_lo": float(lead.min()) if len(lead) else 0.0,
         "g7_fa2_lead_hi": float(lead.max()) if len(lead) else 0.0,
         "g7_sdpa_never": int(sdpa.explosion.isna().sum()),
-        "g7_paper_pairs": len(paper),
+        "g7_paper_pairs": int(paper.sum()),
         "g7_paper_wq_first": len(paper_wq_first),
-        "g7_ties_first": int((left.rows_tied_bf16 < left.wq).sum()),
+        "g7_ties_first": int(ties_first.sum()),
         "g7_pairs": len(left),
-        "g7_amp_ties_first": int((amplified.rows_tied_bf16 < amplified.wq).sum()),
-        "g7_amp_pairs": len(amplified),
-        "g7_real_ties_first": int(ties_first.sum()),
-        "g7_real_wq_first": int((~ties_first).sum()),
-        "g7_real_pairs": len(bf16),
+        "g7_amp_ties_first": int((ties_first & ~real).sum()),
+        "g7_amp_pairs": int((~real).sum()),
+        "g7_real_ties_first": int((ties_first & real).sum()),
+        "g7_real_wq_first": int((~ties_first & real).sum()),
+        "g7_real_pairs": int(real.sum()),
         "g7_real_lag_lo": float(lag.min()),
         "g7_real_lag_hi": float(lag.max()),
     }

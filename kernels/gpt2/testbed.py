@@ -174,7 +174,8 @@ def survival_table(runs: dict, arms: str = ARMS):
     censored)."""
     import pandas as pd
 
-    endings = {arm: arm_endings(runs, arm) for arm in arms if arm_endings(runs, arm)}
+    endings = {arm: arm_endings(runs, arm) for arm in arms}
+    endings = {arm: ends for arm, ends in endings.items() if ends}  # arms with a stored run
     cells = {
         arm: {int(seed[1:]): f"{seed[1:]}: {step:,}{'×' if x else ''}" for seed, step, x in ends}
         for arm, ends in endings.items()
@@ -358,10 +359,10 @@ def testbed_numbers(runs: dict) -> dict:
     return numbers
 
 
-# Each arm of the second testbed against the control that differs from it only in δ's source, seed
-# by seed where both are stored: the all-BF16 path against its control (δ from an fp32 O); FA2
-# numerics and SDPA flash against FA2 numerics' own control (the book's kernel, δ from an fp32 O;
-# for SDPA flash the kernel differs too)
+# Each arm of the second testbed against the control that takes δ from an fp32 O and otherwise
+# computes as it does, seed by seed where both are stored: the all-BF16 path against its control;
+# FA2 numerics against its own control (the book's kernel); SDPA flash against that control too,
+# the nearest there is (FA2 numerics, but another kernel)
 TESTBED_CONTROLS = {"U": "F", "W": "V", "A": "V"}
 TESTBED_PAIRS = tuple(
     (f"tb-{arm}-s{seed}", f"tb-{control}-s{seed}")

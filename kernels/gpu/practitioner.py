@@ -303,13 +303,11 @@ def compile_slowed_sdpa(rows: list) -> dict:
     """Where torch.compile made SDPA's own step slower than eager (loop and model matched):
     how many settings of how many, by how much (percent, lowest and highest) and in which
     models, under chapter 10's glue names (``c10_sdpa_slower*``)."""
-    eager = {(loop_of(r), r["model"]): r["steps_per_s"] for r in rows
-             if r["implementation"] == "sdpa" and r["mode"] == "eager"}  # fmt: skip
-    compiled = {(loop_of(r), r["model"]): r["steps_per_s"] for r in rows
-                if r["implementation"] == "sdpa" and r["mode"] == "compiled"}  # fmt: skip
-    both = sorted(set(eager) & set(compiled))
-    slower = {key: 100 * (1 - compiled[key] / eager[key]) for key in both
-              if compiled[key] < eager[key]}  # fmt: skip
+    sdpa = {_setting(r): r["steps_per_s"] for r in rows if r["implementation"] == "sdpa"}
+    # the (loop, model) settings in which SDPA trained both eager and compiled
+    both = sorted(key[:2] for key in sdpa if key[2] == "eager" and (*key[:2], "compiled") in sdpa)
+    change = {key: 1 - sdpa[(*key, "compiled")] / sdpa[(*key, "eager")] for key in both}
+    slower = {key: 100 * c for key, c in change.items() if c > 0}
     models = sorted({model for _, model in slower})
     return {
         "c10_sdpa_slower": len(slower),

@@ -34,6 +34,7 @@ from .explorer import (
     lab,
     lab_text,
     largest_rm_rounding_to_one,
+    near_midpoint,
     p_bar_of_tied,
     running_error,
     show,

@@ -83,21 +83,22 @@ def running_error(scores_row, v_col, offset, numerics):
 def sum_errors(built, numerics="paper") -> dict:
     """Eq. (5) at the last key for every output of ``built`` (offset m = the row maximum): the
     error of the running sum Ō (``error``) and of the exact Ō rounded once to BF16 (``ideal``),
-    both in ulps of BF16 at the exact Ō, and how far the exact Ō lies from the nearest point
-    halfway between two BF16 numbers (``midpoint``, in the same ulps), each shaped (batch, rows,
-    columns)."""
-    error, ideal, midpoint = [], [], []
+    both in ulps of BF16 at the exact Ō, each shaped (batch, rows, columns)."""
+    error, ideal = [], []
     for b in range(built.scores.shape[0]):
         for row in built.scores[b].cpu():
             r = running_error(row.numpy(), built.v[b].cpu().numpy(), float(row.max()), numerics)
             unit = ulp_in_dtype(torch.from_numpy(r["hp"][-1])).numpy()
             error.append(r["error"][-1] / unit)
             ideal.append(r["ideal"][-1] / unit)
-            ulps = np.abs(r["hp"][-1]) / unit
-            midpoint.append(np.abs(ulps - np.floor(ulps) - 0.5))
     shape = (built.scores.shape[0], built.scores.shape[1], -1)
-    named = {"error": error, "ideal": ideal, "midpoint": midpoint}
-    return {name: np.reshape(values, shape) for name, values in named.items()}
+    return {"error": np.reshape(error, shape), "ideal": np.reshape(ideal, shape)}
+
+
+def near_midpoint(sums: dict, within: float = 1e-3) -> np.ndarray:
+    """Which outputs of :func:`sum_errors` have an exact Ō within ``within`` ulp of a point
+    halfway between two BF16 numbers: half an ulp less the size of the ideal's error."""
+    return 0.5 - np.abs(sums["ideal"]) < within
 
 
 def lab(
